@@ -1,0 +1,1 @@
+"""streamingnode: a durable, ordered, transactional message log served over gRPC."""

@@ -1,0 +1,233 @@
+"""Versioned binary codec for messages and for the record blocks that hold them.
+
+Message, version 1 (little-endian)::
+
+    u8 version | u16 type | u8 flags | u64 timetick | i64 term | u64 last_confirmed
+    | i64 txn_id | u32 keepalive_ms | u16 vchannel_len | u16 n_props | u32 payload_len
+    | vchannel utf-8 | n_props x (u16 key_len | u32 value_len | key | value) | payload
+
+``flags`` bit 0: last_confirmed present; bit 1: txn context present.  The id is not stored in the
+message: it is the block's first id plus the message's index in the block.
+
+Block, version 1 — one per appended group, like a Kafka record batch::
+
+    b"SNB" | u8 version | u32 count | u32 body_len | u32 crc32(body) | body
+    body = count x (u32 message_len | message)
+
+Decoding never trusts a length: every slice is bounds-checked, the block checksum is verified before
+any message is decoded, and any failure raises ``CodecError`` naming what was wrong.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Sequence
+
+from wal.errors import CodecError
+from wal.message import Message, MessageID, MessageType, TxnContext
+
+MESSAGE_VERSION = 1
+BLOCK_VERSION = 1
+BLOCK_MAGIC = b"SNB"
+
+_HEADER = struct.Struct("<BHBQqQqIHHI")
+_HEADER_SIZE = _HEADER.size
+_PROP = struct.Struct("<HI")
+_LEN = struct.Struct("<I")
+_BLOCK_HEADER = struct.Struct("<3sBIII")
+BLOCK_HEADER_SIZE = _BLOCK_HEADER.size
+
+_FLAG_LAST_CONFIRMED = 1
+_FLAG_TXN = 2
+_KNOWN_FLAGS = _FLAG_LAST_CONFIRMED | _FLAG_TXN
+
+_U16_MAX = 0xFFFF
+_U32_MAX = 0xFFFFFFFF
+
+_TYPES: dict[int, MessageType] = {t.value: t for t in MessageType}
+
+_pack_header = _HEADER.pack
+_unpack_header = _HEADER.unpack_from
+_pack_len = _LEN.pack
+_unpack_len = _LEN.unpack_from
+
+
+def _encode_parts(msg: Message, out: list[bytes]) -> int:
+    """Append the encoded message to ``out`` as parts; return its length."""
+    vc = msg._vchannel.encode()
+    props = msg._properties
+    flags = 0
+    lc = msg._last_confirmed
+    if lc is None:
+        lc = 0
+    else:
+        flags = _FLAG_LAST_CONFIRMED
+    txn = msg._txn
+    if txn is None:
+        txn_id = keepalive = 0
+    else:
+        flags |= _FLAG_TXN
+        txn_id, keepalive = txn.txn_id, txn.keepalive_ms
+    payload = msg._payload
+    if len(vc) > _U16_MAX or len(props) > _U16_MAX or len(payload) > _U32_MAX:
+        raise CodecError("message too large to encode: vchannel, properties or payload exceeds limits")
+    try:
+        header = _pack_header(
+            MESSAGE_VERSION, msg._type, flags, msg._timetick, msg._term, lc, txn_id, keepalive,
+            len(vc), len(props), len(payload),
+        )
+    except struct.error as exc:
+        raise CodecError(f"message field out of range: {exc}") from exc
+    size = _HEADER_SIZE + len(vc) + len(payload)
+    out.append(header)
+    out.append(vc)
+    if props:
+        for k, v in props.items():
+            kb = k.encode()
+            vb = v.encode()
+            if len(kb) > _U16_MAX:
+                raise CodecError(f"property key too long ({len(kb)} bytes)")
+            out.append(_PROP.pack(len(kb), len(vb)))
+            out.append(kb)
+            out.append(vb)
+            size += 6 + len(kb) + len(vb)
+    out.append(payload)
+    return size
+
+
+def encode_message(msg: Message) -> bytes:
+    """Encode one message (without its id)."""
+    parts: list[bytes] = []
+    _encode_parts(msg, parts)
+    return b"".join(parts)
+
+
+def _decode_at(data: bytes, pos: int, end: int) -> Message:
+    if end - pos < _HEADER_SIZE:
+        raise CodecError(f"truncated message: {end - pos} bytes, header needs {_HEADER_SIZE}")
+    (version, type_code, flags, ts, term, lc, txn_id, keepalive, vc_len, n_props, payload_len) = (
+        _unpack_header(data, pos)
+    )
+    if version != MESSAGE_VERSION:
+        raise CodecError(f"unsupported message version {version} (this build reads {MESSAGE_VERSION})")
+    mtype = _TYPES.get(type_code)
+    if mtype is None:
+        raise CodecError(f"unknown message type code {type_code}")
+    if flags & ~_KNOWN_FLAGS:
+        raise CodecError(f"unknown message flags {flags:#x}")
+    pos += _HEADER_SIZE
+    if pos + vc_len > end:
+        raise CodecError("truncated message: vchannel runs past the end")
+    try:
+        vchannel = data[pos : pos + vc_len].decode()
+    except UnicodeDecodeError as exc:
+        raise CodecError("vchannel is not valid UTF-8") from exc
+    pos += vc_len
+    props: dict[str, str] = {}
+    for _ in range(n_props):
+        if pos + 6 > end:
+            raise CodecError("truncated message: property header runs past the end")
+        klen, vlen = _PROP.unpack_from(data, pos)
+        pos += 6
+        if pos + klen + vlen > end:
+            raise CodecError("truncated message: property runs past the end")
+        try:
+            props[data[pos : pos + klen].decode()] = data[pos + klen : pos + klen + vlen].decode()
+        except UnicodeDecodeError as exc:
+            raise CodecError("property is not valid UTF-8") from exc
+        pos += klen + vlen
+    if pos + payload_len != end:
+        raise CodecError(
+            f"message length mismatch: payload of {payload_len} bytes leaves {end - pos - payload_len}"
+        )
+    msg = Message.__new__(Message)
+    msg._type = mtype
+    msg._vchannel = vchannel
+    msg._payload = data[pos:end]
+    msg._properties = props
+    msg._timetick = ts
+    msg._term = term
+    msg._last_confirmed = lc if flags & _FLAG_LAST_CONFIRMED else None
+    msg._txn = TxnContext(txn_id, keepalive) if flags & _FLAG_TXN else None
+    msg._not_persisted = False
+    msg._id = None
+    return msg
+
+
+def decode_message(data: bytes) -> Message:
+    """Decode one message; the result has no id (it is still mutable)."""
+    if not isinstance(data, bytes):
+        raise CodecError(f"expected bytes, got {type(data).__name__}")
+    return _decode_at(data, 0, len(data))
+
+
+def encode_block(messages: Sequence[Message]) -> bytes:
+    """Encode messages into one checksummed block, in order."""
+    parts: list[bytes] = [b""]
+    for msg in messages:
+        slot = len(parts)
+        parts.append(b"")
+        parts[slot] = _pack_len(_encode_parts(msg, parts))
+    body = b"".join(parts)
+    return _BLOCK_HEADER.pack(BLOCK_MAGIC, BLOCK_VERSION, len(messages), len(body), zlib.crc32(body)) + body
+
+
+def block_count(block: bytes) -> int:
+    """Number of messages in a block, from its header alone (no checksum verification)."""
+    if len(block) < BLOCK_HEADER_SIZE:
+        raise CodecError(f"truncated block: {len(block)} bytes")
+    magic, version, count, _, _ = _BLOCK_HEADER.unpack_from(block, 0)
+    if magic != BLOCK_MAGIC or version != BLOCK_VERSION:
+        raise CodecError(f"not a v{BLOCK_VERSION} block (magic {magic!r}, version {version})")
+    return int(count)
+
+
+def decode_block(block: bytes, first_id: MessageID, start: MessageID | None = None) -> list[Message]:
+    """Decode a block whose first message has id ``first_id``; skip messages with id < ``start``.
+
+    Returned messages carry their ids and are immutable.
+    """
+    if not isinstance(block, bytes):
+        raise CodecError(f"expected bytes, got {type(block).__name__}")
+    if len(block) < BLOCK_HEADER_SIZE:
+        raise CodecError(f"truncated block: {len(block)} bytes")
+    magic, version, count, body_len, crc = _BLOCK_HEADER.unpack_from(block, 0)
+    if magic != BLOCK_MAGIC:
+        raise CodecError(f"bad block magic {magic!r}")
+    if version != BLOCK_VERSION:
+        raise CodecError(f"unsupported block version {version} (this build reads {BLOCK_VERSION})")
+    end = BLOCK_HEADER_SIZE + body_len
+    if end != len(block):
+        raise CodecError(f"block length mismatch: header says {body_len} body bytes, found {len(block) - BLOCK_HEADER_SIZE}")
+    if zlib.crc32(memoryview(block)[BLOCK_HEADER_SIZE:]) != crc:
+        raise CodecError("block checksum mismatch")
+    skip = 0 if start is None or start <= first_id else start - first_id
+    pos = BLOCK_HEADER_SIZE
+    out: list[Message] = []
+    for i in range(count):
+        if pos + 4 > end:
+            raise CodecError(f"truncated block: message {i} of {count} missing")
+        (size,) = _unpack_len(block, pos)
+        pos += 4
+        if pos + size > end:
+            raise CodecError(f"truncated block: message {i} runs past the end")
+        if i >= skip:
+            msg = _decode_at(block, pos, pos + size)
+            msg._id = first_id + i
+            out.append(msg)
+        pos += size
+    if pos != end:
+        raise CodecError(f"block has {end - pos} trailing bytes after {count} messages")
+    return out
+
+
+__all__ = [
+    "BLOCK_VERSION",
+    "MESSAGE_VERSION",
+    "block_count",
+    "decode_block",
+    "decode_message",
+    "encode_block",
+    "encode_message",
+]

@@ -1,0 +1,215 @@
+"""Group commit: every append waiting while the previous write runs goes into the next one.
+
+One committer per backend (so one RocksDB WriteBatch and one sync can carry many pchannels).  It owns
+a queue of requests and a single writer thread.  Message ids are handed out on the event loop right
+before a write, and handed back if the write fails, so ids stay dense.  A request's future resolves
+only after its write returned from a durable ``Backend.write``: an append is never acknowledged before
+its batch is on stable storage (in SYNC durability).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from typing import TYPE_CHECKING
+
+import structlog
+
+from wal._codec import encode_block
+from wal.backend import Backend, TickEntry, WriteGroup
+from wal.errors import ChannelFencedError, OnShutdownError, StreamingError, UnrecoverableError
+from wal.message import Message, MessageID, MessageType
+
+if TYPE_CHECKING:
+    from wal.wal import WAL
+
+log = structlog.get_logger(__name__)
+
+_TIME_TICK = MessageType.TIME_TICK
+_BLOCK_TARGET_BYTES = 1 << 20
+
+
+class _Request:
+    __slots__ = ("first_id", "future", "messages", "nbytes", "wal")
+
+    def __init__(self, wal: WAL, messages: list[Message], nbytes: int, future: asyncio.Future[None]) -> None:
+        self.wal = wal
+        self.messages = messages
+        self.nbytes = nbytes
+        self.future = future
+        self.first_id: MessageID = 0
+
+
+class _Commit:
+    """What one write produced for one WAL: consecutive ids, for the tail buffer."""
+
+    __slots__ = ("first_id", "messages", "nbytes", "wal")
+
+    def __init__(self, wal: WAL, first_id: MessageID) -> None:
+        self.wal = wal
+        self.first_id = first_id
+        self.messages: list[Message] = []
+        self.nbytes = 0
+
+
+class GroupCommitter:
+    def __init__(
+        self,
+        backend: Backend,
+        executor: concurrent.futures.ThreadPoolExecutor,
+        *,
+        durable: bool,
+        max_commit_bytes: int,
+    ) -> None:
+        self._backend = backend
+        self._executor = executor
+        self._durable = durable
+        self._max_commit_bytes = max_commit_bytes
+        self._queue: list[_Request] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.commits = 0
+        """Number of writes issued (for tests and metrics: requests / commits = coalescing factor)."""
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="wal-group-commit")
+        self._task.add_done_callback(self._on_task_done)
+
+    def submit(self, wal: WAL, messages: list[Message], nbytes: int) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._closing:
+            fut.set_exception(OnShutdownError("WAL is shutting down", channel=wal.pchannel))
+            return fut
+        self._queue.append(_Request(wal, messages, nbytes, fut))
+        self._wake.set()
+        return fut
+
+    async def aclose(self) -> None:
+        """Write everything already queued, then stop.  Idempotent."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        # If the loop dies for any reason, nobody may wait forever on a queued append.
+        exc = None if task.cancelled() else task.exception()
+        err: StreamingError = (
+            UnrecoverableError(f"group commit stopped: {exc!r}") if exc else OnShutdownError("WAL is closed")
+        )
+        for req in self._queue:
+            if not req.future.done():
+                req.future.set_exception(err)
+        self._queue.clear()
+        if exc is not None:
+            log.error("group commit task died", error=repr(exc))
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queue:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            reqs = self._take()
+            if not reqs:
+                continue
+            try:
+                commits = await loop.run_in_executor(self._executor, self._write, reqs)
+            except BaseException as exc:
+                self._fail(reqs, exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            self.commits += 1
+            for c in commits:
+                c.wal._on_committed(c.first_id, c.messages, c.nbytes)
+            for req in reqs:
+                if not req.future.done():
+                    req.future.set_result(None)
+
+    def _take(self) -> list[_Request]:
+        """Pop up to max_commit_bytes of requests (at least one) and hand out their ids."""
+        queue = self._queue
+        total = 0
+        n = 0
+        while n < len(queue) and (n == 0 or total + queue[n].nbytes <= self._max_commit_bytes):
+            total += queue[n].nbytes
+            n += 1
+        taken, self._queue = queue[:n], queue[n:]
+        reqs: list[_Request] = []
+        for req in taken:
+            wal = req.wal
+            err = wal._write_refusal()
+            if err is not None:
+                req.future.set_exception(err)
+                continue
+            if req.future.done():  # the caller was cancelled before the write: skip it entirely
+                continue
+            req.first_id = wal._next_alloc
+            wal._next_alloc += len(req.messages)
+            reqs.append(req)
+        return reqs
+
+    def _fail(self, reqs: list[_Request], exc: BaseException) -> None:
+        # The write is atomic: nothing of it is stored, so give the ids back and unseal the messages.
+        for req in reversed(reqs):
+            req.wal._next_alloc = min(req.wal._next_alloc, req.first_id)
+            for m in req.messages:
+                m._id = None
+        err: BaseException
+        if isinstance(exc, StreamingError):
+            err = exc
+        elif isinstance(exc, asyncio.CancelledError):
+            err = OnShutdownError("WAL write cancelled by shutdown")
+        else:
+            err = UnrecoverableError(f"WAL write failed: {exc!r}")
+        for req in reqs:
+            if not req.future.done():
+                req.future.set_exception(err)
+
+    def _write(self, reqs: list[_Request]) -> list[_Commit]:
+        """Runs on the writer thread: seal, encode and write one batch for every request."""
+        commits: list[_Commit] = []
+        groups: list[WriteGroup] = []
+        open_commit: dict[int, _Commit] = {}
+        for req in reqs:
+            wal = req.wal
+            c = open_commit.get(id(wal))
+            if c is None or c.nbytes >= _BLOCK_TARGET_BYTES:
+                if c is not None:
+                    groups.append(self._group(c))
+                c = _Commit(wal, req.first_id)
+                open_commit[id(wal)] = c
+                commits.append(c)
+            term = wal.term
+            mid = req.first_id
+            for m in req.messages:
+                m._id = mid
+                m._term = term
+                mid += 1
+            c.messages.extend(req.messages)
+            c.nbytes += req.nbytes
+        for c in open_commit.values():
+            groups.append(self._group(c))
+        self._backend.write(groups, self._durable)
+        return commits
+
+    @staticmethod
+    def _group(c: _Commit) -> WriteGroup:
+        ticks = [
+            TickEntry(m._timetick, m._id, m._last_confirmed if m._last_confirmed is not None else m._id)
+            for m in c.messages
+            if m._type is _TIME_TICK and m._id is not None
+        ]
+        return WriteGroup(c.wal._channel_key, c.first_id, encode_block(c.messages), ticks)
+
+
+def fenced_error(wal: WAL) -> ChannelFencedError:
+    return ChannelFencedError(
+        f"pchannel {wal.pchannel!r} term {wal.term} is fenced by a newer owner",
+        channel=wal.pchannel, term=wal.term,
+    )

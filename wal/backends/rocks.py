@@ -1,0 +1,308 @@
+"""The RocksDB backend (through rocksdict): one database per data directory, many pchannels.
+
+Key layout (all integers big-endian so that byte order is numeric order; see wal/README.md):
+
+    b"M" + b"next_key"            -> u32   next channel key to hand out (never reused)
+    b"C" + name (utf-8)           -> JSON  {"key", "term", "properties"}
+    b"D" + u32 key + u64 first_id -> block (codec block of messages first_id ..)
+    b"T" + u32 key + u64 timetick -> u64 tick message id + u64 resume id
+
+A write is one WriteBatch holding every block of a group commit and their time-index entries, so a
+block and its index entries appear together or not at all.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import struct
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import rocksdict
+
+from wal._codec import block_count
+from wal.backend import Backend, ChannelInfo, TickEntry, WriteGroup
+from wal.backends._keys import tail_state
+from wal.errors import (
+    ChannelExistError,
+    ChannelNotExistError,
+    CodecError,
+    CorruptedError,
+    InvalidArgumentError,
+    OnShutdownError,
+    UnrecoverableError,
+)
+from wal.message import MessageID
+
+_U32 = struct.Struct(">I")
+_KEY_ID = struct.Struct(">IQ")
+_TICK_VALUE = struct.Struct(">QQ")
+_NEXT_KEY = b"Mnext_key"
+_MAX_ID = 0xFFFFFFFFFFFFFFFF
+
+
+class SyncMethod(enum.Enum):
+    """How a durable write reaches the disk.
+
+    WRITE_SYNC: ``write(batch, sync=True)``: rocksdict holds the GIL during the fsync.
+    FLUSH_WAL: ``write(batch)`` then ``flush_wal(sync=True)``: the fsync runs without the GIL, so the
+    event loop keeps accepting appends meanwhile.  Both are equally durable; bench/wal_append.py
+    measures both, and FLUSH_WAL is the default because it was faster there (see bench/RESULTS.md).
+    """
+
+    WRITE_SYNC = "write_sync"
+    FLUSH_WAL = "flush_wal"
+
+
+def _data_key(key: int, message_id: MessageID) -> bytes:
+    return b"D" + _KEY_ID.pack(key, message_id)
+
+
+def _tick_key(key: int, ts: int) -> bytes:
+    return b"T" + _KEY_ID.pack(key, ts)
+
+
+class RocksBackend(Backend):
+    """RocksDB through rocksdict, raw mode.  Thread-safe as described in wal.backend."""
+
+    def __init__(self, path: str | os.PathLike[str], sync_method: SyncMethod = SyncMethod.FLUSH_WAL) -> None:
+        self.path = os.fspath(path)
+        self._sync_method = sync_method
+        self._meta_lock = threading.Lock()
+        self._closed = False
+        opts = rocksdict.Options(raw_mode=True)
+        opts.create_if_missing(True)
+        opts.set_paranoid_checks(True)
+        # PointInTime recovery: after a crash the database is as of the last fully written batch;
+        # a torn tail record is dropped, never surfaced.
+        opts.set_wal_recovery_mode(rocksdict.DBRecoveryMode.point_in_time())
+        opts.increase_parallelism(2)
+        opts.set_write_buffer_size(64 << 20)
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            self._db: Any = rocksdict.Rdict(self.path, options=opts)
+        except Exception as exc:  # rocksdict raises plain Exception for every engine error
+            raise CorruptedError(
+                f"cannot open WAL database at {self.path}: {exc}", path=self.path
+            ) from exc
+        self._wopts_plain = rocksdict.WriteOptions()
+        self._wopts_sync = rocksdict.WriteOptions()
+        self._wopts_sync.sync = True
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise OnShutdownError(f"WAL database at {self.path} is closed", path=self.path)
+
+    @contextmanager
+    def _engine(self, what: str) -> Iterator[None]:
+        """Translate engine failures at the boundary, naming the database path."""
+        self._check_open()
+        try:
+            yield
+        except (CodecError, ChannelNotExistError, ChannelExistError, CorruptedError):
+            raise
+        except Exception as exc:  # rocksdict raises plain Exception
+            raise UnrecoverableError(f"{what} failed in {self.path}: {exc}", path=self.path) from exc
+
+    def _load(self, name: str) -> dict[str, Any]:
+        raw = self._db.get(b"C" + name.encode())
+        if raw is None:
+            raise ChannelNotExistError(f"pchannel {name!r} does not exist", channel=name)
+        try:
+            record: dict[str, Any] = json.loads(raw)
+            int(record["key"]), int(record["term"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptedError(
+                f"channel record of {name!r} in {self.path} is damaged", channel=name, path=self.path
+            ) from exc
+        return record
+
+    def _info(self, name: str, record: dict[str, Any]) -> ChannelInfo:
+        key = int(record["key"])
+        info = ChannelInfo(name, key, int(record["term"]), 0, 0, 0, dict(record.get("properties", {})))
+        it = self._db.iter()
+        try:
+            it.seek(_data_key(key, 0))
+            if it.valid() and it.key()[:5] == b"D" + _U32.pack(key):
+                info.first_id = info.next_id = _KEY_ID.unpack_from(it.key(), 1)[1]
+            it.seek_for_prev(_data_key(key, _MAX_ID))
+            last = None
+            if it.valid() and it.key()[:5] == b"D" + _U32.pack(key):
+                last = (_KEY_ID.unpack_from(it.key(), 1)[1], bytes(it.value()))
+        finally:
+            del it
+        return tail_state(info, last, self.path)
+
+    # --- channels --------------------------------------------------------------------------------
+    def create_channel(self, name: str, properties: dict[str, str]) -> ChannelInfo:
+        if not name:
+            raise InvalidArgumentError("pchannel name must not be empty")
+        with self._engine("create_channel"), self._meta_lock:
+            if self._db.get(b"C" + name.encode()) is not None:
+                raise ChannelExistError(f"pchannel {name!r} already exists", channel=name)
+            raw_next = self._db.get(_NEXT_KEY)
+            key = _U32.unpack(raw_next)[0] if raw_next is not None else 1
+            record = {"key": key, "term": 0, "properties": dict(properties)}
+            wb = rocksdict.WriteBatch(raw_mode=True)
+            wb.put(_NEXT_KEY, _U32.pack(key + 1))
+            wb.put(b"C" + name.encode(), json.dumps(record).encode())
+            self._db.write(wb, self._wopts_sync)
+            return ChannelInfo(name, key, 0, 0, 0, 0, dict(properties))
+
+    def open_channel(self, name: str) -> ChannelInfo:
+        with self._engine("open_channel"), self._meta_lock:
+            record = self._load(name)
+            record["term"] = int(record["term"]) + 1
+            self._db.put(b"C" + name.encode(), json.dumps(record).encode(), self._wopts_sync)
+            return self._info(name, record)
+
+    def describe_channel(self, name: str) -> ChannelInfo:
+        with self._engine("describe_channel"):
+            return self._info(name, self._load(name))
+
+    def list_channels(self) -> list[str]:
+        with self._engine("list_channels"):
+            names: list[str] = []
+            it = self._db.iter()
+            try:
+                it.seek(b"C")
+                while it.valid():
+                    k = it.key()
+                    if not k.startswith(b"C"):
+                        break
+                    names.append(k[1:].decode())
+                    it.next()
+            finally:
+                del it
+            return names
+
+    def destroy_channel(self, name: str) -> None:
+        with self._engine("destroy_channel"), self._meta_lock:
+            key = int(self._load(name)["key"])
+            wb = rocksdict.WriteBatch(raw_mode=True)
+            wb.delete(b"C" + name.encode())
+            wb.delete_range(_data_key(key, 0), b"D" + _U32.pack(key + 1))
+            wb.delete_range(_tick_key(key, 0), b"T" + _U32.pack(key + 1))
+            self._db.write(wb, self._wopts_sync)
+
+    # --- data ------------------------------------------------------------------------------------
+    def write(self, groups: list[WriteGroup], durable: bool) -> None:
+        with self._engine("write"):
+            wb = rocksdict.WriteBatch(raw_mode=True)
+            for g in groups:
+                wb.put(_data_key(g.channel_key, g.first_id), g.block)
+                for t in g.ticks:
+                    wb.put(_tick_key(g.channel_key, t.timetick), _TICK_VALUE.pack(t.message_id, t.resume_id))
+            if not durable:
+                self._db.write(wb, self._wopts_plain)
+            elif self._sync_method is SyncMethod.WRITE_SYNC:
+                self._db.write(wb, self._wopts_sync)
+            else:
+                self._db.write(wb, self._wopts_plain)
+                self._db.flush_wal(True)
+
+    def read_blocks(
+        self, channel_key: int, from_id: MessageID, max_bytes: int
+    ) -> list[tuple[MessageID, bytes]]:
+        with self._engine("read"):
+            prefix = b"D" + _U32.pack(channel_key)
+            out: list[tuple[MessageID, bytes]] = []
+            total = 0
+            it = self._db.iter()
+            try:
+                it.seek_for_prev(_data_key(channel_key, from_id))
+                if not it.valid() or not it.key().startswith(prefix):
+                    it.seek(_data_key(channel_key, from_id))
+                else:
+                    # The block before from_id holds it only if it reaches that far.
+                    first = _KEY_ID.unpack_from(it.key(), 1)[1]
+                    if first + block_count(it.value()) <= from_id:
+                        it.next()
+                while it.valid():
+                    k = it.key()
+                    if not k.startswith(prefix):
+                        break
+                    v = it.value()
+                    out.append((_KEY_ID.unpack_from(k, 1)[1], v))
+                    total += len(v)
+                    if total >= max_bytes:
+                        break
+                    it.next()
+            finally:
+                del it
+            return out
+
+    def seek_time(self, channel_key: int, timetick: int) -> TickEntry | None:
+        with self._engine("seek_time"):
+            it = self._db.iter()
+            try:
+                it.seek_for_prev(_tick_key(channel_key, timetick))
+                if not it.valid() or not it.key().startswith(b"T" + _U32.pack(channel_key)):
+                    return None
+                ts = _KEY_ID.unpack_from(it.key(), 1)[1]
+                mid, resume = _TICK_VALUE.unpack(it.value())
+                return TickEntry(ts, mid, resume)
+            finally:
+                del it
+
+    def truncate(self, channel_key: int, before_id: MessageID) -> MessageID:
+        with self._engine("truncate"):
+            prefix = b"D" + _U32.pack(channel_key)
+            it = self._db.iter()
+            try:
+                it.seek_for_prev(_data_key(channel_key, before_id))
+                if not it.valid() or not it.key().startswith(prefix):
+                    it.seek(_data_key(channel_key, 0))
+                    return _KEY_ID.unpack_from(it.key(), 1)[1] if it.valid() and it.key().startswith(prefix) else before_id
+                first = _KEY_ID.unpack_from(it.key(), 1)[1]
+                # Keep the block holding before_id; when before_id is exactly past its end, drop it too.
+                keep_from = first + block_count(it.value()) if first + block_count(it.value()) <= before_id else first
+                # Time-index entries of ticks that are gone go too: ticks are ordered by id as by time.
+                stale_ticks: list[bytes] = []
+                it.seek(_tick_key(channel_key, 0))
+                tprefix = b"T" + _U32.pack(channel_key)
+                while it.valid() and it.key().startswith(tprefix):
+                    if _TICK_VALUE.unpack(it.value())[0] >= keep_from:
+                        break
+                    stale_ticks.append(it.key())
+                    it.next()
+            finally:
+                del it
+            wb = rocksdict.WriteBatch(raw_mode=True)
+            wb.delete_range(_data_key(channel_key, 0), _data_key(channel_key, keep_from))
+            for k in stale_ticks:
+                wb.delete(k)
+            self._db.write(wb, self._wopts_sync)
+            return keep_from
+
+    def sync(self) -> None:
+        with self._engine("sync"):
+            self._db.flush_wal(True)
+
+    def backup(self, dest: str) -> None:
+        with self._engine("backup"):
+            if os.path.exists(dest):
+                raise InvalidArgumentError(f"backup destination {dest} already exists", path=dest)
+            # A RocksDB checkpoint: hard links to immutable SST files plus a consistent MANIFEST/WAL cut.
+            cp = rocksdict.Checkpoint(self._db)
+            try:
+                cp.create_checkpoint(dest)
+            finally:
+                del cp
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._db.flush_wal(True)
+        finally:
+            self._db.close()
+
+
+__all__ = ["RocksBackend", "SyncMethod"]

@@ -1,0 +1,141 @@
+"""One error type for the whole node: a code, structured fields and behaviour flags.
+
+Callers branch on ``code`` or on the predicates (``retriable``, ``is_fenced``), never on message text.
+The numeric codes are part of the wire contract (``proto/streamingnode/v1/common.proto``
+``ErrorCode``); a test keeps the two in step.  The gRPC status mapping lives with the service, which
+is the only layer that speaks gRPC.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class ErrorCode(enum.IntEnum):
+    """Why an operation failed.  Values are stable on the wire."""
+
+    UNKNOWN = 0
+    CHANNEL_NOT_EXIST = 1
+    CHANNEL_EXIST = 2
+    CHANNEL_FENCED = 3
+    ON_SHUTDOWN = 4
+    INVALID_ARGUMENT = 5
+    INVALID_MESSAGE = 6
+    MESSAGE_TOO_LARGE = 7
+    OUT_OF_RANGE = 8
+    CORRUPTED = 9
+    UNRECOVERABLE = 10
+    UNAVAILABLE = 11
+    RESOURCE_EXHAUSTED = 12
+    TXN_NOT_FOUND = 13
+    TXN_EXPIRED = 14
+    INVALID_TXN_STATE = 15
+    COLLECTION_NOT_EXIST = 16
+    COLLECTION_EXIST = 17
+    PARTITION_NOT_EXIST = 18
+    PARTITION_EXIST = 19
+    SCHEMA_MISMATCH = 20
+    CONSUMER_GROUP_NOT_EXIST = 21
+    CONSUMER_GROUP_EXIST = 22
+    DEADLINE_EXCEEDED = 23
+    REDO = 24
+
+
+# Codes whose failure is transient: the same request may succeed if tried again.
+_RETRIABLE = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.RESOURCE_EXHAUSTED, ErrorCode.REDO})
+
+
+class StreamingError(Exception):
+    """Base error.  ``fields`` carries structured context (channel, term, txn_id, message_id, path)."""
+
+    default_code: ErrorCode = ErrorCode.UNKNOWN
+
+    def __init__(self, message: str, *, code: ErrorCode | None = None, **fields: Any) -> None:
+        super().__init__(message)
+        self.code: ErrorCode = code if code is not None else self.default_code
+        self.fields: dict[str, Any] = fields
+
+    @property
+    def retriable(self) -> bool:
+        """True when retrying the same request may succeed."""
+        return self.code in _RETRIABLE
+
+    @property
+    def is_fenced(self) -> bool:
+        return self.code is ErrorCode.CHANNEL_FENCED
+
+    def __repr__(self) -> str:
+        extra = "".join(f", {k}={v!r}" for k, v in self.fields.items())
+        return f"{type(self).__name__}({self.code.name}, {str(self)!r}{extra})"
+
+
+class ChannelNotExistError(StreamingError):
+    default_code = ErrorCode.CHANNEL_NOT_EXIST
+
+
+class ChannelExistError(StreamingError):
+    default_code = ErrorCode.CHANNEL_EXIST
+
+
+class ChannelFencedError(StreamingError):
+    default_code = ErrorCode.CHANNEL_FENCED
+
+
+class OnShutdownError(StreamingError):
+    """The WAL (or node) is closing or closed; nothing was written."""
+
+    default_code = ErrorCode.ON_SHUTDOWN
+
+
+class InvalidArgumentError(StreamingError):
+    default_code = ErrorCode.INVALID_ARGUMENT
+
+
+class CodecError(StreamingError):
+    """Bytes that do not decode as a message or block of this format."""
+
+    default_code = ErrorCode.INVALID_MESSAGE
+
+
+class MessageTooLargeError(StreamingError):
+    default_code = ErrorCode.MESSAGE_TOO_LARGE
+
+
+class OutOfRangeError(StreamingError):
+    """A position before the first retained message (truncated) or after the end of the log."""
+
+    default_code = ErrorCode.OUT_OF_RANGE
+
+
+class CorruptedError(StreamingError):
+    """Stored bytes fail their checksum or do not decode, or a database directory is damaged."""
+
+    default_code = ErrorCode.CORRUPTED
+
+
+class UnrecoverableError(StreamingError):
+    default_code = ErrorCode.UNRECOVERABLE
+
+
+class ImmutableMessageError(StreamingError):
+    """A message that already has an id was modified."""
+
+    default_code = ErrorCode.INVALID_ARGUMENT
+
+
+__all__ = [
+    "ChannelExistError",
+    "ChannelFencedError",
+    "ChannelNotExistError",
+    "CodecError",
+    "CorruptedError",
+    "ErrorCode",
+    "ImmutableMessageError",
+    "InvalidArgumentError",
+    "MessageTooLargeError",
+    "OnShutdownError",
+    "OutOfRangeError",
+    "StreamingError",
+    "UnrecoverableError",
+]

@@ -1,0 +1,184 @@
+"""WALManager: owns a backend, its threads and group committer, and the WALs opened on it.
+
+Lifetime: backend ⊃ WALManager ⊃ WAL ⊃ Scanner.  Every backend call runs on a worker thread — writes
+and metadata changes on one writer thread (so they are serialised), reads on a small pool — never on
+the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import enum
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import structlog
+
+from wal._committer import GroupCommitter
+from wal.backend import Backend, ChannelInfo, Durability
+from wal.errors import ChannelNotExistError, InvalidArgumentError, OnShutdownError
+from wal.wal import WAL
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+
+class ManagerState(enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+class WALManager:
+    """Start with ``await WALManager.start(backend)`` (or ``start_rocksdb(path)``); close with ``aclose``."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        durability: Durability = Durability.SYNC,
+        relaxed_sync_interval: float = 0.1,
+        tail_buffer_bytes: int = 64 << 20,
+        max_commit_bytes: int = 8 << 20,
+        read_threads: int = 2,
+    ) -> None:
+        if relaxed_sync_interval <= 0:
+            raise InvalidArgumentError("relaxed_sync_interval must be > 0 seconds")
+        self.backend = backend
+        self.durability = durability
+        self.tail_buffer_bytes = tail_buffer_bytes
+        self._relaxed_sync_interval = relaxed_sync_interval
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="wal-writer")
+        self._readers = concurrent.futures.ThreadPoolExecutor(read_threads, thread_name_prefix="wal-reader")
+        self._committer = GroupCommitter(
+            backend, self._writer, durable=durability is Durability.SYNC, max_commit_bytes=max_commit_bytes
+        )
+        self._wals: dict[str, WAL] = {}
+        self._syncer: asyncio.Task[None] | None = None
+        self.state = ManagerState.STARTING
+
+    @classmethod
+    async def start(cls, backend: Backend, **kwargs: Any) -> WALManager:
+        manager = cls(backend, **kwargs)
+        manager._committer.start()
+        if manager.durability is Durability.RELAXED:
+            manager._syncer = asyncio.get_running_loop().create_task(manager._sync_loop(), name="wal-sync")
+        manager.state = ManagerState.RUNNING
+        return manager
+
+    @classmethod
+    async def start_rocksdb(cls, path: str | os.PathLike[str], **kwargs: Any) -> WALManager:
+        """A manager over the RocksDB database in ``path`` (created if missing)."""
+        from wal.backends.rocks import RocksBackend, SyncMethod  # noqa: PLC0415  (keep import light)
+
+        sync_method = kwargs.pop("sync_method", SyncMethod.FLUSH_WAL)
+        backend = await asyncio.to_thread(RocksBackend, path, sync_method)
+        return await cls.start(backend, **kwargs)
+
+    # --- thread dispatch -------------------------------------------------------------------------
+    def _check_running(self) -> None:
+        if self.state is not ManagerState.RUNNING:
+            raise OnShutdownError(f"WAL manager is {self.state.value}")
+
+    async def _run_write(self, fn: Callable[..., T], *args: Any) -> T:
+        self._check_running()
+        return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
+
+    async def _run_read(self, fn: Callable[..., T], *args: Any) -> T:
+        self._check_running()
+        return await asyncio.get_running_loop().run_in_executor(self._readers, fn, *args)
+
+    # --- channels --------------------------------------------------------------------------------
+    async def create_channel(self, name: str, properties: dict[str, str] | None = None) -> ChannelInfo:
+        """Create an empty pchannel.  Raises ChannelExistError."""
+        _check_name(name)
+        return await self._run_write(self.backend.create_channel, name, dict(properties or {}))
+
+    async def describe_channel(self, name: str) -> ChannelInfo:
+        info = await self._run_read(self.backend.describe_channel, name)
+        wal = self._wals.get(name)
+        if wal is not None:  # the open handle knows acknowledged state the storage scan cannot
+            info.next_id, info.first_id, info.last_timetick = wal.next_id, wal.first_id, wal.last_timetick
+        return info
+
+    async def list_channels(self) -> list[str]:
+        return await self._run_read(self.backend.list_channels)
+
+    async def destroy_channel(self, name: str) -> None:
+        """Remove a pchannel and its data; an open WAL on it is closed and its readers fail."""
+        wal = self._wals.get(name)
+        if wal is not None:
+            wal._destroyed()
+            await wal._idle.wait()
+        await self._run_write(self.backend.destroy_channel, name)
+        self._wals.pop(name, None)
+
+    async def open(self, name: str) -> WAL:
+        """Open a pchannel with a new term; a WAL already open on it is fenced."""
+        _check_name(name)
+        info = await self._run_write(self.backend.open_channel, name)
+        old = self._wals.get(name)
+        if old is not None:
+            old._fence()
+        wal = WAL(self, info, self._committer)
+        self._wals[name] = wal
+        log.info("wal opened", pchannel=name, term=info.term, first_id=info.first_id, next_id=info.next_id)
+        return wal
+
+    def _forget(self, wal: WAL) -> None:
+        if self._wals.get(wal.pchannel) is wal:
+            del self._wals[wal.pchannel]
+
+    async def backup(self, dest: str | os.PathLike[str]) -> None:
+        """A consistent copy of every pchannel into the new directory ``dest``.
+
+        Runs on the writer thread, so it sits between two group commits: it holds every append
+        acknowledged before it was called.
+        """
+        await self._run_write(self.backend.backup, os.fspath(dest))
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    async def _sync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._relaxed_sync_interval)
+            try:
+                await asyncio.get_running_loop().run_in_executor(self._writer, self.backend.sync)
+            except Exception as exc:  # keep syncing; the next write will surface a dead backend
+                log.warning("relaxed sync failed", error=repr(exc))
+
+    async def aclose(self) -> None:
+        """Close every WAL (draining appends in flight), stop the threads, close the backend."""
+        if self.state in (ManagerState.DRAINING, ManagerState.CLOSED):
+            return
+        self.state = ManagerState.DRAINING
+        for wal in list(self._wals.values()):
+            await wal.aclose()
+        await self._committer.aclose()
+        if self._syncer is not None:
+            self._syncer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._syncer
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._writer, self.backend.close)
+        self._writer.shutdown(wait=True)
+        self._readers.shutdown(wait=True)
+        self.state = ManagerState.CLOSED
+
+    async def __aenter__(self) -> WALManager:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not name or len(name.encode()) > 255 or "\x00" in name:
+        raise InvalidArgumentError(f"invalid pchannel name {name!r}: 1-255 bytes, no NUL")
+
+
+__all__ = ["ChannelNotExistError", "ManagerState", "WALManager"]

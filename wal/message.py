@@ -1,0 +1,300 @@
+"""The message model: what is appended to, stored in and read from a WAL.
+
+A ``Message`` is mutable while it travels the append path (interceptors stamp its timetick, term,
+last-confirmed id and txn context) and becomes immutable the moment the WAL gives it an id.  One class
+serves both states so that the append path never copies a message; the ``with_*`` setters refuse to run
+once ``message_id`` is set.
+
+Message ids are plain ``int`` offsets, totally ordered per pchannel and dense (every id in
+``[first, last]`` exists until truncated).  On the wire they are 8-byte big-endian strings
+(``encode_message_id``), so clients may treat them as opaque ordered bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from wal.errors import ImmutableMessageError, InvalidArgumentError
+
+MessageID = int
+"""Offset of a message in its pchannel.  See module docstring."""
+
+
+class MessageType(enum.IntEnum):
+    """Message kinds.  Codes below 1000 keep the numbers of the original MsgType table."""
+
+    UNDEFINED = 0
+    CREATE_COLLECTION = 100
+    DROP_COLLECTION = 101
+    CREATE_PARTITION = 200
+    DROP_PARTITION = 201
+    INSERT = 400
+    DELETE = 401
+    FLUSH = 402
+    """A segment sealed and to be flushed (written by the shard step, replayed on reopen)."""
+    MANUAL_FLUSH = 403
+    """A user asked to flush a vchannel (exclusive)."""
+    CREATE_SEGMENT = 404
+    TIME_TICK = 1200
+    BEGIN_TXN = 1300
+    COMMIT_TXN = 1301
+    ROLLBACK_TXN = 1302
+
+    @property
+    def is_system(self) -> bool:
+        """System messages pass every MessageType filter: they carry time and transaction framing."""
+        return self in _SYSTEM_TYPES
+
+    @property
+    def is_exclusive(self) -> bool:
+        """Messages that take the vchannel's lock exclusively (DDL and manual flush)."""
+        return self in _EXCLUSIVE_TYPES
+
+
+_SYSTEM_TYPES = frozenset(
+    {MessageType.TIME_TICK, MessageType.BEGIN_TXN, MessageType.COMMIT_TXN, MessageType.ROLLBACK_TXN}
+)
+_EXCLUSIVE_TYPES = frozenset(
+    {
+        MessageType.CREATE_COLLECTION,
+        MessageType.DROP_COLLECTION,
+        MessageType.CREATE_PARTITION,
+        MessageType.DROP_PARTITION,
+        MessageType.MANUAL_FLUSH,
+    }
+)
+_TXN_FRAMING = frozenset({MessageType.BEGIN_TXN, MessageType.COMMIT_TXN, MessageType.ROLLBACK_TXN})
+
+MESSAGE_ID_BYTES = 8
+
+
+def encode_message_id(message_id: MessageID) -> bytes:
+    """The wire form of an id: 8 bytes, big-endian, so byte order equals id order."""
+    return message_id.to_bytes(MESSAGE_ID_BYTES, "big")
+
+
+def decode_message_id(raw: bytes) -> MessageID:
+    if len(raw) != MESSAGE_ID_BYTES:
+        raise InvalidArgumentError(
+            f"message id must be {MESSAGE_ID_BYTES} bytes, got {len(raw)}", length=len(raw)
+        )
+    return int.from_bytes(raw, "big")
+
+
+@dataclass(frozen=True, slots=True)
+class TxnContext:
+    """Marks a message as part of transaction ``txn_id``.
+
+    ``keepalive_ms`` is how long the transaction may stay idle, measured on message timestamps (the
+    physical part), before readers and writers treat it as expired.
+    """
+
+    txn_id: int
+    keepalive_ms: int
+
+
+class Position(NamedTuple):
+    """Where a reader is: the seed's MsgPosition.
+
+    Resuming with ``StartFrom(message_id)`` plus ``TimeTickGT(timetick)`` delivers exactly what comes
+    after this position — ``message_id`` is the smallest id not yet fully delivered, not the last id
+    read, because messages are released in timestamp order rather than id order.
+    """
+
+    pchannel: str
+    message_id: MessageID
+    timetick: int
+
+
+class AppendResult(NamedTuple):
+    message_id: MessageID
+    timetick: int
+    txn_id: int | None
+
+
+BROADCAST_VCHANNEL = ""
+"""A message on this vchannel is delivered to every vchannel of its pchannel."""
+
+
+class Message:
+    """A WAL message.  See the module docstring for the mutable/immutable contract."""
+
+    __slots__ = (
+        "_id",
+        "_last_confirmed",
+        "_not_persisted",
+        "_payload",
+        "_properties",
+        "_term",
+        "_timetick",
+        "_txn",
+        "_type",
+        "_vchannel",
+    )
+
+    def __init__(
+        self,
+        message_type: MessageType,
+        vchannel: str = BROADCAST_VCHANNEL,
+        payload: bytes = b"",
+        properties: dict[str, str] | None = None,
+        *,
+        timetick: int = 0,
+        txn: TxnContext | None = None,
+        not_persisted: bool = False,
+    ) -> None:
+        self._type = message_type
+        self._vchannel = vchannel
+        self._payload = payload
+        self._properties = properties if properties is not None else {}
+        self._timetick = timetick
+        self._term = 0
+        self._last_confirmed: MessageID | None = None
+        self._txn = txn
+        self._not_persisted = not_persisted
+        self._id: MessageID | None = None
+
+    # --- read side -------------------------------------------------------------------------------
+    @property
+    def message_type(self) -> MessageType:
+        return self._type
+
+    @property
+    def vchannel(self) -> str:
+        return self._vchannel
+
+    @property
+    def payload(self) -> bytes:
+        return self._payload
+
+    @property
+    def properties(self) -> dict[str, str]:
+        """Headers.  Treat as read-only once the message has an id."""
+        return self._properties
+
+    @property
+    def timetick(self) -> int:
+        return self._timetick
+
+    @property
+    def wal_term(self) -> int:
+        return self._term
+
+    @property
+    def last_confirmed(self) -> MessageID | None:
+        return self._last_confirmed
+
+    @property
+    def txn(self) -> TxnContext | None:
+        return self._txn
+
+    @property
+    def not_persisted(self) -> bool:
+        return self._not_persisted
+
+    @property
+    def message_id(self) -> MessageID | None:
+        """None while the message is being appended; set once, by the WAL."""
+        return self._id
+
+    @property
+    def is_immutable(self) -> bool:
+        return self._id is not None
+
+    @property
+    def is_txn_framing(self) -> bool:
+        return self._type in _TXN_FRAMING
+
+    def estimate_size(self) -> int:
+        """Approximate bytes held in memory; used for buffer limits, not exact accounting."""
+        return len(self._payload) + len(self._vchannel) + 64
+
+    # --- append side -----------------------------------------------------------------------------
+    def _check_mutable(self) -> None:
+        if self._id is not None:
+            raise ImmutableMessageError(
+                f"message {self._id} already has an id and cannot change", message_id=self._id
+            )
+
+    def with_timetick(self, ts: int) -> Message:
+        self._check_mutable()
+        self._timetick = ts
+        return self
+
+    def with_wal_term(self, term: int) -> Message:
+        self._check_mutable()
+        self._term = term
+        return self
+
+    def with_last_confirmed(self, message_id: MessageID) -> Message:
+        self._check_mutable()
+        self._last_confirmed = message_id
+        return self
+
+    def with_txn(self, txn: TxnContext | None) -> Message:
+        self._check_mutable()
+        self._txn = txn
+        return self
+
+    def with_property(self, key: str, value: str) -> Message:
+        self._check_mutable()
+        self._properties[key] = value
+        return self
+
+    def with_not_persisted(self) -> Message:
+        self._check_mutable()
+        self._not_persisted = True
+        return self
+
+    def _seal(self, message_id: MessageID) -> None:
+        """Give the message its id; from now on it is immutable.  Called only by the WAL."""
+        self._id = message_id
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        return (
+            self._id == other._id
+            and self._type == other._type
+            and self._vchannel == other._vchannel
+            and self._timetick == other._timetick
+            and self._term == other._term
+            and self._last_confirmed == other._last_confirmed
+            and self._txn == other._txn
+            and self._not_persisted == other._not_persisted
+            and self._properties == other._properties
+            and self._payload == other._payload
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable while appending
+
+    def __repr__(self) -> str:
+        return (
+            f"Message(id={self._id}, type={self._type.name}, vchannel={self._vchannel!r}, "
+            f"ts={self._timetick}, term={self._term}, txn={self._txn}, payload={len(self._payload)}B)"
+        )
+
+
+def new_time_tick(ts: int, *, last_confirmed: MessageID | None = None, persist: bool = True) -> Message:
+    """A TimeTick barrier at ``ts`` on every vchannel of the pchannel."""
+    msg = Message(MessageType.TIME_TICK, BROADCAST_VCHANNEL, timetick=ts, not_persisted=not persist)
+    if last_confirmed is not None:
+        msg._last_confirmed = last_confirmed
+    return msg
+
+
+__all__ = [
+    "BROADCAST_VCHANNEL",
+    "MESSAGE_ID_BYTES",
+    "AppendResult",
+    "Message",
+    "MessageID",
+    "MessageType",
+    "Position",
+    "TxnContext",
+    "decode_message_id",
+    "encode_message_id",
+    "new_time_tick",
+]

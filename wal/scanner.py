@@ -1,0 +1,325 @@
+"""Scanner: reads a pchannel in timestamp order and hands out MsgPacks, one per TimeTick.
+
+Reading happens in two modes.  *Catch-up* reads blocks from storage in bounded batches on a reader
+thread.  *Tailing* reads the WAL's in-memory tail buffer, woken by commits (no polling); a scanner
+that falls behind the buffer drops back to catch-up.  Either way the scanner pulls only when its
+consumer asks for the next pack, so a slow consumer slows only itself.
+
+Ordering: messages wait until a TimeTick barrier at ``T`` releases every waiting message with
+``ts <= T`` as one MsgPack sorted by ``(ts, id)``.  Transactions are held apart from BeginTxn to
+CommitTxn and released whole at the commit's timestamp; a rollback, an expiry (measured on message
+timestamps), or a transaction whose BeginTxn the scanner never saw (it started in the middle) is
+never delivered.  Memory per scanner is one storage batch plus what waits for the next barrier.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from wal._codec import decode_block
+from wal.errors import CodecError, CorruptedError, OutOfRangeError
+from wal.message import BROADCAST_VCHANNEL, Message, MessageID, MessageType, Position
+from wal.options import PolicyKind, ReadOption
+
+if TYPE_CHECKING:
+    from wal.wal import WAL
+
+_TIME_TICK = MessageType.TIME_TICK
+_BEGIN = MessageType.BEGIN_TXN
+_COMMIT = MessageType.COMMIT_TXN
+_ROLLBACK = MessageType.ROLLBACK_TXN
+_TXN_FRAMING = frozenset({_BEGIN, _COMMIT, _ROLLBACK})
+_TAIL_READ = 4096
+_LOGICAL_BITS = 18
+
+
+@dataclass(slots=True)
+class MsgPack:
+    """Messages released by one TimeTick: the seed's MsgPack.
+
+    ``end_position`` is where to resume after this pack (see ``Position``).
+    """
+
+    begin_ts: int
+    end_ts: int
+    messages: list[Message]
+    start_position: Position
+    end_position: Position
+
+    @property
+    def start_positions(self) -> list[Position]:
+        return [self.start_position]
+
+    @property
+    def end_positions(self) -> list[Position]:
+        return [self.end_position]
+
+
+class _OpenTxn:
+    __slots__ = ("begin_id", "keepalive_ms", "last_ts", "messages")
+
+    def __init__(self, begin: Message, keepalive_ms: int) -> None:
+        assert begin._id is not None
+        self.begin_id: MessageID = begin._id
+        self.messages = [begin]
+        self.last_ts = begin._timetick
+        self.keepalive_ms = keepalive_ms
+
+
+def _ts(m: Message) -> int:
+    return m._timetick
+
+
+class Scanner:
+    """An async iterator of MsgPacks.  Obtain from ``WAL.read``; close with ``aclose``."""
+
+    def __init__(self, wal: WAL, option: ReadOption) -> None:
+        self._wal = wal
+        self._opt = option
+        self._vchannel = option.vchannel
+        self._min_ts, inclusive = option.min_timetick()
+        # Normalise the bound to "ts >= _min_ts".
+        if not inclusive:
+            self._min_ts += 1
+        self._types = option.message_types()
+        self._closed = False
+        self._start_time: int | None = None
+        self._fetch_id = self._resolve_start(option)  # next id to read from tail or storage
+        self._cursor = self._fetch_id  # next id to process
+        self._batch: list[Message] = []
+        self._batch_pos = 0
+        self._run: list[Message] = []  # non-decreasing ts, increasing ids: the common, cheap path
+        self._heap: list[tuple[int, MessageID, Message | list[Message]]] = []  # out-of-order units
+        self._txns: dict[int, _OpenTxn] = {}
+        self._last_tick = max(self._min_ts - 1, 0)
+        self._position = Position(wal.pchannel, self._fetch_id, self._last_tick)
+        self.tailing = False
+        """True while reading from the tail buffer rather than storage."""
+
+    def _resolve_start(self, option: ReadOption) -> MessageID:
+        wal = self._wal
+        policy = option.deliver_policy
+        kind = policy.kind
+        if kind is PolicyKind.ALL:
+            return wal.first_id
+        if kind is PolicyKind.LATEST:
+            return wal.next_id
+        if kind is PolicyKind.START_AT_TIME:
+            assert policy.timetick is not None
+            self._start_time = policy.timetick
+            self._min_ts = max(self._min_ts, policy.timetick)
+            return wal.first_id  # refined by the time index on the first read
+        assert policy.message_id is not None
+        start = policy.message_id + (1 if kind is PolicyKind.START_AFTER else 0)
+        if start < wal.first_id or start > wal.next_id:
+            raise OutOfRangeError(
+                f"{kind.value}({policy.message_id}) is outside pchannel {wal.pchannel!r}: "
+                f"retained ids are [{wal.first_id}, {wal.next_id})",
+                channel=wal.pchannel, message_id=policy.message_id,
+            )
+        return start
+
+    # --- iteration -------------------------------------------------------------------------------
+    def __aiter__(self) -> Scanner:
+        return self
+
+    async def __anext__(self) -> MsgPack:
+        if self._closed:
+            raise StopAsyncIteration
+        if self._start_time is not None:
+            self._fetch_id = self._cursor = await self._wal._seek_time(self._start_time)
+            self._position = self._position._replace(message_id=self._fetch_id)
+            self._start_time = None
+        vch = self._vchannel
+        types = self._types
+        min_ts = self._min_ts
+        run = self._run
+        while True:
+            batch = self._batch
+            pos = self._batch_pos
+            n = len(batch)
+            while pos < n:
+                msg = batch[pos]
+                pos += 1
+                t = msg._type
+                if t is _TIME_TICK:
+                    self._batch_pos = pos
+                    if msg._id is not None:
+                        self._cursor = msg._id + 1
+                    pack = self._release(msg._timetick)
+                    if pack is not None:
+                        return pack
+                    run = self._run
+                    continue
+                if vch is not None and msg._vchannel != vch and msg._vchannel != BROADCAST_VCHANNEL:
+                    continue
+                if msg._txn is not None or t in _TXN_FRAMING:
+                    self._on_txn(msg)
+                    continue
+                ts = msg._timetick
+                if ts < min_ts or (types is not None and t not in types and not t.is_system):
+                    continue
+                if not run or run[-1]._timetick <= ts:
+                    run.append(msg)
+                else:
+                    heapq.heappush(self._heap, (ts, msg._id, msg))  # type: ignore[arg-type]
+            self._batch_pos = pos
+            if n:
+                self._cursor = self._fetch_id
+            await self._refill()
+
+    def _on_txn(self, msg: Message) -> None:
+        txn = msg._txn
+        if txn is None:
+            return  # framing without a context cannot be matched to anything
+        t = msg._type
+        tid = txn.txn_id
+        if t is _BEGIN:
+            self._txns[tid] = _OpenTxn(msg, txn.keepalive_ms)
+            return
+        open_txn = self._txns.get(tid)
+        if open_txn is None:
+            return  # began before this scanner started: deliver it whole or not at all -> not at all
+        if t is _ROLLBACK:
+            del self._txns[tid]
+        elif t is _COMMIT:
+            del self._txns[tid]
+            open_txn.messages.append(msg)
+            if msg._timetick >= self._min_ts:
+                heapq.heappush(self._heap, (msg._timetick, open_txn.begin_id, open_txn.messages))
+        else:
+            open_txn.last_ts = msg._timetick
+            types = self._types
+            if types is None or t in types:
+                open_txn.messages.append(msg)
+
+    def _release(self, tick_ts: int) -> MsgPack | None:
+        """Everything waiting with ts <= tick_ts, as one pack; None if the pack is filtered out."""
+        run = self._run
+        if run and run[-1]._timetick <= tick_ts:
+            out, self._run = run, []
+        elif run:
+            cut = bisect.bisect_right(run, tick_ts, key=_ts)
+            out = run[:cut]
+            del run[:cut]
+        else:
+            out = []
+        heap = self._heap
+        if heap and heap[0][0] <= tick_ts:
+            units: list[tuple[int, MessageID, Message | list[Message]]] = [(m._timetick, m._id, m) for m in out]  # type: ignore[misc]
+            while heap and heap[0][0] <= tick_ts:
+                units.append(heapq.heappop(heap))
+            units.sort(key=lambda u: (u[0], u[1]))
+            out = []
+            for _, _, item in units:
+                if isinstance(item, list):
+                    out.extend(item)
+                else:
+                    out.append(item)
+        if self._txns:
+            self._expire(tick_ts)
+        begin = self._last_tick
+        if tick_ts > begin:
+            self._last_tick = tick_ts
+        start = self._position
+        self._position = Position(self._wal.pchannel, self._resume_id(), self._last_tick)
+        if tick_ts < self._min_ts and not out:
+            return None
+        return MsgPack(begin, tick_ts, out, start, self._position)
+
+    def _expire(self, tick_ts: int) -> None:
+        now_ms = tick_ts >> _LOGICAL_BITS
+        expired = [
+            tid
+            for tid, t in self._txns.items()
+            if t.keepalive_ms > 0 and now_ms > (t.last_ts >> _LOGICAL_BITS) + t.keepalive_ms
+        ]
+        for tid in expired:
+            del self._txns[tid]
+
+    def _resume_id(self) -> MessageID:
+        """The smallest id whose message is not yet delivered (see Position)."""
+        rid = self._cursor
+        if self._run:
+            rid = min(rid, self._run[0]._id)  # type: ignore[type-var]
+        if self._heap:
+            rid = min(rid, min(u[1] for u in self._heap))
+        if self._txns:
+            rid = min(rid, min(t.begin_id for t in self._txns.values()))
+        return rid
+
+    async def _refill(self) -> None:
+        """Load the next batch: from the tail buffer when it has it, else from storage, else wait."""
+        wal = self._wal
+        while True:
+            if self._closed:
+                raise StopAsyncIteration
+            nid = self._fetch_id
+            if nid < wal.next_id:
+                got = wal._tail.read(nid, _TAIL_READ)
+                if got:
+                    self.tailing = True
+                else:
+                    self.tailing = False
+                    got = await self._read_storage(nid)
+                self._batch = got
+                self._batch_pos = 0
+                self._fetch_id = nid + len(got)
+                return
+            err = wal._write_refusal() or wal._read_refusal()
+            if err is not None:
+                raise err
+            await wal._wait_change()
+
+    async def _read_storage(self, nid: MessageID) -> list[Message]:
+        wal = self._wal
+        limit = wal.next_id  # never hand out what is written but not yet acknowledged
+        blocks = await wal._read_storage(nid, self._opt.read_batch_bytes)
+        out: list[Message] = []
+        for first_id, block in blocks:
+            if not out and first_id > nid:
+                raise OutOfRangeError(
+                    f"message {nid} of pchannel {wal.pchannel!r} was truncated while reading",
+                    channel=wal.pchannel, message_id=nid,
+                )
+            try:
+                msgs = decode_block(block, first_id, nid)
+            except CodecError as exc:
+                raise CorruptedError(
+                    f"stored block at id {first_id} of pchannel {wal.pchannel!r} is damaged: {exc}",
+                    channel=wal.pchannel, message_id=first_id, path=wal._manager.backend.path,
+                ) from exc
+            out.extend(msgs)
+            nid = first_id + len(msgs) if first_id >= nid else nid + len(msgs)
+        del out[max(limit - (out[0]._id if out else limit), 0):]  # type: ignore[operator]
+        if not out:
+            raise CorruptedError(
+                f"pchannel {wal.pchannel!r} has no stored message {self._fetch_id} below {limit}",
+                channel=wal.pchannel, message_id=self._fetch_id,
+            )
+        return out
+
+    @property
+    def position(self) -> Position:
+        """Where to resume to get exactly what this scanner has not delivered yet."""
+        return self._position
+
+    async def aclose(self) -> None:
+        """Stop; later iteration ends.  Idempotent."""
+        self._closed = True
+        self._batch = []
+        self._run = []
+        self._heap = []
+        self._txns = {}
+
+    async def __aenter__(self) -> Scanner:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+__all__ = ["MsgPack", "Scanner"]

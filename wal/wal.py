@@ -1,0 +1,223 @@
+"""The WAL of one pchannel: append, read, truncate, close.
+
+A ``WAL`` is a handle opened by ``WALManager.open`` with a fresh term.  Opening the same pchannel
+again fences this handle: its appends fail with CHANNEL_FENCED and nothing it sends is written.
+Appends go through the manager's group committer; reads are Scanners that catch up from storage
+and then tail this WAL's in-memory buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from wal._committer import GroupCommitter, fenced_error
+from wal._tail import TailBuffer
+from wal.backend import ChannelInfo
+from wal.errors import (
+    ChannelNotExistError,
+    InvalidArgumentError,
+    OnShutdownError,
+    OutOfRangeError,
+    StreamingError,
+)
+from wal.message import AppendResult, Message, MessageID
+from wal.options import ReadOption
+
+if TYPE_CHECKING:
+    from wal.manager import WALManager
+    from wal.scanner import Scanner
+
+
+class WALState(enum.Enum):
+    RUNNING = "running"
+    FENCED = "fenced"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    DESTROYED = "destroyed"
+
+
+class WAL:
+    """One pchannel's log.  Create through ``WALManager.open``; close with ``aclose``."""
+
+    def __init__(self, manager: WALManager, info: ChannelInfo, committer: GroupCommitter) -> None:
+        self._manager = manager
+        self._committer = committer
+        self.pchannel = info.name
+        self.term = info.term
+        self._channel_key = info.key
+        self._first_id = info.first_id
+        self._next_id = info.next_id  # one past the last committed (acknowledged) id
+        self._next_alloc = info.next_id  # one past the last id handed to a write
+        self._last_timetick = info.last_timetick
+        self._state = WALState.RUNNING
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._tail = TailBuffer(manager.tail_buffer_bytes, info.next_id)
+        self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    # --- state -----------------------------------------------------------------------------------
+    @property
+    def state(self) -> WALState:
+        return self._state
+
+    @property
+    def first_id(self) -> MessageID:
+        """The first retained id (equal to ``next_id`` when the log is empty)."""
+        return self._first_id
+
+    @property
+    def next_id(self) -> MessageID:
+        """The id the next acknowledged message will have."""
+        return self._next_id
+
+    @property
+    def last_id(self) -> MessageID | None:
+        return self._next_id - 1 if self._next_id > self._first_id else None
+
+    @property
+    def last_timetick(self) -> int:
+        """The largest timestamp among acknowledged messages (recovered on reopen)."""
+        return self._last_timetick
+
+    def _write_refusal(self) -> StreamingError | None:
+        """Why a write must not happen now, or None."""
+        state = self._state
+        if state is WALState.RUNNING or state is WALState.CLOSING:
+            return None
+        if state is WALState.FENCED:
+            return fenced_error(self)
+        if state is WALState.DESTROYED:
+            return ChannelNotExistError(f"pchannel {self.pchannel!r} was destroyed", channel=self.pchannel)
+        return OnShutdownError(f"WAL of pchannel {self.pchannel!r} is closed", channel=self.pchannel)
+
+    def _read_refusal(self) -> StreamingError | None:
+        if self._state is WALState.DESTROYED:
+            return ChannelNotExistError(f"pchannel {self.pchannel!r} was destroyed", channel=self.pchannel)
+        if self._state is WALState.CLOSED:
+            return OnShutdownError(f"WAL of pchannel {self.pchannel!r} is closed", channel=self.pchannel)
+        return None
+
+    # --- append ----------------------------------------------------------------------------------
+    async def append(self, message: Message) -> AppendResult:
+        """Append one message; returns once it is durable.  See ``append_batch``."""
+        return (await self.append_batch((message,)))[0]
+
+    async def append_batch(self, messages: Sequence[Message]) -> list[AppendResult]:
+        """Append messages atomically and in order; return once they are durable.
+
+        All or nothing: on error no message of the batch is stored and none has an id.  The messages
+        become immutable (they get their ids) when the call succeeds.
+        """
+        if self._state is not WALState.RUNNING:
+            err = self._write_refusal() or OnShutdownError(
+                f"WAL of pchannel {self.pchannel!r} is closing", channel=self.pchannel
+            )
+            raise err
+        batch = list(messages)
+        if not batch:
+            return []
+        nbytes = 0
+        for m in batch:
+            if not isinstance(m, Message):
+                raise InvalidArgumentError(f"expected Message, got {type(m).__name__}")
+            if m._id is not None:
+                raise InvalidArgumentError(f"message {m._id} was already appended", message_id=m._id)
+            if m._not_persisted:
+                raise InvalidArgumentError("a not-persisted message cannot be appended to storage")
+            nbytes += len(m._payload) + 64
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            await self._committer.submit(self, batch, nbytes)
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+        return [AppendResult(m._id, m._timetick, m._txn.txn_id if m._txn else None) for m in batch]  # type: ignore[arg-type]
+
+    def _on_committed(self, first_id: MessageID, messages: list[Message], nbytes: int) -> None:
+        """Called by the committer, on the loop, after a durable write of consecutive ids."""
+        self._next_id = first_id + len(messages)
+        ts = max(m._timetick for m in messages)
+        if ts > self._last_timetick:
+            self._last_timetick = ts
+        self._tail.extend(first_id, messages, nbytes)
+        self._notify()
+
+    def _notify(self) -> None:
+        fut = self._changed
+        self._changed = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+
+    async def _wait_change(self) -> None:
+        """Wait until something is committed or the state changes (no polling)."""
+        await asyncio.shield(self._changed)
+
+    # --- read ------------------------------------------------------------------------------------
+    def read(self, option: ReadOption | None = None) -> Scanner:
+        """A Scanner over this pchannel; iterate it with ``async for`` and close it with ``aclose``."""
+        from wal.scanner import Scanner  # noqa: PLC0415  (the scanner module imports this one)
+
+        err = self._read_refusal()
+        if err is not None:
+            raise err
+        return Scanner(self, option or ReadOption())
+
+    async def _read_storage(self, from_id: MessageID, max_bytes: int) -> list[tuple[MessageID, bytes]]:
+        err = self._read_refusal()
+        if err is not None:
+            raise err
+        if from_id < self._first_id:
+            raise OutOfRangeError(
+                f"message {from_id} of pchannel {self.pchannel!r} was truncated; first is {self._first_id}",
+                channel=self.pchannel, message_id=from_id,
+            )
+        return await self._manager._run_read(
+            self._manager.backend.read_blocks, self._channel_key, from_id, max_bytes
+        )
+
+    async def _seek_time(self, ts: int) -> MessageID:
+        entry = await self._manager._run_read(self._manager.backend.seek_time, self._channel_key, ts)
+        if entry is None:
+            return self._first_id
+        return max(min(entry.resume_id, entry.message_id), self._first_id)
+
+    # --- maintenance -----------------------------------------------------------------------------
+    async def truncate(self, before_id: MessageID) -> MessageID:
+        """Drop stored messages with ids < ``before_id`` (whole blocks); return the new first id."""
+        if before_id > self._next_id:
+            raise OutOfRangeError(
+                f"cannot truncate pchannel {self.pchannel!r} before {before_id}: last id is {self.last_id}",
+                channel=self.pchannel, message_id=before_id,
+            )
+        if self._state is not WALState.RUNNING:
+            raise self._write_refusal() or OnShutdownError("WAL is closing", channel=self.pchannel)
+        first = await self._manager._run_write(self._manager.backend.truncate, self._channel_key, before_id)
+        self._first_id = max(self._first_id, min(first, self._next_id))
+        return self._first_id
+
+    async def aclose(self) -> None:
+        """Stop accepting appends, wait for those in flight, then close.  Idempotent."""
+        if self._state is WALState.RUNNING:
+            self._state = WALState.CLOSING
+        await self._idle.wait()
+        if self._state is not WALState.DESTROYED:
+            self._state = WALState.CLOSED
+        self._manager._forget(self)
+        self._notify()
+
+    def _fence(self) -> None:
+        if self._state is WALState.RUNNING:
+            self._state = WALState.FENCED
+            self._notify()
+
+    def _destroyed(self) -> None:
+        self._state = WALState.DESTROYED
+        self._notify()
+
+    def __repr__(self) -> str:
+        return f"WAL({self.pchannel!r}, term={self.term}, ids=[{self._first_id}, {self._next_id}), {self._state.value})"
