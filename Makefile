@@ -1,7 +1,35 @@
 PY ?= .venv/bin/python
+VENV_STAMP := .venv/.installed
 
-.PHONY: proto
+.PHONY: install run test lint proto bench clean
+
+# Create the virtualenv and install the project with its dev extra (once per pyproject change).
+$(VENV_STAMP): pyproject.toml
+	python3 -m venv .venv
+	.venv/bin/pip install -q --upgrade pip
+	.venv/bin/pip install -q -e '.[dev]'
+	touch $(VENV_STAMP)
+
+install: $(VENV_STAMP)
+
+# The main job: open the WAL in ./data (or $$STREAMINGNODE_DATA_DIR) and run a durable round trip.
+run: $(VENV_STAMP)
+	.venv/bin/streamingnode demo
+
+lint: $(VENV_STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+# Everything CI runs: lint, types, and the whole test suite (unit, conformance, crash).
+test: lint
+	$(PY) -m pytest
 
 # Regenerate streamingnode/v1/ from proto/streamingnode/v1/*.proto (commit the result).
-proto:
+proto: $(VENV_STAMP)
 	$(PY) proto/generate.py
+
+bench: $(VENV_STAMP)
+	$(PY) bench/wal_append.py
+
+clean:
+	rm -rf .venv .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -199,7 +199,8 @@ def decode_block(block: bytes, first_id: MessageID, start: MessageID | None = No
         raise CodecError(f"unsupported block version {version} (this build reads {BLOCK_VERSION})")
     end = BLOCK_HEADER_SIZE + body_len
     if end != len(block):
-        raise CodecError(f"block length mismatch: header says {body_len} body bytes, found {len(block) - BLOCK_HEADER_SIZE}")
+        found = len(block) - BLOCK_HEADER_SIZE
+        raise CodecError(f"block length mismatch: header says {body_len} body bytes, found {found}")
     if zlib.crc32(memoryview(block)[BLOCK_HEADER_SIZE:]) != crc:
         raise CodecError("block checksum mismatch")
     skip = 0 if start is None or start <= first_id else start - first_id

@@ -148,7 +148,7 @@ class WALManager:
             await asyncio.sleep(self._relaxed_sync_interval)
             try:
                 await asyncio.get_running_loop().run_in_executor(self._writer, self.backend.sync)
-            except Exception as exc:  # keep syncing; the next write will surface a dead backend
+            except Exception as exc:  # noqa: BLE001  (keep syncing; the next write surfaces a dead backend)
                 log.warning("relaxed sync failed", error=repr(exc))
 
     async def aclose(self) -> None:

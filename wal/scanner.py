@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from wal._codec import decode_block
 from wal.errors import CodecError, CorruptedError, OutOfRangeError
@@ -154,7 +154,7 @@ class Scanner:
                         return pack
                     run = self._run
                     continue
-                if vch is not None and msg._vchannel != vch and msg._vchannel != BROADCAST_VCHANNEL:
+                if vch is not None and msg._vchannel not in (vch, BROADCAST_VCHANNEL):
                     continue
                 if msg._txn is not None or t in _TXN_FRAMING:
                     self._on_txn(msg)
@@ -165,7 +165,7 @@ class Scanner:
                 if not run or run[-1]._timetick <= ts:
                     run.append(msg)
                 else:
-                    heapq.heappush(self._heap, (ts, msg._id, msg))  # type: ignore[arg-type]
+                    heapq.heappush(self._heap, (ts, cast(MessageID, msg._id), msg))
             self._batch_pos = pos
             if n:
                 self._cursor = self._fetch_id
@@ -244,11 +244,11 @@ class Scanner:
         """The smallest id whose message is not yet delivered (see Position)."""
         rid = self._cursor
         if self._run:
-            rid = min(rid, self._run[0]._id)  # type: ignore[type-var]
+            rid = min(rid, cast(MessageID, self._run[0]._id))
         if self._heap:
-            rid = min(rid, min(u[1] for u in self._heap))
+            rid = min(rid, *(u[1] for u in self._heap))
         if self._txns:
-            rid = min(rid, min(t.begin_id for t in self._txns.values()))
+            rid = min(rid, *(t.begin_id for t in self._txns.values()))
         return rid
 
     async def _refill(self) -> None:

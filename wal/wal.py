@@ -143,8 +143,7 @@ class WAL:
         """Called by the committer, on the loop, after a durable write of consecutive ids."""
         self._next_id = first_id + len(messages)
         ts = max(m._timetick for m in messages)
-        if ts > self._last_timetick:
-            self._last_timetick = ts
+        self._last_timetick = max(self._last_timetick, ts)
         self._tail.extend(first_id, messages, nbytes)
         self._notify()
 

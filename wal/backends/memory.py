@@ -227,5 +227,15 @@ class MemoryBackend(Backend):
         with self._lock:
             self._closed = True
 
+    def reopen(self) -> MemoryBackend:
+        """A new backend over this one's data, as reopening a directory would give (after ``close``)."""
+        with self._lock:
+            if not self._closed:
+                raise InvalidArgumentError("close the memory backend before reopening it")
+            other = MemoryBackend()
+            other._channels = self._channels
+            other._next_key = self._next_key
+            return other
+
 
 __all__ = ["MemoryBackend"]

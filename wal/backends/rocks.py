@@ -30,10 +30,10 @@ from wal.backends._keys import tail_state
 from wal.errors import (
     ChannelExistError,
     ChannelNotExistError,
-    CodecError,
     CorruptedError,
     InvalidArgumentError,
     OnShutdownError,
+    StreamingError,
     UnrecoverableError,
 )
 from wal.message import MessageID
@@ -104,7 +104,7 @@ class RocksBackend(Backend):
         self._check_open()
         try:
             yield
-        except (CodecError, ChannelNotExistError, ChannelExistError, CorruptedError):
+        except StreamingError:
             raise
         except Exception as exc:  # rocksdict raises plain Exception
             raise UnrecoverableError(f"{what} failed in {self.path}: {exc}", path=self.path) from exc
@@ -136,7 +136,7 @@ class RocksBackend(Backend):
                 last = (_KEY_ID.unpack_from(it.key(), 1)[1], bytes(it.value()))
         finally:
             del it
-        return tail_state(info, last, self.path)
+        return tail_state(info, last, str(self.path))
 
     # --- channels --------------------------------------------------------------------------------
     def create_channel(self, name: str, properties: dict[str, str]) -> ChannelInfo:
@@ -257,11 +257,15 @@ class RocksBackend(Backend):
             try:
                 it.seek_for_prev(_data_key(channel_key, before_id))
                 if not it.valid() or not it.key().startswith(prefix):
+                    # Nothing starts at or before before_id: nothing to drop.
                     it.seek(_data_key(channel_key, 0))
-                    return _KEY_ID.unpack_from(it.key(), 1)[1] if it.valid() and it.key().startswith(prefix) else before_id
+                    if it.valid() and it.key().startswith(prefix):
+                        return int(_KEY_ID.unpack_from(it.key(), 1)[1])
+                    return before_id
                 first = _KEY_ID.unpack_from(it.key(), 1)[1]
+                end = first + block_count(it.value())
                 # Keep the block holding before_id; when before_id is exactly past its end, drop it too.
-                keep_from = first + block_count(it.value()) if first + block_count(it.value()) <= before_id else first
+                keep_from = end if end <= before_id else first
                 # Time-index entries of ticks that are gone go too: ticks are ordered by id as by time.
                 stale_ticks: list[bytes] = []
                 it.seek(_tick_key(channel_key, 0))
@@ -278,7 +282,7 @@ class RocksBackend(Backend):
             for k in stale_ticks:
                 wb.delete(k)
             self._db.write(wb, self._wopts_sync)
-            return keep_from
+            return int(keep_from)
 
     def sync(self) -> None:
         with self._engine("sync"):

@@ -1,0 +1,67 @@
+"""Shared fixtures: every WAL-level test runs against both backends (the conformance suite)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from wal import Durability, WALManager
+from wal.backend import Backend
+from wal.backends import MemoryBackend, RocksBackend
+
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
+class BackendHarness:
+    """Creates a backend and can 'reopen' it as a restarted process would."""
+
+    def __init__(self, kind: str, path: Path) -> None:
+        self.kind = kind
+        self.path = path
+        self._memory: MemoryBackend | None = None
+
+    def new(self) -> Backend:
+        if self.kind == "memory":
+            if self._memory is None:
+                self._memory = MemoryBackend()
+            else:
+                self._memory = self._memory.reopen()
+            return self._memory
+        return RocksBackend(self.path)
+
+    def restore(self, backup_dir: str) -> Backend:
+        if self.kind == "memory":
+            return MemoryBackend.restore(backup_dir)
+        return RocksBackend(backup_dir)
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> BackendHarness:
+    return BackendHarness(request.param, tmp_path / "db")
+
+
+ManagerFactory = Callable[..., Awaitable[WALManager]]
+
+
+@pytest.fixture
+async def open_manager(harness: BackendHarness) -> AsyncIterator[ManagerFactory]:
+    """Start a manager over the harness backend; reopen by closing the previous one first."""
+    opened: list[WALManager] = []
+
+    async def factory(**kwargs: object) -> WALManager:
+        kwargs.setdefault("durability", Durability.SYNC)
+        m = await WALManager.start(harness.new(), **kwargs)  # type: ignore[arg-type]
+        opened.append(m)
+        return m
+
+    yield factory
+    for m in opened:
+        await m.aclose()
+
+
+@pytest.fixture
+async def manager(open_manager: ManagerFactory) -> WALManager:
+    return await open_manager()
