@@ -288,6 +288,8 @@ class Scanner:
             try:
                 msgs = decode_block(block, first_id, nid)
             except CodecError as exc:
+                if out:
+                    break  # hand out what precedes the damage; the next read starts at it and fails
                 raise CorruptedError(
                     f"stored block at id {first_id} of pchannel {wal.pchannel!r} is damaged: {exc}",
                     channel=wal.pchannel, message_id=first_id, path=wal._manager.backend.path,

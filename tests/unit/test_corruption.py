@@ -1,0 +1,107 @@
+"""Damaged storage gives clear errors that name what is damaged; undamaged data stays readable."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+import rocksdict
+
+from tests.factories import flat, ins, packs_until, tick
+from wal import CorruptedError, DeliverPolicy, ReadOption, WALManager
+from wal.backends import RocksBackend
+
+
+async def _fill(path: Path, blocks: int) -> None:
+    m = await WALManager.start(RocksBackend(path))
+    await m.create_channel("p")
+    wal = await m.open("p")
+    for k in range(blocks):  # one block per append_batch: ids [2k, 2k+1]
+        await wal.append_batch([ins("v", 10 * k + 1, f"row{k}".encode()), tick(10 * k + 2)])
+    await m.aclose()
+
+
+def _damage_block(path: Path, first_id: int) -> None:
+    """Flip one payload byte of the stored block that starts at ``first_id``, behind the WAL's back."""
+    db = rocksdict.Rdict(str(path), options=rocksdict.Options(raw_mode=True))
+    try:
+        it = db.iter()
+        it.seek(b"D")
+        target = None
+        while it.valid() and it.key().startswith(b"D"):
+            if int.from_bytes(it.key()[5:13], "big") == first_id:
+                target = (it.key(), bytearray(it.value()))
+                break
+            it.next()
+        del it
+        assert target is not None
+        key, value = target
+        value[-3] ^= 0x5A
+        db.put(key, bytes(value))
+        db.flush()
+    finally:
+        db.close()
+
+
+async def test_damaged_block_is_reported_and_data_before_it_still_reads(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    await _fill(path, 5)
+    _damage_block(path, 4)  # the third of five blocks
+    m = await WALManager.start(RocksBackend(path))
+    try:
+        wal = await m.open("p")  # the last block is intact, so opening works
+        scanner = wal.read()
+        good = flat(await packs_until(scanner, 12))
+        assert [x.payload for x in good] == [b"row0", b"row1"]
+        with pytest.raises(CorruptedError, match=r"block at id 4 of pchannel 'p' is damaged") as info:
+            await asyncio.wait_for(scanner.__anext__(), 5)
+        assert info.value.fields["path"] == str(path)
+        # Reading after the damage is still possible by position.
+        later = wal.read(ReadOption(deliver_policy=DeliverPolicy.start_from(6)))
+        assert [x.payload for x in flat(await packs_until(later, 42))] == [b"row3", b"row4"]
+    finally:
+        await m.aclose()
+
+
+async def test_damaged_last_block_fails_open_naming_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    await _fill(path, 3)
+    _damage_block(path, 4)
+    m = await WALManager.start(RocksBackend(path))
+    try:
+        with pytest.raises(CorruptedError, match=rf"last block of pchannel 'p' at id 4 in {path}"):
+            await m.open("p")
+    finally:
+        await m.aclose()
+
+
+@pytest.mark.parametrize("victim", ["CURRENT", "MANIFEST"])
+async def test_damaged_database_directory_names_the_path(tmp_path: Path, victim: str) -> None:
+    path = tmp_path / "db"
+    await _fill(path, 2)
+    names = [n for n in os.listdir(path) if n.startswith(victim)]
+    assert names
+    for name in names:
+        (path / name).write_bytes(b"\x00garbage\xff" * 10)
+    with pytest.raises(CorruptedError, match=f"cannot open WAL database at {path}"):
+        RocksBackend(path)
+
+
+async def test_data_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "not-a-dir"
+    path.write_text("hello")
+    with pytest.raises(CorruptedError, match=f"cannot open WAL database at {path}"):
+        RocksBackend(path)
+    assert path.read_text() == "hello"  # nothing of the user's was touched
+
+
+async def test_second_open_of_a_locked_directory_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    first = RocksBackend(path)
+    try:
+        with pytest.raises(CorruptedError, match=str(path)):
+            RocksBackend(path)
+    finally:
+        first.close()
