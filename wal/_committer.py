@@ -43,13 +43,14 @@ class _Request:
 class _Commit:
     """What one write produced for one WAL: consecutive ids, for the tail buffer."""
 
-    __slots__ = ("first_id", "messages", "nbytes", "wal")
+    __slots__ = ("first_id", "max_timetick", "messages", "nbytes", "wal")
 
-    def __init__(self, wal: WAL, first_id: MessageID) -> None:
+    def __init__(self, wal: WAL, first_id: MessageID, max_timetick: int) -> None:
         self.wal = wal
         self.first_id = first_id
         self.messages: list[Message] = []
         self.nbytes = 0
+        self.max_timetick = max_timetick
 
 
 class GroupCommitter:
@@ -126,7 +127,7 @@ class GroupCommitter:
                 continue
             self.commits += 1
             for c in commits:
-                c.wal._on_committed(c.first_id, c.messages, c.nbytes)
+                c.wal._on_committed(c.first_id, c.messages, c.nbytes, c.max_timetick)
             for req in reqs:
                 if not req.future.done():
                     req.future.set_result(None)
@@ -182,15 +183,18 @@ class GroupCommitter:
             if c is None or c.nbytes >= _BLOCK_TARGET_BYTES:
                 if c is not None:
                     groups.append(self._group(c))
-                c = _Commit(wal, req.first_id)
+                c = _Commit(wal, req.first_id, c.max_timetick if c is not None else wal.last_timetick)
                 open_commit[id(wal)] = c
                 commits.append(c)
             term = wal.term
             mid = req.first_id
+            max_ts = c.max_timetick
             for m in req.messages:
                 m._id = mid
                 m._term = term
                 mid += 1
+                max_ts = max(max_ts, m._timetick)
+            c.max_timetick = max_ts
             c.messages.extend(req.messages)
             c.nbytes += req.nbytes
         for c in open_commit.values():
@@ -205,7 +209,7 @@ class GroupCommitter:
             for m in c.messages
             if m._type is _TIME_TICK and m._id is not None
         ]
-        return WriteGroup(c.wal._channel_key, c.first_id, encode_block(c.messages), ticks)
+        return WriteGroup(c.wal._channel_key, c.first_id, encode_block(c.messages), ticks, c.max_timetick)
 
 
 def fenced_error(wal: WAL) -> ChannelFencedError:

@@ -70,6 +70,9 @@ class WriteGroup:
     first_id: MessageID
     block: bytes
     ticks: list[TickEntry]
+    max_timetick: int
+    """The largest timestamp ever acknowledged on the channel, this block included; stored with it so
+    that recovery never sees time go backwards, whatever order timestamps were written in."""
 
 
 class Backend(abc.ABC):

@@ -139,11 +139,10 @@ class WAL:
                 self._idle.set()
         return [AppendResult(m._id, m._timetick, m._txn.txn_id if m._txn else None) for m in batch]  # type: ignore[arg-type]
 
-    def _on_committed(self, first_id: MessageID, messages: list[Message], nbytes: int) -> None:
+    def _on_committed(self, first_id: MessageID, messages: list[Message], nbytes: int, max_timetick: int) -> None:
         """Called by the committer, on the loop, after a durable write of consecutive ids."""
         self._next_id = first_id + len(messages)
-        ts = max(m._timetick for m in messages)
-        self._last_timetick = max(self._last_timetick, ts)
+        self._last_timetick = max(self._last_timetick, max_timetick)
         self._tail.extend(first_id, messages, nbytes)
         self._notify()
 

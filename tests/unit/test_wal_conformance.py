@@ -109,6 +109,19 @@ async def test_reopen_recovers_ids_timetick_and_term(open_manager: ManagerFactor
     assert [m.wal_term for m in got] == [1, 1, 1, 2]
 
 
+async def test_recovered_last_timetick_never_goes_backwards(open_manager: ManagerFactory) -> None:
+    m = await open_manager()
+    await m.create_channel("p")
+    wal = await m.open("p")
+    await wal.append(ins("v", 100))
+    await wal.append(ins("v", 5))  # a later block with an older timestamp
+    assert wal.last_timetick == 100
+    await m.aclose()
+    m2 = await open_manager()
+    assert (await m2.open("p")).last_timetick == 100
+    assert (await m2.describe_channel("p")).last_timetick == 100
+
+
 async def test_reopen_fences_the_older_handle(manager: WALManager) -> None:
     await manager.create_channel("p")
     old = await manager.open("p")

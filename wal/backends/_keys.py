@@ -9,9 +9,11 @@ from wal.message import MessageID
 
 
 def tail_state(
-    info: ChannelInfo, last_block: tuple[MessageID, bytes] | None, where: str
+    info: ChannelInfo, last_block: tuple[MessageID, bytes] | None, where: str, max_timetick: int
 ) -> ChannelInfo:
-    """Fill ``next_id`` and ``last_timetick`` of ``info`` from the channel's last stored block."""
+    """Fill ``next_id`` and ``last_timetick`` of ``info`` from the last stored block and the stored
+    high-water timestamp (``max_timetick``, written with every block)."""
+    info.last_timetick = max_timetick
     if last_block is None:
         return info
     first_id, block = last_block
@@ -23,5 +25,5 @@ def tail_state(
             channel=info.name, message_id=first_id, path=where,
         ) from exc
     info.next_id = first_id + len(messages)
-    info.last_timetick = max((m.timetick for m in messages), default=0)
+    info.last_timetick = max([max_timetick, *(m.timetick for m in messages)])
     return info

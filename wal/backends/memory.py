@@ -39,6 +39,7 @@ class _Channel:
     blocks: dict[MessageID, bytes] = field(default_factory=dict)
     tick_ts: list[int] = field(default_factory=list)
     ticks: list[TickEntry] = field(default_factory=list)
+    max_timetick: int = 0
 
 
 class MemoryBackend(Backend):
@@ -72,7 +73,7 @@ class MemoryBackend(Backend):
         if ch.firsts:
             info.first_id = info.next_id = ch.firsts[0]
             last = ch.firsts[-1]
-            return tail_state(info, (last, ch.blocks[last]), "memory")
+            return tail_state(info, (last, ch.blocks[last]), "memory", ch.max_timetick)
         return info
 
     def create_channel(self, name: str, properties: dict[str, str]) -> ChannelInfo:
@@ -115,6 +116,7 @@ class MemoryBackend(Backend):
             for ch, g in zip(chans, groups, strict=True):
                 ch.firsts.append(g.first_id)
                 ch.blocks[g.first_id] = g.block
+                ch.max_timetick = max(ch.max_timetick, g.max_timetick)
                 for t in g.ticks:
                     i = bisect.bisect_left(ch.tick_ts, t.timetick)
                     if i < len(ch.tick_ts) and ch.tick_ts[i] == t.timetick:
@@ -183,6 +185,7 @@ class MemoryBackend(Backend):
                         "key": ch.key, "term": ch.term, "properties": ch.properties,
                         "ticks": [[t.timetick, t.message_id, t.resume_id] for t in ch.ticks],
                         "firsts": ch.firsts,
+                        "max_timetick": ch.max_timetick,
                     }
                     for name, ch in self._channels.items()
                 },
@@ -210,6 +213,7 @@ class MemoryBackend(Backend):
             backend._next_key = int(meta["next_key"])
             for name, m in meta["channels"].items():
                 ch = _Channel(int(m["key"]), int(m["term"]), dict(m["properties"]))
+                ch.max_timetick = int(m["max_timetick"])
                 for first in m["firsts"]:
                     (size,) = _LEN.unpack_from(data, pos)
                     ch.firsts.append(int(first))

@@ -6,6 +6,7 @@ Key layout (all integers big-endian so that byte order is numeric order; see wal
     b"C" + name (utf-8)           -> JSON  {"key", "term", "properties"}
     b"D" + u32 key + u64 first_id -> block (codec block of messages first_id ..)
     b"T" + u32 key + u64 timetick -> u64 tick message id + u64 resume id
+    b"H" + u32 key                -> u64   largest timetick acknowledged (written with every block)
 
 A write is one WriteBatch holding every block of a group commit and their time-index entries, so a
 block and its index entries appear together or not at all.
@@ -41,6 +42,7 @@ from wal.message import MessageID
 _U32 = struct.Struct(">I")
 _KEY_ID = struct.Struct(">IQ")
 _TICK_VALUE = struct.Struct(">QQ")
+_U64 = struct.Struct(">Q")
 _NEXT_KEY = b"Mnext_key"
 _MAX_ID = 0xFFFFFFFFFFFFFFFF
 
@@ -136,7 +138,9 @@ class RocksBackend(Backend):
                 last = (_KEY_ID.unpack_from(it.key(), 1)[1], bytes(it.value()))
         finally:
             del it
-        return tail_state(info, last, str(self.path))
+        raw_max = self._db.get(b"H" + _U32.pack(key))
+        max_ts = _U64.unpack(raw_max)[0] if raw_max is not None else 0
+        return tail_state(info, last, str(self.path), max_ts)
 
     # --- channels --------------------------------------------------------------------------------
     def create_channel(self, name: str, properties: dict[str, str]) -> ChannelInfo:
@@ -186,6 +190,7 @@ class RocksBackend(Backend):
             key = int(self._load(name)["key"])
             wb = rocksdict.WriteBatch(raw_mode=True)
             wb.delete(b"C" + name.encode())
+            wb.delete(b"H" + _U32.pack(key))
             wb.delete_range(_data_key(key, 0), b"D" + _U32.pack(key + 1))
             wb.delete_range(_tick_key(key, 0), b"T" + _U32.pack(key + 1))
             self._db.write(wb, self._wopts_sync)
@@ -196,6 +201,7 @@ class RocksBackend(Backend):
             wb = rocksdict.WriteBatch(raw_mode=True)
             for g in groups:
                 wb.put(_data_key(g.channel_key, g.first_id), g.block)
+                wb.put(b"H" + _U32.pack(g.channel_key), _U64.pack(g.max_timetick))
                 for t in g.ticks:
                     wb.put(_tick_key(g.channel_key, t.timetick), _TICK_VALUE.pack(t.message_id, t.resume_id))
             if not durable:
