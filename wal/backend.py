@@ -127,6 +127,14 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
+    def put_meta(self, channel_key: int, name: str, value: bytes) -> None:
+        """Durably store a small named value of a channel (e.g. the timestamp allocation window)."""
+
+    @abc.abstractmethod
+    def get_meta(self, channel_key: int, name: str) -> bytes | None:
+        """The value stored by ``put_meta``, or None."""
+
+    @abc.abstractmethod
     def sync(self) -> None:
         """Make everything written so far durable (used by RELAXED durability)."""
 

@@ -118,6 +118,48 @@ class UnrecoverableError(StreamingError):
     default_code = ErrorCode.UNRECOVERABLE
 
 
+class TxnNotFoundError(StreamingError):
+    default_code = ErrorCode.TXN_NOT_FOUND
+
+
+class TxnExpiredError(StreamingError):
+    default_code = ErrorCode.TXN_EXPIRED
+
+
+class InvalidTxnStateError(StreamingError):
+    """The transaction exists but is not in a state that allows the operation (e.g. committed)."""
+
+    default_code = ErrorCode.INVALID_TXN_STATE
+
+
+class CollectionNotExistError(StreamingError):
+    default_code = ErrorCode.COLLECTION_NOT_EXIST
+
+
+class CollectionExistError(StreamingError):
+    default_code = ErrorCode.COLLECTION_EXIST
+
+
+class PartitionNotExistError(StreamingError):
+    default_code = ErrorCode.PARTITION_NOT_EXIST
+
+
+class PartitionExistError(StreamingError):
+    default_code = ErrorCode.PARTITION_EXIST
+
+
+class SchemaMismatchError(StreamingError):
+    """Rows (or a schema) that do not match the collection's schema; nothing was written."""
+
+    default_code = ErrorCode.SCHEMA_MISMATCH
+
+
+class RedoError(StreamingError):
+    """An inner step asks the chain to run again (its state moved under it); retried by redo."""
+
+    default_code = ErrorCode.REDO
+
+
 class ImmutableMessageError(StreamingError):
     """A message that already has an id was modified."""
 
@@ -129,13 +171,22 @@ __all__ = [
     "ChannelFencedError",
     "ChannelNotExistError",
     "CodecError",
+    "CollectionExistError",
+    "CollectionNotExistError",
     "CorruptedError",
     "ErrorCode",
     "ImmutableMessageError",
     "InvalidArgumentError",
+    "InvalidTxnStateError",
     "MessageTooLargeError",
     "OnShutdownError",
     "OutOfRangeError",
+    "PartitionExistError",
+    "PartitionNotExistError",
+    "RedoError",
+    "SchemaMismatchError",
     "StreamingError",
+    "TxnExpiredError",
+    "TxnNotFoundError",
     "UnrecoverableError",
 ]

@@ -269,6 +269,12 @@ class Scanner:
                 self._batch_pos = 0
                 self._fetch_id = nid + len(got)
                 return
+            volatile = wal._volatile_tick
+            if volatile is not None and volatile[0] == nid and volatile[1]._timetick > self._last_tick:
+                # Caught up exactly to where the not-persisted tick was made: it may release.
+                self._batch = [volatile[1]]
+                self._batch_pos = 0
+                return
             err = wal._write_refusal() or wal._read_refusal()
             if err is not None:
                 raise err

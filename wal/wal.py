@@ -23,7 +23,7 @@ from wal.errors import (
     OutOfRangeError,
     StreamingError,
 )
-from wal.message import AppendResult, Message, MessageID
+from wal.message import AppendResult, Message, MessageID, MessageType
 from wal.options import ReadOption
 
 if TYPE_CHECKING:
@@ -58,6 +58,9 @@ class WAL:
         self._idle.set()
         self._tail = TailBuffer(manager.tail_buffer_bytes, info.next_id)
         self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # The latest not-persisted TimeTick and the id it follows: tailing scanners that have read
+        # everything below that id may release by it (it was made once every earlier append was acked).
+        self._volatile_tick: tuple[MessageID, Message] | None = None
 
     # --- state -----------------------------------------------------------------------------------
     @property
@@ -145,6 +148,25 @@ class WAL:
         self._last_timetick = max(self._last_timetick, max_timetick)
         self._tail.extend(first_id, messages, nbytes)
         self._notify()
+
+    def deliver_unpersisted(self, tick: Message) -> None:
+        """Hand a not-persisted TimeTick to tailing scanners without writing it.
+
+        The caller guarantees that every message with a smaller timestamp is already acknowledged.
+        """
+        if not tick.not_persisted or tick.message_type is not MessageType.TIME_TICK:
+            raise InvalidArgumentError("only not-persisted TimeTick messages can be delivered unpersisted")
+        self._volatile_tick = (self._next_id, tick)
+        self._notify()
+
+    async def put_meta(self, name: str, value: bytes) -> None:
+        """Durably store a small named value for this pchannel (synced before returning)."""
+        if self._state is not WALState.RUNNING:
+            raise self._write_refusal() or OnShutdownError("WAL is closing", channel=self.pchannel)
+        await self._manager._run_write(self._manager.backend.put_meta, self._channel_key, name, value)
+
+    async def get_meta(self, name: str) -> bytes | None:
+        return await self._manager._run_read(self._manager.backend.get_meta, self._channel_key, name)
 
     def _notify(self) -> None:
         fut = self._changed

@@ -40,6 +40,7 @@ class _Channel:
     tick_ts: list[int] = field(default_factory=list)
     ticks: list[TickEntry] = field(default_factory=list)
     max_timetick: int = 0
+    meta: dict[str, bytes] = field(default_factory=dict)
 
 
 class MemoryBackend(Backend):
@@ -168,6 +169,14 @@ class MemoryBackend(Backend):
             del ch.ticks[:stale], ch.tick_ts[:stale]
             return keep_from
 
+    def put_meta(self, channel_key: int, name: str, value: bytes) -> None:
+        with self._lock:
+            self._by_key(channel_key).meta[name] = bytes(value)
+
+    def get_meta(self, channel_key: int, name: str) -> bytes | None:
+        with self._lock:
+            return self._by_key(channel_key).meta.get(name)
+
     def sync(self) -> None:
         return None
 
@@ -186,6 +195,7 @@ class MemoryBackend(Backend):
                         "ticks": [[t.timetick, t.message_id, t.resume_id] for t in ch.ticks],
                         "firsts": ch.firsts,
                         "max_timetick": ch.max_timetick,
+                        "meta": {k: v.hex() for k, v in ch.meta.items()},
                     }
                     for name, ch in self._channels.items()
                 },
@@ -214,6 +224,7 @@ class MemoryBackend(Backend):
             for name, m in meta["channels"].items():
                 ch = _Channel(int(m["key"]), int(m["term"]), dict(m["properties"]))
                 ch.max_timetick = int(m["max_timetick"])
+                ch.meta = {k: bytes.fromhex(v) for k, v in m["meta"].items()}
                 for first in m["firsts"]:
                     (size,) = _LEN.unpack_from(data, pos)
                     ch.firsts.append(int(first))

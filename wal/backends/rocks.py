@@ -7,6 +7,7 @@ Key layout (all integers big-endian so that byte order is numeric order; see wal
     b"D" + u32 key + u64 first_id -> block (codec block of messages first_id ..)
     b"T" + u32 key + u64 timetick -> u64 tick message id + u64 resume id
     b"H" + u32 key                -> u64   largest timetick acknowledged (written with every block)
+    b"X" + u32 key + name         -> bytes small per-channel values (put_meta), e.g. the ts window
 
 A write is one WriteBatch holding every block of a group commit and their time-index entries, so a
 block and its index entries appear together or not at all.
@@ -191,6 +192,7 @@ class RocksBackend(Backend):
             wb = rocksdict.WriteBatch(raw_mode=True)
             wb.delete(b"C" + name.encode())
             wb.delete(b"H" + _U32.pack(key))
+            wb.delete_range(b"X" + _U32.pack(key), b"X" + _U32.pack(key + 1))
             wb.delete_range(_data_key(key, 0), b"D" + _U32.pack(key + 1))
             wb.delete_range(_tick_key(key, 0), b"T" + _U32.pack(key + 1))
             self._db.write(wb, self._wopts_sync)
@@ -289,6 +291,15 @@ class RocksBackend(Backend):
                 wb.delete(k)
             self._db.write(wb, self._wopts_sync)
             return int(keep_from)
+
+    def put_meta(self, channel_key: int, name: str, value: bytes) -> None:
+        with self._engine("put_meta"):
+            self._db.put(b"X" + _U32.pack(channel_key) + name.encode(), value, self._wopts_sync)
+
+    def get_meta(self, channel_key: int, name: str) -> bytes | None:
+        with self._engine("get_meta"):
+            raw = self._db.get(b"X" + _U32.pack(channel_key) + name.encode())
+            return bytes(raw) if raw is not None else None
 
     def sync(self) -> None:
         with self._engine("sync"):
