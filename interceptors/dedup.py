@@ -1,0 +1,154 @@
+"""dedup: idempotent producers.  A retried message returns its original result and writes nothing.
+
+A message carries ``(producer id, sequence)`` in its properties.  Per producer the last ``window``
+sequences and their results are remembered (and at most ``max_producers`` producers, least recently
+used first out), so memory is bounded.  A sequence already written returns the stored result; one
+still being written waits for it; one older than the window is refused, since its fate is no longer
+known.  The table is rebuilt from the stored messages on reopen, so it survives restarts.
+
+It runs first in the chain, before any lock or timestamp is taken for a message that will not be
+written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+
+from interceptors.base import AppendNext
+from wal.errors import InvalidArgumentError, OutOfRangeError
+from wal.message import AppendResult, Message
+
+PROP_PRODUCER = "producer_id"
+PROP_SEQUENCE = "producer_seq"
+
+
+class _Producer:
+    __slots__ = ("inflight", "max_seq", "results")
+
+    def __init__(self) -> None:
+        self.results: OrderedDict[int, AppendResult] = OrderedDict()
+        self.inflight: dict[int, asyncio.Future[AppendResult]] = {}
+        self.max_seq = -1
+
+
+def _key(m: Message) -> tuple[str, int] | None:
+    props = m._properties
+    if not props:
+        return None
+    pid = props.get(PROP_PRODUCER)
+    if pid is None:
+        return None
+    raw = props.get(PROP_SEQUENCE)
+    try:
+        seq = int(raw) if raw is not None else -1
+    except ValueError:
+        seq = -1
+    if seq < 0:
+        raise InvalidArgumentError(
+            f"message of producer {pid!r} needs a non-negative integer {PROP_SEQUENCE!r}, got {raw!r}",
+            producer_id=pid,
+        )
+    return pid, seq
+
+
+class DedupInterceptor:
+    name = "dedup"
+
+    def __init__(self, *, window: int = 4096, max_producers: int = 10_000) -> None:
+        self._window = window
+        self._max_producers = max_producers
+        self._producers: OrderedDict[str, _Producer] = OrderedDict()
+
+    def _producer(self, pid: str) -> _Producer:
+        p = self._producers.get(pid)
+        if p is None:
+            p = self._producers[pid] = _Producer()
+            while len(self._producers) > self._max_producers:
+                self._producers.popitem(last=False)
+        else:
+            self._producers.move_to_end(pid)
+        return p
+
+    def _remember(self, p: _Producer, seq: int, result: AppendResult) -> None:
+        p.results[seq] = result
+        p.max_seq = max(p.max_seq, seq)
+        while len(p.results) > self._window:
+            p.results.popitem(last=False)
+
+    async def do_append(self, batch: list[Message], append_next: AppendNext) -> list[AppendResult]:
+        keys = [_key(m) for m in batch]
+        if not any(keys):
+            return await append_next(batch)
+        known: dict[int, AppendResult | asyncio.Future[AppendResult]] = {}
+        fresh: list[int] = []
+        seen: set[tuple[str, int]] = set()
+        for i, k in enumerate(keys):
+            if k is None:
+                fresh.append(i)
+                continue
+            if k in seen:
+                raise InvalidArgumentError(f"sequence {k[1]} of producer {k[0]!r} appears twice in one batch")
+            seen.add(k)
+            p = self._producer(k[0])
+            if k[1] in p.results:
+                known[i] = p.results[k[1]]
+            elif k[1] in p.inflight:
+                known[i] = p.inflight[k[1]]
+            elif k[1] <= p.max_seq and p.results and k[1] < next(iter(p.results)):
+                raise OutOfRangeError(
+                    f"sequence {k[1]} of producer {k[0]!r} is older than the dedup window "
+                    f"(oldest remembered {next(iter(p.results))})",
+                    producer_id=k[0],
+                )
+            else:
+                fresh.append(i)
+        loop = asyncio.get_running_loop()
+        futures: dict[int, asyncio.Future[AppendResult]] = {}
+        for i in fresh:
+            k = keys[i]
+            if k is not None:
+                futures[i] = self._producers[k[0]].inflight[k[1]] = loop.create_future()
+        try:
+            results = await append_next([batch[i] for i in fresh]) if fresh else []
+        except BaseException as exc:
+            for i, fut in futures.items():
+                k = keys[i]
+                assert k is not None
+                self._producers.get(k[0], _Producer()).inflight.pop(k[1], None)
+                if not fut.done():
+                    fut.set_exception(exc)
+                    fut.exception()  # mark retrieved: nobody may be waiting
+            raise
+        out: list[AppendResult | None] = [None] * len(batch)
+        for i, r in zip(fresh, results, strict=True):
+            out[i] = r
+            k = keys[i]
+            if k is not None:
+                p = self._producer(k[0])
+                p.inflight.pop(k[1], None)
+                self._remember(p, k[1], r)
+                futures[i].set_result(r)
+        for i, r_or_f in known.items():
+            out[i] = await r_or_f if isinstance(r_or_f, asyncio.Future) else r_or_f
+        return out  # type: ignore[return-value]
+
+    def replay(self, batch: list[Message]) -> None:
+        for m in batch:
+            try:
+                k = _key(m)
+            except InvalidArgumentError:
+                continue
+            if k is not None and m.message_id is not None:
+                txn = m.txn
+                self._remember(self._producer(k[0]), k[1],
+                               AppendResult(m.message_id, m.timetick, txn.txn_id if txn else None))
+
+    async def recovered(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        self._producers.clear()
+
+
+__all__ = ["PROP_PRODUCER", "PROP_SEQUENCE", "DedupInterceptor"]

@@ -1,0 +1,70 @@
+"""redo: run the inner chain again when it answers "redo" or the backend fails transiently.
+
+Retries use exponential backoff (tenacity) and stop at the caller's deadline (``append_deadline``,
+a loop-time instant set by whoever calls the chain) or after ``max_seconds``.  Fencing, invalid input
+and every other non-retriable error pass straight through: retrying them cannot help and could hide
+a real problem.  A failed write leaves nothing behind (its ids are handed back and the messages
+unsealed), which is what makes running it again safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_delay,
+    stop_before_delay,
+    wait_exponential,
+)
+
+from interceptors.base import AppendNext
+from wal.adaptor import append_deadline
+from wal.errors import StreamingError
+from wal.message import AppendResult, Message
+
+
+def _retriable(exc: BaseException) -> bool:
+    return isinstance(exc, StreamingError) and exc.retriable
+
+
+class RedoInterceptor:
+    name = "redo"
+
+    def __init__(self, *, max_seconds: float = 10.0, initial_backoff: float = 0.005, max_backoff: float = 0.5) -> None:
+        self._max_seconds = max_seconds
+        self._initial = initial_backoff
+        self._max_backoff = max_backoff
+        self.redos = 0
+        """How many times an inner chain was run again (for metrics and tests)."""
+
+    async def do_append(self, batch: list[Message], append_next: AppendNext) -> list[AppendResult]:
+        try:
+            return await append_next(batch)  # the common case pays for no retry machinery
+        except StreamingError as exc:
+            if not exc.retriable:
+                raise
+        budget = self._max_seconds
+        deadline = append_deadline.get()
+        if deadline is not None:
+            budget = min(budget, deadline - asyncio.get_running_loop().time())
+        if budget <= 0:
+            return await append_next(batch)
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(_retriable),
+            wait=wait_exponential(multiplier=self._initial, max=self._max_backoff),
+            stop=stop_after_delay(budget) | stop_before_delay(budget),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                self.redos += 1
+                return await append_next(batch)
+        raise AssertionError("unreachable: tenacity reraises")  # pragma: no cover
+
+    async def close(self) -> None:
+        return None
+
+
+__all__ = ["RedoInterceptor"]

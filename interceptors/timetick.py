@@ -1,0 +1,169 @@
+"""timetick: timestamps, last-confirmed ids, MVCC, and the TimeTick barriers readers release by.
+
+Every batch gets consecutive timestamps from the hybrid clock, allocated and registered with the ack
+manager synchronously (no await in between), so allocation order is timestamp order.  A background
+task emits TimeTick messages: every ``interval`` (persisted when data was written since the last
+persisted tick, otherwise handed only to tailing scanners), and promptly whenever appends finish, so a
+tailing reader sees a message within milliseconds.  A tick at T is emitted only after every allocation
+below T has finished, which is what makes it a barrier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import structlog
+
+from interceptors._ack import AckManager, Pending
+from interceptors._clock import WINDOW_META, HybridClock, decode_window, encode_window
+from interceptors.base import AppendNext
+from wal.message import AppendResult, Message, MessageID, MessageType, new_time_tick
+from wal.wal import WAL
+
+log = structlog.get_logger(__name__)
+
+_TIME_TICK = MessageType.TIME_TICK
+
+
+class TimeTickInterceptor:
+    name = "timetick"
+
+    def __init__(
+        self,
+        wal: WAL,
+        *,
+        interval: float = 0.2,
+        window_ms: int = 3000,
+        min_open_txn_id: Callable[[], MessageID | None] | None = None,
+        wall_ms: Callable[[], int] | None = None,
+    ) -> None:
+        self._wal = wal
+        self._interval = interval
+        self._window_ms = window_ms
+        self._wall_ms = wall_ms
+        self._clock: HybridClock | None = None
+        self.acks = AckManager(lambda: wal.next_id, wal.last_timetick, min_open_txn_id)
+        self._dirty = False  # data written since the last persisted tick
+        self._poke = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+        self.last_tick = wal.last_timetick
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load the allocation window and start the tick task.  Called by the adaptor after replay."""
+        window = decode_window(await self._wal.get_meta(WINDOW_META))
+        self._clock = HybridClock(
+            self._wal.last_timetick + 1, window, self._persist_window,
+            window_ms=self._window_ms, wall_ms=self._wall_ms,
+        )
+        self._ready.set()
+        self._task = asyncio.get_running_loop().create_task(self._tick_loop(), name=f"timetick-{self._wal.pchannel}")
+
+    async def _persist_window(self, end: int) -> None:
+        await self._wal.put_meta(WINDOW_META, encode_window(end))
+
+    async def ready(self) -> None:
+        await self._ready.wait()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    @property
+    def clock(self) -> HybridClock:
+        assert self._clock is not None, "timetick not started"
+        return self._clock
+
+    def mvcc_timetick(self) -> int:
+        """Every message with a timestamp at or below this is acknowledged (or failed for good)."""
+        return self.acks.confirmed_ts
+
+    # --- append ----------------------------------------------------------------------------------
+    async def _allocate(self, batch: list[Message]) -> Pending:
+        clock = self.clock
+        n = len(batch)
+        while (first := clock.try_allocate(n)) is None:
+            await clock.extend(n)
+        # Synchronous from here to register: allocation order stays timestamp order.
+        lc = self.acks.last_confirmed_id()
+        ts = first
+        for m in batch:
+            m._timetick = ts
+            m._last_confirmed = lc
+            ts += 1
+        return self.acks.register(ts - 1)
+
+    async def do_append(self, batch: list[Message], append_next: AppendNext) -> list[AppendResult]:
+        p = await self._allocate(batch)
+        try:
+            results = await append_next(batch)
+        except BaseException:
+            self.acks.finish(p, None)
+            self._poke.set()
+            raise
+        self.acks.finish(p, results[0].message_id if results else None)
+        self._dirty = True
+        self._poke.set()
+        return results
+
+    async def append_system(self, batch: list[Message]) -> list[AppendResult]:
+        """Append messages that bypass the rest of the chain (ticks, recovery rollbacks)."""
+        p = await self._allocate(batch)
+        try:
+            results = await self._wal.append_batch(batch)
+        except BaseException:
+            self.acks.finish(p, None)
+            raise
+        self.acks.finish(p, results[0].message_id if results else None)
+        return results
+
+    # --- ticks -----------------------------------------------------------------------------------
+    async def emit_tick(self, persist: bool) -> int:
+        """Emit one TimeTick after every earlier allocation finished; return its timestamp."""
+        tick = new_time_tick(0, persist=persist)
+        p = await self._allocate([tick])
+        try:
+            await self.acks.wait_first(p)
+            tick._last_confirmed = self.acks.last_confirmed_id()
+            if persist:
+                await self._wal.append_batch([tick])
+                self._dirty = False
+            else:
+                self._wal.deliver_unpersisted(tick)
+        finally:
+            self.acks.finish(p, tick.message_id)
+        self.last_tick = tick.timetick
+        return tick.timetick
+
+    async def _tick_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_beat = loop.time() + self._interval
+        while True:
+            timeout = next_beat - loop.time()
+            if timeout > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._poke.wait(), timeout)
+            self._poke.clear()
+            beat = loop.time() >= next_beat
+            if beat:
+                next_beat = loop.time() + self._interval
+            try:
+                # The beat persists a tick if data was written since the last one; a poke (appends
+                # finished) only hands a volatile tick to tailing readers, which costs no write.
+                await self.emit_tick(persist=beat and self._dirty)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001  (keep ticking; the WAL state decides what is possible)
+                if self._wal.state.value != "running":
+                    return
+                log.warning("time tick failed", pchannel=self._wal.pchannel, error=repr(exc))
+                await asyncio.sleep(self._interval)
+
+
+__all__ = ["TimeTickInterceptor"]

@@ -1,0 +1,125 @@
+"""The adaptor that runs an append chain in front of a WAL: lifetime, fencing, readiness, deadline.
+
+``WALAdaptor.append_batch`` refuses work once closing (ON_SHUTDOWN) or fenced (CHANNEL_FENCED, nothing
+written), waits until the chain is ready (recovered), sets the caller's deadline where the redo step
+can see it, and hands the batch to the chain.  Closing drains appends in flight, then closes the chain
+(innermost first) and the WAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Sequence
+from typing import Protocol
+
+from wal._committer import fenced_error
+from wal.errors import InvalidArgumentError, OnShutdownError, StreamingError
+from wal.message import AppendResult, Message
+from wal.options import ReadOption
+from wal.scanner import Scanner
+from wal.wal import WAL, WALState
+
+append_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("append_deadline", default=None)
+"""Loop time (``asyncio.get_running_loop().time()``) by which the current append needs an answer."""
+
+
+class AppendChain(Protocol):
+    """What the adaptor needs of a built interceptor chain."""
+
+    async def ready(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def __call__(self, batch: list[Message]) -> list[AppendResult]: ...
+
+
+class WALAdaptor:
+    """A WAL with its interceptor chain.  Reads go straight to the WAL's scanners."""
+
+    def __init__(self, wal: WAL, chain: AppendChain) -> None:
+        self.wal = wal
+        self._chain = chain
+        self._closing = False
+        self._running: set[asyncio.Future[list[AppendResult]]] = set()  # batches inside the chain
+        self._ready_task = asyncio.ensure_future(chain.ready())
+
+    @property
+    def pchannel(self) -> str:
+        return self.wal.pchannel
+
+    @property
+    def term(self) -> int:
+        return self.wal.term
+
+    def _refusal(self) -> StreamingError | None:
+        if self._closing:
+            return OnShutdownError(f"WAL of pchannel {self.pchannel!r} is shutting down", channel=self.pchannel)
+        state = self.wal.state
+        if state is WALState.FENCED:
+            return fenced_error(self.wal)
+        if state is not WALState.RUNNING:
+            return self.wal._write_refusal() or OnShutdownError("WAL is closing", channel=self.pchannel)
+        return None
+
+    async def append(self, message: Message, *, deadline: float | None = None) -> AppendResult:
+        return (await self.append_batch((message,), deadline=deadline))[0]
+
+    async def append_batch(self, messages: Sequence[Message], *, deadline: float | None = None) -> list[AppendResult]:
+        """Run ``messages`` through the chain; all-or-nothing, acknowledged once durable.
+
+        ``deadline`` (loop time) bounds the wait for readiness and the redo step's retries.  Once the
+        batch entered the chain it runs to its end even if the caller is cancelled: an append cut in
+        half could leave a timestamp allocated but unwritten behind a barrier.  The caller then does not
+        know the outcome; idempotent producers (producer id + sequence) make the retry safe.
+        """
+        err = self._refusal()
+        if err is not None:
+            raise err
+        batch = list(messages)
+        if not batch:
+            return []
+        for m in batch:
+            if not isinstance(m, Message):
+                raise InvalidArgumentError(f"expected Message, got {type(m).__name__}")
+            if m.message_id is not None:
+                raise InvalidArgumentError(f"message {m.message_id} was already appended", message_id=m.message_id)
+        token = append_deadline.set(deadline)
+        try:
+            if not self._ready_task.done():
+                async with asyncio.timeout_at(deadline):
+                    await asyncio.shield(self._ready_task)
+            self._ready_task.result()  # a failed recovery fails every append, with its cause
+            err = self._refusal()  # the state may have changed while waiting
+            if err is not None:
+                raise err
+            inner = asyncio.ensure_future(self._chain(batch))
+            self._running.add(inner)
+            inner.add_done_callback(self._batch_done)
+            return await asyncio.shield(inner)
+        finally:
+            append_deadline.reset(token)
+
+    def _batch_done(self, fut: asyncio.Future[list[AppendResult]]) -> None:
+        self._running.discard(fut)
+        if not fut.cancelled():
+            fut.exception()  # retrieved here: a caller cancelled meanwhile no longer awaits it
+
+    def read(self, option: ReadOption | None = None) -> Scanner:
+        return self.wal.read(option)
+
+    async def aclose(self) -> None:
+        """Refuse new appends, drain those in flight, close the chain then the WAL.  Idempotent."""
+        first = not self._closing
+        self._closing = True
+        if self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
+        if not first:
+            return
+        if not self._ready_task.done():
+            self._ready_task.cancel()
+        await self._chain.close()
+        await self.wal.aclose()
+
+
+__all__ = ["AppendChain", "WALAdaptor", "append_deadline"]
