@@ -19,8 +19,7 @@ import heapq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from wal._codec import decode_block
-from wal.errors import CodecError, CorruptedError, OutOfRangeError
+from wal.errors import OutOfRangeError
 from wal.message import BROADCAST_VCHANNEL, Message, MessageID, MessageType, Position
 from wal.options import PolicyKind, ReadOption
 
@@ -281,34 +280,7 @@ class Scanner:
             await wal._wait_change()
 
     async def _read_storage(self, nid: MessageID) -> list[Message]:
-        wal = self._wal
-        limit = wal.next_id  # never hand out what is written but not yet acknowledged
-        blocks = await wal._read_storage(nid, self._opt.read_batch_bytes)
-        out: list[Message] = []
-        for first_id, block in blocks:
-            if not out and first_id > nid:
-                raise OutOfRangeError(
-                    f"message {nid} of pchannel {wal.pchannel!r} was truncated while reading",
-                    channel=wal.pchannel, message_id=nid,
-                )
-            try:
-                msgs = decode_block(block, first_id, nid)
-            except CodecError as exc:
-                if out:
-                    break  # hand out what precedes the damage; the next read starts at it and fails
-                raise CorruptedError(
-                    f"stored block at id {first_id} of pchannel {wal.pchannel!r} is damaged: {exc}",
-                    channel=wal.pchannel, message_id=first_id, path=wal._manager.backend.path,
-                ) from exc
-            out.extend(msgs)
-            nid = first_id + len(msgs) if first_id >= nid else nid + len(msgs)
-        del out[max(limit - (out[0]._id if out else limit), 0):]  # type: ignore[operator]
-        if not out:
-            raise CorruptedError(
-                f"pchannel {wal.pchannel!r} has no stored message {self._fetch_id} below {limit}",
-                channel=wal.pchannel, message_id=self._fetch_id,
-            )
-        return out
+        return await self._wal.read_stored(nid, self._opt.read_batch_bytes)
 
     @property
     def position(self) -> Position:

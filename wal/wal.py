@@ -13,11 +13,14 @@ import enum
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from wal._codec import decode_block
 from wal._committer import GroupCommitter, fenced_error
 from wal._tail import TailBuffer
 from wal.backend import ChannelInfo
 from wal.errors import (
     ChannelNotExistError,
+    CodecError,
+    CorruptedError,
     InvalidArgumentError,
     OnShutdownError,
     OutOfRangeError,
@@ -199,6 +202,41 @@ class WAL:
         return await self._manager._run_read(
             self._manager.backend.read_blocks, self._channel_key, from_id, max_bytes
         )
+
+    async def read_stored(self, nid: MessageID, max_bytes: int = 1 << 20) -> list[Message]:
+        """Stored messages from ``nid`` in id order (no reordering, no filtering), about ``max_bytes``.
+
+        Only acknowledged messages are returned.  Messages before a damaged block are returned
+        first; the read that starts at the damaged block raises CorruptedError.
+        """
+        start = nid
+        limit = self.next_id  # never hand out what is written but not yet acknowledged
+        blocks = await self._read_storage(nid, max_bytes)
+        out: list[Message] = []
+        for first_id, block in blocks:
+            if not out and first_id > nid:
+                raise OutOfRangeError(
+                    f"message {nid} of pchannel {self.pchannel!r} was truncated while reading",
+                    channel=self.pchannel, message_id=nid,
+                )
+            try:
+                msgs = decode_block(block, first_id, nid)
+            except CodecError as exc:
+                if out:
+                    break  # hand out what precedes the damage; the next read starts at it and fails
+                raise CorruptedError(
+                    f"stored block at id {first_id} of pchannel {self.pchannel!r} is damaged: {exc}",
+                    channel=self.pchannel, message_id=first_id, path=self._manager.backend.path,
+                ) from exc
+            out.extend(msgs)
+            nid = first_id + len(msgs) if first_id >= nid else nid + len(msgs)
+        del out[max(limit - (out[0]._id if out else limit), 0):]  # type: ignore[operator]
+        if not out:
+            raise CorruptedError(
+                f"pchannel {self.pchannel!r} has no stored message {start} below {limit}",
+                channel=self.pchannel, message_id=start,
+            )
+        return out
 
     async def _seek_time(self, ts: int) -> MessageID:
         entry = await self._manager._run_read(self._manager.backend.seek_time, self._channel_key, ts)
