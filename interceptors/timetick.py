@@ -147,8 +147,11 @@ class TimeTickInterceptor:
         while True:
             timeout = next_beat - loop.time()
             if timeout > 0:
+                # asyncio.timeout rather than wait_for: in 3.11 wait_for can lose a cancellation that
+                # arrives as the event fires, which would leave close() waiting forever.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._poke.wait(), timeout)
+                    async with asyncio.timeout(timeout):
+                        await self._poke.wait()
             self._poke.clear()
             beat = loop.time() >= next_beat
             if beat:
