@@ -49,7 +49,6 @@ _TYPES: dict[int, MessageType] = {t.value: t for t in MessageType}
 
 _pack_header = _HEADER.pack
 _unpack_header = _HEADER.unpack_from
-_pack_len = _LEN.pack
 _unpack_len = _LEN.unpack_from
 
 
@@ -162,13 +161,78 @@ def decode_message(data: bytes) -> Message:
     return _decode_at(data, 0, len(data))
 
 
+_REC = struct.Struct("<I" + _HEADER.format[1:])
+"""A block record: the u32 length prefix and the message header, packed and unpacked in one call."""
+_REC_SIZE = _REC.size
+_pack_rec = _REC.pack
+_unpack_rec = _REC.unpack_from
+
+_VC_CACHE_MAX = 4096
+_vc_encoded: dict[str, bytes] = {}
+_vc_decoded: dict[bytes, str] = {}
+
+
+def _encode_vchannel(vchannel: str) -> bytes:
+    # vchannels repeat across messages: encode each once (bounded, cleared when full).
+    if len(_vc_encoded) >= _VC_CACHE_MAX:
+        _vc_encoded.clear()
+    raw = _vc_encoded[vchannel] = vchannel.encode()
+    return raw
+
+
 def encode_block(messages: Sequence[Message]) -> bytes:
-    """Encode messages into one checksummed block, in order."""
-    parts: list[bytes] = [b""]
-    for msg in messages:
-        slot = len(parts)
-        parts.append(b"")
-        parts[slot] = _pack_len(_encode_parts(msg, parts))
+    """Encode messages into one checksummed block, in order.
+
+    This is the append hot path, so the per-message work is inlined: one struct call packs the record
+    length with the header, and cached vchannel bytes and the payload are joined without copies.
+    """
+    parts: list[bytes] = []
+    append = parts.append
+    pack_rec = _pack_rec
+    vcs = _vc_encoded
+    try:
+        for msg in messages:
+            vc = vcs.get(msg._vchannel)
+            if vc is None:
+                vc = _encode_vchannel(msg._vchannel)
+            payload = msg._payload
+            lc = msg._last_confirmed
+            txn = msg._txn
+            flags = 0
+            if lc is None:
+                lc = 0
+            else:
+                flags = _FLAG_LAST_CONFIRMED
+            if txn is None:
+                txn_id = keepalive = 0
+            else:
+                flags |= _FLAG_TXN
+                txn_id = txn.txn_id
+                keepalive = txn.keepalive_ms
+            props = msg._properties
+            if props:
+                prop_parts: list[bytes] = []
+                for k, v in props.items():
+                    kb = k.encode()
+                    vb = v.encode()
+                    prop_parts.append(_PROP.pack(len(kb), len(vb)))
+                    prop_parts.append(kb)
+                    prop_parts.append(vb)
+                prop_bytes = b"".join(prop_parts)
+            else:
+                prop_bytes = b""
+            append(
+                pack_rec(
+                    _HEADER_SIZE + len(vc) + len(prop_bytes) + len(payload), MESSAGE_VERSION, msg._type, flags,
+                    msg._timetick, msg._term, lc, txn_id, keepalive, len(vc), len(props), len(payload),
+                )
+            )
+            append(vc)
+            if prop_bytes:
+                append(prop_bytes)
+            append(payload)
+    except struct.error as exc:
+        raise CodecError(f"message field out of range: {exc}") from exc
     body = b"".join(parts)
     return _BLOCK_HEADER.pack(BLOCK_MAGIC, BLOCK_VERSION, len(messages), len(body), zlib.crc32(body)) + body
 
@@ -186,7 +250,8 @@ def block_count(block: bytes) -> int:
 def decode_block(block: bytes, first_id: MessageID, start: MessageID | None = None) -> list[Message]:
     """Decode a block whose first message has id ``first_id``; skip messages with id < ``start``.
 
-    Returned messages carry their ids and are immutable.
+    Returned messages carry their ids and are immutable.  This is the scan hot path: the common
+    message (no properties) is decoded inline; anything else goes through the general decoder.
     """
     if not isinstance(block, bytes):
         raise CodecError(f"expected bytes, got {type(block).__name__}")
@@ -206,18 +271,71 @@ def decode_block(block: bytes, first_id: MessageID, start: MessageID | None = No
     skip = 0 if start is None or start <= first_id else start - first_id
     pos = BLOCK_HEADER_SIZE
     out: list[Message] = []
+    append = out.append
+    new = Message.__new__
+    types = _TYPES
+    vcs = _vc_decoded
+    unpack_rec = _unpack_rec
     for i in range(count):
         if pos + 4 > end:
             raise CodecError(f"truncated block: message {i} of {count} missing")
-        (size,) = _unpack_len(block, pos)
-        pos += 4
-        if pos + size > end:
-            raise CodecError(f"truncated block: message {i} runs past the end")
-        if i >= skip:
+        if i < skip or pos + _REC_SIZE > end:
+            (size,) = _unpack_len(block, pos)
+            pos += 4
+            if pos + size > end:
+                raise CodecError(f"truncated block: message {i} runs past the end")
+            if i >= skip:
+                msg = _decode_at(block, pos, pos + size)
+                msg._id = first_id + i
+                append(msg)
+            pos += size
+            continue
+        (size, mversion, type_code, flags, ts, term, lc, txn_id, keepalive, vc_len, n_props, payload_len) = (
+            unpack_rec(block, pos)
+        )
+        mtype = types.get(type_code)
+        if (
+            n_props
+            or mversion != MESSAGE_VERSION
+            or mtype is None
+            or flags & ~_KNOWN_FLAGS
+            or size != _HEADER_SIZE + vc_len + payload_len
+            or pos + 4 + size > end
+        ):
+            # Anything unusual takes the general decoder, which also names what is wrong.
+            pos += 4
+            if pos + size > end:
+                raise CodecError(f"truncated block: message {i} runs past the end")
             msg = _decode_at(block, pos, pos + size)
             msg._id = first_id + i
-            out.append(msg)
-        pos += size
+            append(msg)
+            pos += size
+            continue
+        vstart = pos + _REC_SIZE
+        pstart = vstart + vc_len
+        raw_vc = block[vstart:pstart]
+        vchannel = vcs.get(raw_vc)
+        if vchannel is None:
+            try:
+                vchannel = raw_vc.decode()
+            except UnicodeDecodeError as exc:
+                raise CodecError("vchannel is not valid UTF-8") from exc
+            if len(vcs) >= _VC_CACHE_MAX:
+                vcs.clear()
+            vcs[raw_vc] = vchannel
+        pos = pstart + payload_len
+        msg = new(Message)
+        msg._type = mtype
+        msg._vchannel = vchannel
+        msg._payload = block[pstart:pos]
+        msg._properties = {}
+        msg._timetick = ts
+        msg._term = term
+        msg._last_confirmed = lc if flags & _FLAG_LAST_CONFIRMED else None
+        msg._txn = TxnContext(txn_id, keepalive) if flags & _FLAG_TXN else None
+        msg._not_persisted = False
+        msg._id = first_id + i
+        append(msg)
     if pos != end:
         raise CodecError(f"block has {end - pos} trailing bytes after {count} messages")
     return out

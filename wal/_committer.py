@@ -3,8 +3,14 @@
 One committer per backend (so one RocksDB WriteBatch and one sync can carry many pchannels).  It owns
 a queue of requests and a single writer thread.  Message ids are handed out on the event loop right
 before a write, and handed back if the write fails, so ids stay dense.  A request's future resolves
-only after its write returned from a durable ``Backend.write``: an append is never acknowledged before
-its batch is on stable storage (in SYNC durability).
+only after its batch is on stable storage (in SYNC durability): an append is never acknowledged
+before that.
+
+Pipelining (``syncer`` given, for backends whose sync runs without the GIL): the writer thread encodes
+and writes commit N+1 while a second thread fsyncs commit N.  Commits are acknowledged strictly in
+order, each after its own sync returned, and at most ``_MAX_IN_FLIGHT`` commits are outstanding.  A
+failed sync is fatal: the written-but-unsynced data may or may not survive, so nothing later is
+acknowledged and the WAL must be reopened (as databases treat a failed fsync).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ log = structlog.get_logger(__name__)
 
 _TIME_TICK = MessageType.TIME_TICK
 _BLOCK_TARGET_BYTES = 1 << 20
+_MAX_IN_FLIGHT = 2
 
 
 class _Request:
@@ -61,15 +68,20 @@ class GroupCommitter:
         *,
         durable: bool,
         max_commit_bytes: int,
+        syncer: concurrent.futures.ThreadPoolExecutor | None = None,
     ) -> None:
         self._backend = backend
         self._executor = executor
         self._durable = durable
+        self._syncer = syncer if durable else None
         self._max_commit_bytes = max_commit_bytes
         self._queue: list[_Request] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._fatal: StreamingError | None = None
+        self._slots = asyncio.Semaphore(_MAX_IN_FLIGHT)
+        self._last_ack: asyncio.Task[None] | None = None
         self.commits = 0
         """Number of writes issued (for tests and metrics: requests / commits = coalescing factor)."""
 
@@ -79,7 +91,10 @@ class GroupCommitter:
 
     def submit(self, wal: WAL, messages: list[Message], nbytes: int) -> asyncio.Future[None]:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self._closing:
+        if self._fatal is not None:
+            fut.set_exception(self._fatal)
+            return fut
+        if self._closing or self._task is None or self._task.done():
             fut.set_exception(OnShutdownError("WAL is shutting down", channel=wal.pchannel))
             return fut
         self._queue.append(_Request(wal, messages, nbytes, fut))
@@ -92,6 +107,8 @@ class GroupCommitter:
         self._wake.set()
         if self._task is not None:
             await asyncio.shield(self._task)
+        if self._last_ack is not None:
+            await asyncio.shield(self._last_ack)
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
         # If the loop dies for any reason, nobody may wait forever on a queued append.
@@ -115,22 +132,63 @@ class GroupCommitter:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            await self._slots.acquire()
             reqs = self._take()
             if not reqs:
+                self._slots.release()
                 continue
+            split = self._syncer is not None
             try:
-                commits = await loop.run_in_executor(self._executor, self._write, reqs)
+                commits = await loop.run_in_executor(self._executor, self._write, reqs, self._durable and not split)
             except BaseException as exc:
+                self._slots.release()
                 self._fail(reqs, exc)
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 continue
             self.commits += 1
+            if self._syncer is None:
+                self._ack(reqs, commits)
+                self._slots.release()
+            else:
+                synced = loop.run_in_executor(self._syncer, self._backend.sync)
+                self._last_ack = loop.create_task(self._ack_after_sync(synced, self._last_ack, reqs, commits))
+
+    async def _ack_after_sync(
+        self, synced: asyncio.Future[None], previous: asyncio.Task[None] | None,
+        reqs: list[_Request], commits: list[_Commit],
+    ) -> None:
+        try:
+            if previous is not None:
+                await asyncio.wait([previous])  # acknowledge in commit order
+            try:
+                await synced
+            except Exception as exc:
+                self._fatal = UnrecoverableError(f"WAL sync failed, reopen the WAL: {exc!r}")
+                log.exception("wal sync failed")
+            if self._fatal is not None:
+                for req in reqs:
+                    if not req.future.done():
+                        req.future.set_exception(self._fatal)
+                return
+            self._ack(reqs, commits)
+        finally:
+            self._slots.release()
+
+    def _ack(self, reqs: list[_Request], commits: list[_Commit]) -> None:
+        try:
             for c in commits:
                 c.wal._on_committed(c.first_id, c.messages, c.nbytes, c.max_timetick)
+        except Exception as exc:
+            # Should never happen; but an appender must never be left waiting on a lost future.
+            log.exception("publishing a commit failed")
             for req in reqs:
                 if not req.future.done():
-                    req.future.set_result(None)
+                    req.future.set_exception(UnrecoverableError(f"publishing a commit failed: {exc!r}"))
+            raise
+        for req in reqs:
+            if not req.future.done():
+                req.future.set_result(None)
 
     def _take(self) -> list[_Request]:
         """Pop up to max_commit_bytes of requests (at least one) and hand out their ids."""
@@ -172,7 +230,7 @@ class GroupCommitter:
             if not req.future.done():
                 req.future.set_exception(err)
 
-    def _write(self, reqs: list[_Request]) -> list[_Commit]:
+    def _write(self, reqs: list[_Request], durable: bool) -> list[_Commit]:
         """Runs on the writer thread: seal, encode and write one batch for every request."""
         commits: list[_Commit] = []
         groups: list[WriteGroup] = []
@@ -183,7 +241,7 @@ class GroupCommitter:
             if c is None or c.nbytes >= _BLOCK_TARGET_BYTES:
                 if c is not None:
                     groups.append(self._group(c))
-                c = _Commit(wal, req.first_id, c.max_timetick if c is not None else wal.last_timetick)
+                c = _Commit(wal, req.first_id, c.max_timetick if c is not None else wal._written_max_ts)
                 open_commit[id(wal)] = c
                 commits.append(c)
             term = wal.term
@@ -195,11 +253,12 @@ class GroupCommitter:
                 mid += 1
                 max_ts = max(max_ts, m._timetick)
             c.max_timetick = max_ts
+            wal._written_max_ts = max_ts  # writer thread only: with two commits in flight it runs ahead
             c.messages.extend(req.messages)
             c.nbytes += req.nbytes
         for c in open_commit.values():
             groups.append(self._group(c))
-        self._backend.write(groups, self._durable)
+        self._backend.write(groups, durable)
         return commits
 
     @staticmethod

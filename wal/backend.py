@@ -81,6 +81,10 @@ class Backend(abc.ABC):
     path: str | None
     """Where the data lives, for error messages; None for in-memory backends."""
 
+    split_sync: bool = False
+    """True when ``write(durable=False)`` followed by ``sync()`` is as durable as a durable write and
+    ``sync`` lets other Python threads run: the committer then pipelines writes and syncs."""
+
     # --- channels --------------------------------------------------------------------------------
     @abc.abstractmethod
     def create_channel(self, name: str, properties: dict[str, str]) -> ChannelInfo:

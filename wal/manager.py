@@ -44,7 +44,7 @@ class WALManager:
         durability: Durability = Durability.SYNC,
         relaxed_sync_interval: float = 0.1,
         tail_buffer_bytes: int = 64 << 20,
-        max_commit_bytes: int = 8 << 20,
+        max_commit_bytes: int = 1 << 20,
         read_threads: int = 2,
     ) -> None:
         if relaxed_sync_interval <= 0:
@@ -55,11 +55,16 @@ class WALManager:
         self._relaxed_sync_interval = relaxed_sync_interval
         self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="wal-writer")
         self._readers = concurrent.futures.ThreadPoolExecutor(read_threads, thread_name_prefix="wal-reader")
+        durable = durability is Durability.SYNC
+        self._syncer = (
+            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="wal-sync")
+            if durable and backend.split_sync else None
+        )
         self._committer = GroupCommitter(
-            backend, self._writer, durable=durability is Durability.SYNC, max_commit_bytes=max_commit_bytes
+            backend, self._writer, durable=durable, max_commit_bytes=max_commit_bytes, syncer=self._syncer
         )
         self._wals: dict[str, WAL] = {}
-        self._syncer: asyncio.Task[None] | None = None
+        self._relaxed_task: asyncio.Task[None] | None = None
         self.state = ManagerState.STARTING
 
     @classmethod
@@ -67,7 +72,7 @@ class WALManager:
         manager = cls(backend, **kwargs)
         manager._committer.start()
         if manager.durability is Durability.RELAXED:
-            manager._syncer = asyncio.get_running_loop().create_task(manager._sync_loop(), name="wal-sync")
+            manager._relaxed_task = asyncio.get_running_loop().create_task(manager._sync_loop(), name="wal-sync")
         manager.state = ManagerState.RUNNING
         return manager
 
@@ -159,14 +164,16 @@ class WALManager:
         for wal in list(self._wals.values()):
             await wal.aclose()
         await self._committer.aclose()
-        if self._syncer is not None:
-            self._syncer.cancel()
+        if self._relaxed_task is not None:
+            self._relaxed_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._syncer
+                await self._relaxed_task
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._writer, self.backend.close)
         self._writer.shutdown(wait=True)
         self._readers.shutdown(wait=True)
+        if self._syncer is not None:
+            self._syncer.shutdown(wait=True)
         self.state = ManagerState.CLOSED
 
     async def __aenter__(self) -> WALManager:

@@ -53,8 +53,9 @@ class SyncMethod(enum.Enum):
 
     WRITE_SYNC: ``write(batch, sync=True)``: rocksdict holds the GIL during the fsync.
     FLUSH_WAL: ``write(batch)`` then ``flush_wal(sync=True)``: the fsync runs without the GIL, so the
-    event loop keeps accepting appends meanwhile.  Both are equally durable; bench/wal_append.py
-    measures both, and FLUSH_WAL is the default because it was faster there (see bench/RESULTS.md).
+    committer can encode and write the next group on another thread while this one syncs (see
+    wal/_committer.py).  Both are equally durable; FLUSH_WAL is the default because only it lets the
+    two overlap (bench/RESULTS.md has the numbers).
     """
 
     WRITE_SYNC = "write_sync"
@@ -75,6 +76,7 @@ class RocksBackend(Backend):
     def __init__(self, path: str | os.PathLike[str], sync_method: SyncMethod = SyncMethod.FLUSH_WAL) -> None:
         self.path = os.fspath(path)
         self._sync_method = sync_method
+        self.split_sync = sync_method is SyncMethod.FLUSH_WAL
         self._meta_lock = threading.Lock()
         self._closed = False
         opts = rocksdict.Options(raw_mode=True)
