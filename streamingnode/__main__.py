@@ -79,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--count", type=int, default=1000)
     sub.add_parser("inspect", help="list the pchannels of the data directory")
     args = parser.parse_args(argv)
+    from streamingnode._process import tune_gc  # noqa: PLC0415
     from wal import StreamingError  # noqa: PLC0415
+
+    tune_gc()
 
     try:
         if args.command == "demo":

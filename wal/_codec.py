@@ -180,6 +180,17 @@ def _encode_vchannel(vchannel: str) -> bytes:
     return raw
 
 
+def _decode_vchannel(raw: bytes) -> str:
+    try:
+        vchannel = raw.decode()
+    except UnicodeDecodeError as exc:
+        raise CodecError("vchannel is not valid UTF-8") from exc
+    if len(_vc_decoded) >= _VC_CACHE_MAX:
+        _vc_decoded.clear()
+    _vc_decoded[raw] = vchannel
+    return vchannel
+
+
 def encode_block(messages: Sequence[Message]) -> bytes:
     """Encode messages into one checksummed block, in order.
 
@@ -276,53 +287,47 @@ def decode_block(block: bytes, first_id: MessageID, start: MessageID | None = No
     types = _TYPES
     vcs = _vc_decoded
     unpack_rec = _unpack_rec
+    hdr = _HEADER_SIZE
+    rec_end = end - _REC_SIZE
+    msg_id = first_id
     for i in range(count):
-        if pos + 4 > end:
-            raise CodecError(f"truncated block: message {i} of {count} missing")
-        if i < skip or pos + _REC_SIZE > end:
+        if i < skip or pos > rec_end:
+            if pos + 4 > end:
+                raise CodecError(f"truncated block: message {i} of {count} missing")
             (size,) = _unpack_len(block, pos)
             pos += 4
             if pos + size > end:
                 raise CodecError(f"truncated block: message {i} runs past the end")
             if i >= skip:
                 msg = _decode_at(block, pos, pos + size)
-                msg._id = first_id + i
+                msg._id = msg_id
                 append(msg)
             pos += size
+            msg_id += 1
             continue
         (size, mversion, type_code, flags, ts, term, lc, txn_id, keepalive, vc_len, n_props, payload_len) = (
             unpack_rec(block, pos)
         )
         mtype = types.get(type_code)
-        if (
-            n_props
-            or mversion != MESSAGE_VERSION
-            or mtype is None
-            or flags & ~_KNOWN_FLAGS
-            or size != _HEADER_SIZE + vc_len + payload_len
-            or pos + 4 + size > end
-        ):
+        if n_props or flags > 3 or mversion != 1 or mtype is None or size != hdr + vc_len + payload_len:
             # Anything unusual takes the general decoder, which also names what is wrong.
             pos += 4
             if pos + size > end:
                 raise CodecError(f"truncated block: message {i} runs past the end")
             msg = _decode_at(block, pos, pos + size)
-            msg._id = first_id + i
+            msg._id = msg_id
             append(msg)
             pos += size
+            msg_id += 1
             continue
+        # No per-message bounds check here: a short slice can only come from a block whose lengths
+        # disagree, which the final ``pos != end`` check (after the CRC) turns into an error.
         vstart = pos + _REC_SIZE
         pstart = vstart + vc_len
         raw_vc = block[vstart:pstart]
         vchannel = vcs.get(raw_vc)
         if vchannel is None:
-            try:
-                vchannel = raw_vc.decode()
-            except UnicodeDecodeError as exc:
-                raise CodecError("vchannel is not valid UTF-8") from exc
-            if len(vcs) >= _VC_CACHE_MAX:
-                vcs.clear()
-            vcs[raw_vc] = vchannel
+            vchannel = _decode_vchannel(raw_vc)
         pos = pstart + payload_len
         msg = new(Message)
         msg._type = mtype
@@ -331,10 +336,11 @@ def decode_block(block: bytes, first_id: MessageID, start: MessageID | None = No
         msg._properties = {}
         msg._timetick = ts
         msg._term = term
-        msg._last_confirmed = lc if flags & _FLAG_LAST_CONFIRMED else None
-        msg._txn = TxnContext(txn_id, keepalive) if flags & _FLAG_TXN else None
+        msg._last_confirmed = lc if flags & 1 else None
+        msg._txn = TxnContext(txn_id, keepalive) if flags & 2 else None
         msg._not_persisted = False
-        msg._id = first_id + i
+        msg._id = msg_id
+        msg_id += 1
         append(msg)
     if pos != end:
         raise CodecError(f"block has {end - pos} trailing bytes after {count} messages")

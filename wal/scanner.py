@@ -190,8 +190,7 @@ class Scanner:
             if msg._timetick >= self._min_ts:
                 heapq.heappush(self._heap, (msg._timetick, open_txn.begin_id, open_txn.messages))
         else:
-            if msg._timetick > open_txn.last_ts:  # bodies may land out of timestamp order
-                open_txn.last_ts = msg._timetick
+            open_txn.last_ts = max(open_txn.last_ts, msg._timetick)  # bodies may land out of ts order
             types = self._types
             if types is None or t in types:
                 open_txn.messages.append(msg)
