@@ -21,9 +21,11 @@ from interceptors.dedup import DedupInterceptor
 from interceptors.lock import LockInterceptor
 from interceptors.redo import RedoInterceptor
 from interceptors.timetick import TimeTickInterceptor
+from interceptors.txn import TxnInterceptor, TxnManager, TxnSession, TxnState, commit_message, rollback_message
 from wal.adaptor import WALAdaptor
+from wal.errors import InvalidTxnStateError, TxnNotFoundError
 from wal.manager import WALManager
-from wal.message import AppendResult, Message
+from wal.message import AppendResult, Message, TxnContext
 from wal.options import ReadOption
 from wal.scanner import Scanner
 from wal.wal import WAL
@@ -67,10 +69,13 @@ class _RecoveringChain:
 class StreamingWAL:
     """A pchannel opened for streaming: append through the chain, read through scanners."""
 
-    def __init__(self, wal: WAL, chain: Chain, timetick: TimeTickInterceptor, config: ChainConfig) -> None:
+    def __init__(
+        self, wal: WAL, chain: Chain, timetick: TimeTickInterceptor, txns: TxnManager, config: ChainConfig
+    ) -> None:
         self.wal = wal
         self.chain = chain
         self.timetick = timetick
+        self.txns = txns
         self.config = config
         self._recovery = asyncio.ensure_future(self._recover())
         self.adaptor = WALAdaptor(wal, _RecoveringChain(chain, self._recovery))
@@ -96,6 +101,33 @@ class StreamingWAL:
     def read(self, option: ReadOption | None = None) -> Scanner:
         return self.wal.read(option)
 
+    # --- transactions ----------------------------------------------------------------------------
+    async def begin_txn(
+        self, vchannel: str, keepalive_ms: int, *, deadline: float | None = None
+    ) -> tuple[TxnContext, AppendResult]:
+        """Start a transaction on ``vchannel``; its context goes on every body message."""
+        begin = self.txns.begin_message(vchannel, keepalive_ms)
+        result = await self.append(begin, deadline=deadline)
+        assert begin.txn is not None
+        return begin.txn, result
+
+    def _session(self, txn_id: int) -> TxnSession:
+        session = self.txns.get(txn_id)
+        if session is None:
+            raise TxnNotFoundError(f"transaction {txn_id} of pchannel {self.pchannel!r} does not exist",
+                                   txn_id=txn_id, channel=self.pchannel)
+        return session
+
+    async def commit_txn(self, txn_id: int, *, deadline: float | None = None) -> AppendResult:
+        """Commit: returns once the CommitTxn is durable; readers then get the transaction whole."""
+        return await self.append(commit_message(self._session(txn_id)), deadline=deadline)
+
+    async def rollback_txn(self, txn_id: int, *, deadline: float | None = None) -> AppendResult:
+        session = self._session(txn_id)
+        if session.state is TxnState.COMMITTED:
+            raise InvalidTxnStateError(f"transaction {txn_id} is already committed", txn_id=txn_id)
+        return await self.append(rollback_message(session), deadline=deadline)
+
     def mvcc_timetick(self) -> int:
         """Every message at or below this timestamp is acknowledged: a consistent read point."""
         return self.timetick.mvcc_timetick()
@@ -116,28 +148,43 @@ class StreamingWAL:
         for step in recoverable:
             await step.recovered()
         await self.timetick.start()
+        # The previous owner's open transactions can never commit now: roll them back in the log, so
+        # readers drop them at once instead of holding them until their keepalive runs out.
+        orphans = self.txns.take_orphans()
+        for session in orphans:
+            await self.chain.append([rollback_message(session)])
         fence = await self.timetick.emit_tick(persist=True)
-        log.info("pchannel recovered", pchannel=self.pchannel, term=self.term, replayed=replayed, fence_ts=fence)
+        log.info(
+            "pchannel recovered", pchannel=self.pchannel, term=self.term, replayed=replayed,
+            rolled_back=len(orphans), fence_ts=fence,
+        )
 
 
-def default_interceptors(wal: WAL, config: ChainConfig) -> tuple[list[Interceptor], TimeTickInterceptor]:
-    timetick = TimeTickInterceptor(wal, interval=config.tick_interval, window_ms=config.ts_window_ms)
+def default_interceptors(
+    wal: WAL, config: ChainConfig
+) -> tuple[list[Interceptor], TimeTickInterceptor, TxnManager]:
+    txns = TxnManager()
+    timetick = TimeTickInterceptor(
+        wal, interval=config.tick_interval, window_ms=config.ts_window_ms,
+        min_open_txn_id=txns.min_open_begin_id, on_tick=txns.expire,
+    )
     steps: list[Interceptor] = [
         DedupInterceptor(window=config.dedup_window),
-        LockInterceptor(),
+        LockInterceptor(on_exclusive=txns.on_exclusive),
         timetick,
         RedoInterceptor(max_seconds=config.redo_max_seconds),
+        TxnInterceptor(txns),
     ]
-    return steps, timetick
+    return steps, timetick, txns
 
 
 async def open_streaming_wal(manager: WALManager, pchannel: str, config: ChainConfig | None = None) -> StreamingWAL:
     """Open ``pchannel`` with a new term and its chain; recovery runs in the background."""
     config = config or ChainConfig()
     wal = await manager.open(pchannel)
-    steps, timetick = default_interceptors(wal, config)
+    steps, timetick, txns = default_interceptors(wal, config)
     chain = build_chain(steps, wal.append_batch)
-    return StreamingWAL(wal, chain, timetick, config)
+    return StreamingWAL(wal, chain, timetick, txns, config)
 
 
 __all__ = ["ChainConfig", "StreamingWAL", "default_interceptors", "open_streaming_wal"]

@@ -38,11 +38,13 @@ class TimeTickInterceptor:
         window_ms: int = 3000,
         min_open_txn_id: Callable[[], MessageID | None] | None = None,
         wall_ms: Callable[[], int] | None = None,
+        on_tick: Callable[[int], object] | None = None,
     ) -> None:
         self._wal = wal
         self._interval = interval
         self._window_ms = window_ms
         self._wall_ms = wall_ms
+        self._on_tick = on_tick
         self._clock: HybridClock | None = None
         self.acks = AckManager(lambda: wal.next_id, wal.last_timetick, min_open_txn_id)
         self._dirty = False  # data written since the last persisted tick
@@ -139,6 +141,8 @@ class TimeTickInterceptor:
         finally:
             self.acks.finish(p, tick.message_id)
         self.last_tick = tick.timetick
+        if self._on_tick is not None:
+            self._on_tick(tick.timetick)  # e.g. expire idle transactions on the same clock readers use
         return tick.timetick
 
     async def _tick_loop(self) -> None:

@@ -1,0 +1,436 @@
+"""shard: the collection/partition registry and segment assignment of one pchannel.
+
+Every batch is checked whole before anything goes down the chain: DDL against the registry as the
+batch's earlier messages leave it (so create-then-insert works in one batch), DML against the
+collection's schema, and one invalid message fails the batch with nothing written.  The registry
+changes only once the write succeeded.
+
+Inserts get the ``segment`` (and ``rows``) property: the current growing segment of their
+(vchannel, collection, partition).  A segment is sealed by a FLUSH message written in the same batch
+right after the message that caused it — when it reaches ``max_rows`` or ``max_bytes`` (an insert
+that would overflow it goes to a new segment instead), when an insert finds it older than
+``max_age_seconds``, and on MANUAL_FLUSH.  Drops seal the dropped collection's or partition's
+segments with FLUSH messages written right *before* the drop, so nothing a reader sees names a
+collection after its drop.  ``seal_expired`` hands a timer the FLUSH messages of aged segments to
+append through the chain.  Results returned to the caller leave out the injected FLUSH messages.
+
+Segment bookkeeping is reserved when a batch is planned, so concurrent DML batches share segments
+correctly; a failed write gives the reservation back.  Consumers must accept rows for a segment after
+its FLUSH: a transaction body is delivered at its commit, and a retried batch can land after a seal
+planned later — a seal means no new rows are *assigned*, not that none are still on their way.
+
+DDL relies on the lock step before this one: it runs alone on its vchannel.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import pyarrow as pa
+
+from interceptors._clock import LOGICAL_BITS
+from interceptors._segments import Segment, SegmentInfo, SegmentState, SegmentTable
+from interceptors.base import AppendNext
+from wal import bodies
+from wal.bodies import DEFAULT_PARTITION, PROP_COLLECTION, PROP_PARTITION, PROP_PRIMARY_KEY, PROP_ROWS
+from wal.errors import (
+    CollectionExistError,
+    CollectionNotExistError,
+    InvalidArgumentError,
+    PartitionExistError,
+    PartitionNotExistError,
+    StreamingError,
+)
+from wal.message import BROADCAST_VCHANNEL, AppendResult, Message, MessageType
+
+_T = MessageType
+_DDL = frozenset({_T.CREATE_COLLECTION, _T.DROP_COLLECTION, _T.CREATE_PARTITION, _T.DROP_PARTITION})
+_NO_TXN = _DDL | {_T.MANUAL_FLUSH, _T.FLUSH}
+
+
+@dataclass(frozen=True, slots=True)
+class CollectionInfo:
+    """A read-only view of a collection on one vchannel."""
+
+    vchannel: str
+    name: str
+    schema: pa.Schema
+    primary_key: str
+    partitions: frozenset[str]
+    dropped: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Collection:
+    info: CollectionInfo
+    rows: bodies.RowCheck
+
+    @classmethod
+    def new(cls, vchannel: str, name: str, schema: pa.Schema, primary_key: str) -> _Collection:
+        info = CollectionInfo(vchannel, name, schema, primary_key, frozenset({DEFAULT_PARTITION}))
+        return cls(info, bodies.RowCheck(schema, primary_key, name))
+
+    def with_partitions(self, partitions: frozenset[str]) -> _Collection:
+        return replace(self, info=replace(self.info, partitions=partitions))
+
+    def as_dropped(self) -> _Collection:
+        return replace(self, info=replace(self.info, dropped=True))
+
+
+class _Plan:
+    """One batch on its way down: what to write and how to undo the segment reservations."""
+
+    __slots__ = ("created", "index", "now", "out", "overlay", "reserved", "sealed", "stamped")
+
+    def __init__(self) -> None:
+        self.out: list[Message] = []
+        self.index: list[int] = []  # out position of each caller message
+        self.overlay: dict[tuple[str, str], _Collection] = {}
+        self.reserved: list[tuple[Segment, int, int]] = []
+        self.sealed: list[tuple[Segment, SegmentState]] = []
+        self.stamped: list[tuple[Message, dict[str, str]]] = []
+        self.created: list[Segment] = []
+        self.now: float | None = None
+
+
+def _prop(m: Message, key: str) -> str:
+    value = m.properties.get(key)
+    if value is None:
+        raise InvalidArgumentError(f"{m.message_type.name} message has no {key!r} property", property=key)
+    return value
+
+
+class ShardInterceptor:
+    """The shard step.  See the module docstring."""
+
+    name = "shard"
+
+    def __init__(
+        self,
+        *,
+        max_rows: int = 1_000_000,
+        max_bytes: int = 64 << 20,
+        max_age_seconds: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        if max_rows < 1 or max_bytes < 1 or not max_age_seconds > 0:
+            raise InvalidArgumentError("max_rows, max_bytes and max_age_seconds must be positive")
+        self._max_rows = max_rows
+        self._max_bytes = max_bytes
+        self._max_age = max_age_seconds
+        self._clock = clock
+        self._wall_clock = wall_clock  # only to carry a segment's age across a restart (from timeticks)
+        self._registry: dict[str, dict[str, _Collection]] = {}
+        self._segments = SegmentTable()
+        self._replay_sealed: set[int] = set()
+
+    # --- views -----------------------------------------------------------------------------------
+    def collections(self, vchannel: str) -> dict[str, CollectionInfo]:
+        """The live (not dropped) collections of ``vchannel`` by name."""
+        return {n: c.info for n, c in self._registry.get(vchannel, {}).items() if not c.info.dropped}
+
+    def growing_segments(self) -> list[SegmentInfo]:
+        """Segments not yet sealed by a written FLUSH, in id order."""
+        return self._segments.infos()
+
+    @property
+    def next_segment_id(self) -> int:
+        return self._segments.next_id
+
+    def seal_expired(self, now: float | None = None) -> list[Message]:
+        """FLUSH messages (reason ``age``) for segments older than ``max_age_seconds``.
+
+        Append them through the chain.  The segments take no new rows from now on and leave the
+        table once their FLUSH is written; if that write fails they are returned again next time.
+        """
+        now = self._clock() if now is None else now
+        out = []
+        for seg in self._segments.select():
+            if seg.state is not SegmentState.FLUSHING and now - seg.created_at >= self._max_age:
+                seg.state = SegmentState.SEALING
+                out.append(self._flush_message(seg, bodies.SEAL_AGE))
+        return out
+
+    # --- append ----------------------------------------------------------------------------------
+    async def do_append(self, batch: list[Message], append_next: AppendNext) -> list[AppendResult]:
+        plan = _Plan()
+        try:
+            for m in batch:
+                self._plan_one(plan, m)
+        except BaseException:
+            self._undo(plan)
+            raise
+        try:
+            results = await append_next(plan.out)
+        except BaseException:
+            self._undo(plan)
+            raise
+        self._commit(plan)
+        if len(plan.out) == len(batch):
+            return results
+        return [results[i] for i in plan.index]
+
+    def _plan_one(self, plan: _Plan, m: Message) -> None:
+        t = m.message_type
+        if t not in _SHARD_TYPES:
+            plan.index.append(len(plan.out))
+            plan.out.append(m)
+            return
+        if m.txn is not None and t in _NO_TXN:
+            raise InvalidArgumentError(f"{t.name} cannot be part of a transaction", txn_id=m.txn.txn_id)
+        if t is _T.CREATE_SEGMENT:
+            raise InvalidArgumentError("segments are created by the shard step, not by messages")
+        if m.vchannel == BROADCAST_VCHANNEL and t is not _T.MANUAL_FLUSH:
+            raise InvalidArgumentError(f"{t.name} needs a vchannel, not a broadcast")
+        before: list[Message] = []
+        after: list[Message] = []
+        _HANDLERS[t](self, plan, m, before, after)
+        plan.out.extend(before)
+        plan.index.append(len(plan.out))
+        plan.out.append(m)
+        plan.out.extend(after)
+
+    def _lookup(self, plan: _Plan, vchannel: str, name: str) -> _Collection | None:
+        c = plan.overlay.get((vchannel, name))
+        return c if c is not None else self._registry.get(vchannel, {}).get(name)
+
+    def _live(self, plan: _Plan, m: Message) -> _Collection:
+        name = _prop(m, PROP_COLLECTION)
+        c = self._lookup(plan, m.vchannel, name)
+        if c is None or c.info.dropped:
+            state = "was dropped" if c is not None else "does not exist"
+            raise CollectionNotExistError(f"collection {name!r} {state} on vchannel {m.vchannel!r}",
+                                          collection=name, vchannel=m.vchannel)
+        return c
+
+    def _partition(self, c: _Collection, m: Message, default: str | None = None) -> str:
+        p = m.properties.get(PROP_PARTITION, default)
+        if p is None:
+            raise InvalidArgumentError(f"{m.message_type.name} message has no {PROP_PARTITION!r} property")
+        if p not in c.info.partitions:
+            raise PartitionNotExistError(f"partition {p!r} of collection {c.info.name!r} does not exist",
+                                         collection=c.info.name, partition=p)
+        return p
+
+    def _seal(self, plan: _Plan, seg: Segment, reason: str, into: list[Message]) -> None:
+        plan.sealed.append((seg, seg.state))
+        seg.state = SegmentState.FLUSHING
+        into.append(self._flush_message(seg, reason))
+
+    @staticmethod
+    def _flush_message(seg: Segment, reason: str) -> Message:
+        return bodies.flush_segment(seg.vchannel, seg.collection, seg.partition, seg.segment_id, reason)
+
+    def _seal_all(self, plan: _Plan, segs: list[Segment], reason: str, into: list[Message]) -> None:
+        for seg in segs:
+            if seg.state is not SegmentState.FLUSHING:
+                self._seal(plan, seg, reason, into)
+
+    # --- one handler per message type; each raises before changing anything it cannot undo ---------
+    def _create_collection(self, plan: _Plan, m: Message, before: list[Message], after: list[Message]) -> None:
+        name = bodies.validate_name("collection", m.properties.get(PROP_COLLECTION))
+        schema = bodies.read_schema(m)
+        pk = m.properties.get(PROP_PRIMARY_KEY)
+        bodies.validate_schema(schema, pk, collection=name)
+        c = self._lookup(plan, m.vchannel, name)
+        if c is not None and not c.info.dropped:
+            raise CollectionExistError(f"collection {name!r} already exists on vchannel {m.vchannel!r}",
+                                       collection=name, vchannel=m.vchannel)
+        assert isinstance(pk, str)
+        plan.overlay[(m.vchannel, name)] = _Collection.new(m.vchannel, name, schema, pk)
+
+    def _drop_collection(self, plan: _Plan, m: Message, before: list[Message], after: list[Message]) -> None:
+        c = self._live(plan, m)
+        self._seal_all(plan, self._segments.select(m.vchannel, c.info.name), bodies.SEAL_DROP, before)
+        plan.overlay[(m.vchannel, c.info.name)] = c.as_dropped()
+
+    def _create_partition(self, plan: _Plan, m: Message, before: list[Message], after: list[Message]) -> None:
+        c = self._live(plan, m)
+        p = bodies.validate_name("partition", m.properties.get(PROP_PARTITION))
+        if p in c.info.partitions:
+            raise PartitionExistError(f"partition {p!r} of collection {c.info.name!r} already exists",
+                                      collection=c.info.name, partition=p)
+        plan.overlay[(m.vchannel, c.info.name)] = c.with_partitions(c.info.partitions | {p})
+
+    def _drop_partition(self, plan: _Plan, m: Message, before: list[Message], after: list[Message]) -> None:
+        c = self._live(plan, m)
+        if m.properties.get(PROP_PARTITION) == DEFAULT_PARTITION:
+            raise InvalidArgumentError(f"the default partition of {c.info.name!r} cannot be dropped",
+                                       collection=c.info.name, partition=DEFAULT_PARTITION)
+        p = self._partition(c, m)
+        self._seal_all(plan, self._segments.select(m.vchannel, c.info.name, p), bodies.SEAL_DROP, before)
+        plan.overlay[(m.vchannel, c.info.name)] = c.with_partitions(c.info.partitions - {p})
+
+    def _insert(self, plan: _Plan, m: Message, before: list[Message], after: list[Message]) -> None:
+        c = self._live(plan, m)
+        p = self._partition(c, m, DEFAULT_PARTITION)
+        rows = c.rows.check_insert(bodies.read_insert(m))
+        size = len(m.payload)
+        if plan.now is None:
+            plan.now = self._clock()
+        key = (m.vchannel, c.info.name, p)
+        seg = self._segments.current(key)
+        if seg is not None:
+            reason = (bodies.SEAL_AGE if plan.now - seg.created_at >= self._max_age
+                      else bodies.SEAL_ROWS if seg.rows + rows > self._max_rows
+                      else bodies.SEAL_BYTES if seg.bytes + size > self._max_bytes
+                      else None)
+            if reason is not None:
+                self._seal(plan, seg, reason, after)
+                seg = None
+        if seg is None:
+            seg = self._segments.open(key, plan.now)
+            plan.created.append(seg)
+        seg.rows += rows
+        seg.bytes += size
+        plan.reserved.append((seg, rows, size))
+        old = m.properties
+        props = dict(old)  # a caller may share one properties dict between messages
+        props[PROP_PARTITION] = p
+        props[bodies.PROP_SEGMENT] = str(seg.segment_id)
+        props[PROP_ROWS] = str(rows)
+        m._check_mutable()
+        m._properties = props
+        plan.stamped.append((m, old))
+        if seg.rows >= self._max_rows:
+            self._seal(plan, seg, bodies.SEAL_ROWS, after)
+        elif seg.bytes >= self._max_bytes:
+            self._seal(plan, seg, bodies.SEAL_BYTES, after)
+
+    def _delete(self, plan: _Plan, m: Message, before: list[Message], after: list[Message]) -> None:
+        c = self._live(plan, m)
+        if PROP_PARTITION in m.properties:
+            self._partition(c, m)
+        c.rows.check_delete(bodies.read_delete(m))
+
+    def _manual_flush(self, plan: _Plan, m: Message, before: list[Message], after: list[Message]) -> None:
+        collection = m.properties.get(PROP_COLLECTION)
+        vchannel = None if m.vchannel == BROADCAST_VCHANNEL else m.vchannel
+        if vchannel is not None and collection is not None:
+            self._live(plan, m)
+        self._seal_all(plan, self._segments.select(vchannel, collection), bodies.SEAL_MANUAL, after)
+
+    def _flush(self, plan: _Plan, m: Message, before: list[Message], after: list[Message]) -> None:
+        sid = bodies.read_segment(m)
+        seg = self._segments.get(sid)
+        if seg is None or seg.key != (m.vchannel, m.properties.get(PROP_COLLECTION),
+                                      m.properties.get(PROP_PARTITION)):
+            raise InvalidArgumentError(
+                f"segment {sid} is not a growing segment of vchannel {m.vchannel!r}, collection "
+                f"{m.properties.get(PROP_COLLECTION)!r}, partition {m.properties.get(PROP_PARTITION)!r}",
+                segment=sid,
+            )
+        if seg.state is SegmentState.FLUSHING:
+            raise InvalidArgumentError(f"segment {sid} is already being sealed", segment=sid)
+        plan.sealed.append((seg, seg.state))
+        seg.state = SegmentState.FLUSHING
+
+    # --- outcome ---------------------------------------------------------------------------------
+    def _undo(self, plan: _Plan) -> None:
+        table = self._segments
+        for seg, rows, size in reversed(plan.reserved):
+            seg.rows -= rows
+            seg.bytes -= size
+        for seg, prev in reversed(plan.sealed):
+            if table.contains(seg):
+                seg.state = prev
+        for seg, _, _ in plan.reserved:
+            if seg.rows == 0 and table.contains(seg):
+                table.remove(seg)  # nothing of it was written (every written insert has rows)
+        # Hand back the ids on top that this batch allocated and nobody wrote: the WAL stores all of
+        # a batch or nothing, so the log never names them.
+        unused = {seg.segment_id for seg in plan.created if not table.contains(seg)}
+        while table.next_id - 1 in unused:
+            table.next_id -= 1
+        for m, props in reversed(plan.stamped):
+            m._properties = props
+
+    def _commit(self, plan: _Plan) -> None:
+        for seg, _ in plan.sealed:
+            self._segments.remove(seg)
+        for (vchannel, name), c in plan.overlay.items():
+            self._registry.setdefault(vchannel, {})[name] = c
+
+    # --- recovery --------------------------------------------------------------------------------
+    def replay(self, batch: list[Message]) -> None:
+        """Rebuild the registry and the growing segments from stored messages, in id order."""
+        for m in batch:
+            handler = _REPLAY.get(m.message_type)
+            if handler is None:
+                continue
+            try:
+                handler(self, m)
+            except StreamingError:
+                continue  # not something the shard step would have written: nothing to rebuild
+
+    def _replay_ddl(self, m: Message) -> None:
+        plan = _Plan()
+        _HANDLERS[m.message_type](self, plan, m, [], [])
+        for seg, _ in plan.sealed:  # a drop's segments were already sealed by FLUSH messages before it
+            self._segments.remove(seg)
+        plan.sealed.clear()
+        self._commit(plan)
+
+    def _replay_insert(self, m: Message) -> None:
+        sid = bodies.read_segment(m)
+        self._segments.next_id = max(self._segments.next_id, sid + 1)
+        raw = m.properties.get(PROP_ROWS, "")
+        rows = int(raw) if raw.isascii() and raw.isdigit() else int(bodies.read_insert(m).num_rows)
+        if sid in self._replay_sealed:
+            return  # rows that landed after their segment's seal (see the module docstring)
+        seg = self._segments.get(sid)
+        if seg is None:
+            collection = self._registry.get(m.vchannel, {}).get(m.properties.get(PROP_COLLECTION, ""))
+            partition = m.properties.get(PROP_PARTITION, DEFAULT_PARTITION)
+            if collection is None or collection.info.dropped or partition not in collection.info.partitions:
+                return
+            seg = self._segments.restore((m.vchannel, collection.info.name, partition), sid, self._age_origin(m))
+        seg.rows += rows
+        seg.bytes += len(m.payload)
+
+    def _replay_flush(self, m: Message) -> None:
+        sid = bodies.read_segment(m)
+        self._segments.next_id = max(self._segments.next_id, sid + 1)
+        self._replay_sealed.add(sid)
+        seg = self._segments.get(sid)
+        if seg is not None:
+            self._segments.remove(seg)
+
+    def _age_origin(self, m: Message) -> float:
+        """``created_at`` on our clock for a segment first written at ``m``'s timestamp."""
+        now = self._clock()
+        if m.timetick <= 0:
+            return now
+        age = self._wall_clock() - (m.timetick >> LOGICAL_BITS) / 1000.0
+        return now - max(0.0, age)
+
+    async def recovered(self) -> None:
+        self._replay_sealed.clear()
+
+    async def close(self) -> None:
+        self._registry.clear()
+        self._segments.clear()
+
+
+_Handler = Callable[[ShardInterceptor, _Plan, Message, list[Message], list[Message]], None]
+_HANDLERS: dict[MessageType, _Handler] = {
+    _T.CREATE_COLLECTION: ShardInterceptor._create_collection,
+    _T.DROP_COLLECTION: ShardInterceptor._drop_collection,
+    _T.CREATE_PARTITION: ShardInterceptor._create_partition,
+    _T.DROP_PARTITION: ShardInterceptor._drop_partition,
+    _T.INSERT: ShardInterceptor._insert,
+    _T.DELETE: ShardInterceptor._delete,
+    _T.MANUAL_FLUSH: ShardInterceptor._manual_flush,
+    _T.FLUSH: ShardInterceptor._flush,
+}
+_SHARD_TYPES = frozenset(_HANDLERS) | {_T.CREATE_SEGMENT}
+_REPLAY: dict[MessageType, Callable[[ShardInterceptor, Message], None]] = {
+    **dict.fromkeys(_DDL, ShardInterceptor._replay_ddl),
+    _T.INSERT: ShardInterceptor._replay_insert,
+    _T.FLUSH: ShardInterceptor._replay_flush,
+}
+
+__all__ = ["CollectionInfo", "SegmentInfo", "ShardInterceptor"]
