@@ -15,10 +15,20 @@ then commit — or leave it open and start another.  stdout carries one line per
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
 import sys
+from pathlib import Path
+
+# Run as a script: make the repository root importable.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import structlog
+
+from interceptors.streaming import ChainConfig, open_streaming_wal
+from wal import ChannelExistError, Message, MessageType, WALManager
 
 TASKS = 8
 
@@ -28,17 +38,10 @@ def _out(line: str) -> None:
 
 
 async def _run(data_dir: str, pchannel: str, seed: int) -> None:
-    import structlog
-
-    from interceptors.streaming import ChainConfig, open_streaming_wal
-    from wal import ChannelExistError, Message, MessageType, WALManager
-
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     manager = await WALManager.start_rocksdb(data_dir)
-    try:
+    with contextlib.suppress(ChannelExistError):
         await manager.create_channel(pchannel)
-    except ChannelExistError:
-        pass
     swal = await open_streaming_wal(manager, pchannel, ChainConfig(tick_interval=0.01))
     await swal.ready()
 
