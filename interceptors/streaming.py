@@ -11,6 +11,7 @@ previous owner left open, and writes the fence: a persisted TimeTick in the new 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 
 import structlog
@@ -20,10 +21,11 @@ from interceptors.chain import Chain, build_chain
 from interceptors.dedup import DedupInterceptor
 from interceptors.lock import LockInterceptor
 from interceptors.redo import RedoInterceptor
+from interceptors.shard import ShardInterceptor
 from interceptors.timetick import TimeTickInterceptor
 from interceptors.txn import TxnInterceptor, TxnManager, TxnSession, TxnState, commit_message, rollback_message
 from wal.adaptor import WALAdaptor
-from wal.errors import InvalidTxnStateError, TxnNotFoundError
+from wal.errors import InvalidTxnStateError, StreamingError, TxnNotFoundError
 from wal.manager import WALManager
 from wal.message import AppendResult, Message, TxnContext
 from wal.options import ReadOption
@@ -45,6 +47,11 @@ class ChainConfig:
     """How far ahead the persisted timestamp window reaches (one durable write per window)."""
     dedup_window: int = 4096
     redo_max_seconds: float = 10.0
+    segment_max_rows: int = 1_000_000
+    segment_max_bytes: int = 64 << 20
+    segment_max_age_seconds: float = 600.0
+    seal_check_interval: float = 1.0
+    """How often growing segments are checked for age (a seal is also checked on every insert)."""
 
 
 class _RecoveringChain:
@@ -70,13 +77,16 @@ class StreamingWAL:
     """A pchannel opened for streaming: append through the chain, read through scanners."""
 
     def __init__(
-        self, wal: WAL, chain: Chain, timetick: TimeTickInterceptor, txns: TxnManager, config: ChainConfig
+        self, wal: WAL, chain: Chain, *, timetick: TimeTickInterceptor, txns: TxnManager, shard: ShardInterceptor,
+        config: ChainConfig,
     ) -> None:
         self.wal = wal
         self.chain = chain
         self.timetick = timetick
         self.txns = txns
+        self.shard = shard
         self.config = config
+        self._sealer: asyncio.Task[None] | None = None
         self._recovery = asyncio.ensure_future(self._recover())
         self.adaptor = WALAdaptor(wal, _RecoveringChain(chain, self._recovery))
 
@@ -133,7 +143,25 @@ class StreamingWAL:
         return self.timetick.mvcc_timetick()
 
     async def aclose(self) -> None:
+        if self._sealer is not None:
+            self._sealer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sealer
         await self.adaptor.aclose()
+
+    async def _seal_by_age(self) -> None:
+        """Seal growing segments that outlived ``segment_max_age_seconds`` even when no insert comes."""
+        while True:
+            await asyncio.sleep(self.config.seal_check_interval)
+            seals = self.shard.seal_expired()
+            if not seals:
+                continue
+            try:
+                await self.append_batch(seals)
+            except StreamingError as exc:  # returned again by the next check
+                if self.wal.state.value != "running":
+                    return
+                log.warning("age seal failed", pchannel=self.pchannel, error=repr(exc))
 
     async def _recover(self) -> None:
         recoverable = [i for i in self.chain.interceptors if isinstance(i, RecoverableInterceptor)]
@@ -154,6 +182,7 @@ class StreamingWAL:
         for session in orphans:
             await self.chain.append([rollback_message(session)])
         fence = await self.timetick.emit_tick(persist=True)
+        self._sealer = asyncio.get_running_loop().create_task(self._seal_by_age(), name=f"sealer-{self.pchannel}")
         log.info(
             "pchannel recovered", pchannel=self.pchannel, term=self.term, replayed=replayed,
             rolled_back=len(orphans), fence_ts=fence,
@@ -162,8 +191,12 @@ class StreamingWAL:
 
 def default_interceptors(
     wal: WAL, config: ChainConfig
-) -> tuple[list[Interceptor], TimeTickInterceptor, TxnManager]:
+) -> tuple[list[Interceptor], TimeTickInterceptor, TxnManager, ShardInterceptor]:
     txns = TxnManager()
+    shard = ShardInterceptor(
+        max_rows=config.segment_max_rows, max_bytes=config.segment_max_bytes,
+        max_age_seconds=config.segment_max_age_seconds,
+    )
     timetick = TimeTickInterceptor(
         wal, interval=config.tick_interval, window_ms=config.ts_window_ms,
         min_open_txn_id=txns.min_open_begin_id, on_tick=txns.expire,
@@ -171,20 +204,21 @@ def default_interceptors(
     steps: list[Interceptor] = [
         DedupInterceptor(window=config.dedup_window),
         LockInterceptor(on_exclusive=txns.on_exclusive),
+        shard,
         timetick,
         RedoInterceptor(max_seconds=config.redo_max_seconds),
         TxnInterceptor(txns),
     ]
-    return steps, timetick, txns
+    return steps, timetick, txns, shard
 
 
 async def open_streaming_wal(manager: WALManager, pchannel: str, config: ChainConfig | None = None) -> StreamingWAL:
     """Open ``pchannel`` with a new term and its chain; recovery runs in the background."""
     config = config or ChainConfig()
     wal = await manager.open(pchannel)
-    steps, timetick, txns = default_interceptors(wal, config)
+    steps, timetick, txns, shard = default_interceptors(wal, config)
     chain = build_chain(steps, wal.append_batch)
-    return StreamingWAL(wal, chain, timetick, txns, config)
+    return StreamingWAL(wal, chain, timetick=timetick, txns=txns, shard=shard, config=config)
 
 
 __all__ = ["ChainConfig", "StreamingWAL", "default_interceptors", "open_streaming_wal"]

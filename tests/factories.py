@@ -13,6 +13,11 @@ def ins(vchannel: str, ts: int, payload: bytes = b"row", **props: str) -> Messag
     return Message(MessageType.INSERT, vchannel, payload, dict(props), timetick=ts)
 
 
+def data(vchannel: str, payload: bytes = b"row", **props: str) -> Message:
+    """A plain log record (no schema): what the chain accepts without a collection."""
+    return Message(MessageType.DATA, vchannel, payload, dict(props))
+
+
 def tick(ts: int) -> Message:
     return new_time_tick(ts)
 

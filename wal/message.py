@@ -37,6 +37,8 @@ class MessageType(enum.IntEnum):
     MANUAL_FLUSH = 403
     """A user asked to flush a vchannel (exclusive)."""
     CREATE_SEGMENT = 404
+    DATA = 1000
+    """An opaque user message: payload and properties, no schema; the shard step lets it through."""
     TIME_TICK = 1200
     BEGIN_TXN = 1300
     COMMIT_TXN = 1301

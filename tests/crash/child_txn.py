@@ -52,7 +52,7 @@ async def _run(data_dir: str, pchannel: str, seed: int) -> None:
             ctx, _ = await swal.begin_txn(vchannel, keepalive_ms=0)
             for _ in range(rng.randrange(1, 5)):
                 payloads = [rng.randbytes(rng.randrange(1, 200)) for _ in range(rng.randrange(1, 6))]
-                await swal.append_batch([Message(MessageType.INSERT, vchannel, p, txn=ctx) for p in payloads])
+                await swal.append_batch([Message(MessageType.DATA, vchannel, p, txn=ctx) for p in payloads])
                 os.write(1, "".join(f"BODY {ctx.txn_id} {p.hex()}\n" for p in payloads).encode())
             if rng.random() < 0.7:
                 await swal.commit_txn(ctx.txn_id)

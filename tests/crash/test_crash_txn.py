@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from interceptors.streaming import ChainConfig, open_streaming_wal
-from tests.factories import ins
+from tests.factories import data
 from wal import MessageType, WALManager
 
 pytestmark = pytest.mark.crash
@@ -69,14 +69,14 @@ async def _check(data_dir: Path, logs: list[bytes]) -> None:
     try:
         swal = await open_streaming_wal(manager, "p", ChainConfig(tick_interval=0.01))
         await swal.ready()
-        end = (await swal.append(ins("end", 0))).timetick
+        end = (await swal.append(data("end"))).timetick
         delivered: dict[int, list[bytes]] = defaultdict(list)
         framing: dict[int, list[MessageType]] = defaultdict(list)
         async for pack in swal.read():
             for m in pack.messages:
                 if m.txn is not None:
                     framing[m.txn.txn_id].append(m.message_type)
-                    if m.message_type is MessageType.INSERT:
+                    if m.message_type is MessageType.DATA:
                         delivered[m.txn.txn_id].append(m.payload)
             if pack.end_ts >= end:
                 break

@@ -9,7 +9,7 @@ import pytest
 
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from tests.conftest import ManagerFactory
-from tests.factories import ins
+from tests.factories import data
 from wal import ChannelFencedError, DeliverPolicy, MessageType, MsgPack, OnShutdownError, ReadOption, WALManager
 
 FAST = ChainConfig(tick_interval=0.02)
@@ -33,7 +33,7 @@ async def test_concurrent_producers_are_delivered_in_timestamp_order_exactly_onc
     async def producer(k: int) -> None:
         v = vchannels[k % 4]
         for _ in range(15):
-            batch = [ins(v, 0, bytes(rng.randrange(1, 2000))) for _ in range(rng.randrange(1, 20))]
+            batch = [data(v, bytes(rng.randrange(1, 2000))) for _ in range(rng.randrange(1, 20))]
             results = await swal.append_batch(batch)
             acked[v].update(r.message_id for r in results)
 
@@ -57,7 +57,7 @@ async def test_a_tailing_reader_gets_a_message_without_waiting_for_the_beat(mana
     swal = await _open(manager, ChainConfig(tick_interval=3600))
     scanner = swal.read(ReadOption(deliver_policy=DeliverPolicy.latest()))
     nxt = asyncio.create_task(scanner.__anext__())
-    await swal.append(ins("v", 0, b"now"))
+    await swal.append(data("v", b"now"))
     pack = await asyncio.wait_for(nxt, 5)
     while not pack.messages:
         pack = await asyncio.wait_for(scanner.__anext__(), 5)
@@ -68,14 +68,14 @@ async def test_a_tailing_reader_gets_a_message_without_waiting_for_the_beat(mana
 async def test_ticks_never_go_backwards_across_reopen(open_manager: ManagerFactory) -> None:
     m = await open_manager()
     swal = await _open(m)
-    first = await swal.append(ins("v", 0))
+    first = await swal.append(data("v"))
     await asyncio.sleep(0.1)  # some not-persisted ticks are handed out meanwhile
     last_seen = swal.timetick.last_tick
     await swal.aclose()
     await m.aclose()
     m2 = await open_manager()
     swal2 = await _open(m2)
-    second = await swal2.append(ins("v", 0))
+    second = await swal2.append(data("v"))
     assert second.timetick > max(first.timetick, last_seen)
     assert swal2.term == swal.term + 1
     # Everything, across both terms, reads back in order with the fence tick between them.
@@ -90,15 +90,15 @@ async def test_ticks_never_go_backwards_across_reopen(open_manager: ManagerFacto
 
 async def test_reopen_writes_a_fence_tick_and_fences_the_old_handle(manager: WALManager) -> None:
     old = await _open(manager)
-    await old.append(ins("v", 0))
+    await old.append(data("v"))
     new = await _open(manager)
     with pytest.raises(ChannelFencedError) as info:
-        await old.append(ins("v", 0))
+        await old.append(data("v"))
     assert info.value.fields["term"] == old.term
     stored = await new.wal.read_stored(0)
     fences = [x for x in stored if x.message_type is MessageType.TIME_TICK and x.wal_term == new.term]
     assert fences, "the new term starts with a persisted TimeTick"
-    assert (await new.append(ins("v", 0))).message_id > fences[0].message_id  # type: ignore[operator]
+    assert (await new.append(data("v"))).message_id > fences[0].message_id  # type: ignore[operator]
     await new.aclose()
     await old.aclose()
 
@@ -107,11 +107,11 @@ async def test_closed_streaming_wal_refuses_appends(manager: WALManager) -> None
     swal = await _open(manager)
     await swal.aclose()
     with pytest.raises(OnShutdownError):
-        await swal.append(ins("v", 0))
+        await swal.append(data("v"))
 
 
 async def test_mvcc_timetick_covers_acknowledged_appends(manager: WALManager) -> None:
     swal = await _open(manager)
-    r = await swal.append(ins("v", 0))
+    r = await swal.append(data("v"))
     assert swal.mvcc_timetick() >= r.timetick
     await swal.aclose()

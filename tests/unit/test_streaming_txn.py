@@ -8,7 +8,7 @@ import pytest
 
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from tests.conftest import ManagerFactory
-from tests.factories import flat, ins
+from tests.factories import data, flat
 from wal import (
     DeliverPolicy,
     InvalidTxnStateError,
@@ -33,7 +33,7 @@ async def _open(manager: WALManager, name: str = "p") -> StreamingWAL:
 
 
 def body(vchannel: str, ctx: object, payload: bytes) -> Message:
-    return Message(MessageType.INSERT, vchannel, payload, txn=ctx)  # type: ignore[arg-type]
+    return Message(MessageType.DATA, vchannel, payload, txn=ctx)  # type: ignore[arg-type]
 
 
 async def until(scanner: Scanner, ts: int) -> list[MsgPack]:
@@ -48,16 +48,16 @@ async def test_commit_delivers_all_bodies_together_at_the_commit_timestamp(manag
     scanner = swal.read(ReadOption(vchannel="v", deliver_policy=DeliverPolicy.latest()))
     ctx, _ = await swal.begin_txn("v", keepalive_ms=10_000)
     await swal.append_batch([body("v", ctx, b"a"), body("v", ctx, b"b")])
-    plain = await swal.append(ins("v", 0, b"plain"))
+    plain = await swal.append(data("v", b"plain"))
     await asyncio.sleep(0.1)  # several ticks pass: the open transaction must not leak out
     await swal.append(body("v", ctx, b"c"))
     commit = await swal.commit_txn(ctx.txn_id)
     packs = await until(scanner, commit.timetick)
     got = flat(packs)
-    assert [m.payload for m in got if m.message_type is MessageType.INSERT] == [b"plain", b"a", b"b", b"c"]
+    assert [m.payload for m in got if m.message_type is MessageType.DATA] == [b"plain", b"a", b"b", b"c"]
     txn_pack = next(p for p in packs if any(m.txn for m in p.messages))
     assert [m.message_type for m in txn_pack.messages if m.txn] == [
-        MessageType.BEGIN_TXN, MessageType.INSERT, MessageType.INSERT, MessageType.INSERT, MessageType.COMMIT_TXN]
+        MessageType.BEGIN_TXN, MessageType.DATA, MessageType.DATA, MessageType.DATA, MessageType.COMMIT_TXN]
     assert txn_pack.end_ts >= commit.timetick > plain.timetick
     await swal.aclose()
 
@@ -73,9 +73,9 @@ async def test_rollback_and_expiry_deliver_nothing(manager: WALManager) -> None:
     await asyncio.sleep(0.3)  # ticks move past its keepalive
     with pytest.raises(TxnExpiredError):
         await swal.commit_txn(expiring.txn_id)
-    marker = await swal.append(ins("v", 0, b"marker"))
+    marker = await swal.append(data("v", b"marker"))
     got = flat(await until(scanner, marker.timetick))
-    assert [m.payload for m in got if m.message_type is MessageType.INSERT] == [b"marker"]
+    assert [m.payload for m in got if m.message_type is MessageType.DATA] == [b"marker"]
     await swal.aclose()
 
 
@@ -105,7 +105,7 @@ async def test_scanner_started_mid_transaction_sees_it_whole(manager: WALManager
     commit = await swal.commit_txn(ctx.txn_id)
     got = [m for m in flat(await until(scanner, commit.timetick)) if m.txn]
     assert [m.message_type for m in got] == [
-        MessageType.BEGIN_TXN, MessageType.INSERT, MessageType.INSERT, MessageType.COMMIT_TXN]
+        MessageType.BEGIN_TXN, MessageType.DATA, MessageType.DATA, MessageType.COMMIT_TXN]
     assert got[0].message_id == begin.message_id
     await swal.aclose()
 
@@ -121,9 +121,9 @@ async def test_reopen_rolls_back_what_the_previous_owner_left_open(open_manager:
     swal2 = await _open(m2)
     with pytest.raises(TxnExpiredError):
         await swal2.append(body("v", ctx, b"too late"))
-    marker = await swal2.append(ins("v", 0, b"marker"))
+    marker = await swal2.append(data("v", b"marker"))
     stored = await swal2.wal.read_stored(0)
     assert any(x.message_type is MessageType.ROLLBACK_TXN and x.txn and x.txn.txn_id == ctx.txn_id for x in stored)
     got = flat(await until(swal2.read(), marker.timetick))
-    assert [x.payload for x in got if x.message_type is MessageType.INSERT] == [b"marker"]
+    assert [x.payload for x in got if x.message_type is MessageType.DATA] == [b"marker"]
     await swal2.aclose()
