@@ -258,6 +258,23 @@ def block_count(block: bytes) -> int:
     return int(count)
 
 
+def _decode_record(
+    block: bytes, pos: int, end: int, *, index: int, count: int, msg_id: MessageID | None, out: list[Message]
+) -> int:
+    """Decode the length-prefixed record at ``pos`` (into ``out`` unless ``msg_id`` is None)."""
+    if pos + 4 > end:
+        raise CodecError(f"truncated block: message {index} of {count} missing")
+    (size,) = _unpack_len(block, pos)
+    pos += 4
+    if pos + size > end:
+        raise CodecError(f"truncated block: message {index} runs past the end")
+    if msg_id is not None:
+        msg = _decode_at(block, pos, pos + size)
+        msg._id = msg_id
+        out.append(msg)
+    return int(pos + size)
+
+
 def decode_block(block: bytes, first_id: MessageID, start: MessageID | None = None) -> list[Message]:
     """Decode a block whose first message has id ``first_id``; skip messages with id < ``start``.
 
@@ -291,33 +308,16 @@ def decode_block(block: bytes, first_id: MessageID, start: MessageID | None = No
     rec_end = end - _REC_SIZE
     msg_id = first_id
     for i in range(count):
-        if i < skip or pos > rec_end:
-            if pos + 4 > end:
-                raise CodecError(f"truncated block: message {i} of {count} missing")
-            (size,) = _unpack_len(block, pos)
-            pos += 4
-            if pos + size > end:
-                raise CodecError(f"truncated block: message {i} runs past the end")
-            if i >= skip:
-                msg = _decode_at(block, pos, pos + size)
-                msg._id = msg_id
-                append(msg)
-            pos += size
-            msg_id += 1
-            continue
-        (size, mversion, type_code, flags, ts, term, lc, txn_id, keepalive, vc_len, n_props, payload_len) = (
-            unpack_rec(block, pos)
-        )
-        mtype = types.get(type_code)
-        if n_props or flags > 3 or mversion != 1 or mtype is None or size != hdr + vc_len + payload_len:
-            # Anything unusual takes the general decoder, which also names what is wrong.
-            pos += 4
-            if pos + size > end:
-                raise CodecError(f"truncated block: message {i} runs past the end")
-            msg = _decode_at(block, pos, pos + size)
-            msg._id = msg_id
-            append(msg)
-            pos += size
+        if i >= skip and pos <= rec_end:
+            (size, mversion, type_code, flags, ts, term, lc, txn_id, keepalive, vc_len, n_props, payload_len) = (
+                unpack_rec(block, pos)
+            )
+            mtype = types.get(type_code)
+        else:
+            mtype = None
+        if mtype is None or n_props or flags > 3 or mversion != 1 or size != hdr + vc_len + payload_len:
+            # Skipped messages, and anything unusual, take the general decoder, which names what is wrong.
+            pos = _decode_record(block, pos, end, index=i, count=count, msg_id=msg_id if i >= skip else None, out=out)
             msg_id += 1
             continue
         # No per-message bounds check here: a short slice can only come from a block whose lengths
