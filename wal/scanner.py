@@ -14,11 +14,13 @@ never delivered.  Memory per scanner is one storage batch plus what waits for th
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import heapq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from wal._codec import block_count
 from wal.errors import OutOfRangeError
 from wal.message import BROADCAST_VCHANNEL, Message, MessageID, MessageType, Position
 from wal.options import PolicyKind, ReadOption
@@ -68,6 +70,12 @@ class _OpenTxn:
         self.keepalive_ms = keepalive_ms
 
 
+def _retrieve(fut: asyncio.Future[list[tuple[MessageID, bytes]]]) -> None:
+    # A read-ahead nobody awaits any more (scanner closed, channel gone) must not log its error.
+    if not fut.cancelled():
+        fut.exception()
+
+
 def _ts(m: Message) -> int:
     return m._timetick
 
@@ -97,6 +105,7 @@ class Scanner:
         self._position = Position(wal.pchannel, self._fetch_id, self._last_tick)
         self.tailing = False
         """True while reading from the tail buffer rather than storage."""
+        self._read_ahead: tuple[MessageID, asyncio.Future[list[tuple[MessageID, bytes]]]] | None = None
 
     def _resolve_start(self, option: ReadOption) -> MessageID:
         wal = self._wal
@@ -280,7 +289,26 @@ class Scanner:
             await wal._wait_change()
 
     async def _read_storage(self, nid: MessageID) -> list[Message]:
-        return await self._wal.read_stored(nid, self._opt.read_batch_bytes)
+        """Read and decode from storage, reading the following batch ahead on a reader thread."""
+        wal = self._wal
+        ahead = self._read_ahead
+        self._read_ahead = None
+        if ahead is not None and ahead[0] == nid:
+            blocks = await ahead[1]
+        else:
+            if ahead is not None:
+                ahead[1].cancel()
+            blocks = await wal._read_storage(nid, self._opt.read_batch_bytes)
+        if blocks:
+            last_first, last_block = blocks[-1]
+            following = last_first + block_count(last_block)
+            if nid <= last_first and following < wal.next_id:
+                # Catching up: the next read runs while this batch is decoded and consumed.  At most
+                # one batch ahead, so a scanner holds no more than two batches.
+                fut = asyncio.ensure_future(wal._read_storage(following, self._opt.read_batch_bytes))
+                fut.add_done_callback(_retrieve)
+                self._read_ahead = (following, fut)
+        return wal._decode_stored(nid, blocks)
 
     @property
     def position(self) -> Position:
@@ -290,6 +318,9 @@ class Scanner:
     async def aclose(self) -> None:
         """Stop; later iteration ends.  Idempotent."""
         self._closed = True
+        if self._read_ahead is not None:
+            self._read_ahead[1].cancel()
+            self._read_ahead = None
         self._batch = []
         self._run = []
         self._heap = []

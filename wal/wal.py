@@ -210,9 +210,12 @@ class WAL:
         Only acknowledged messages are returned.  Messages before a damaged block are returned
         first; the read that starts at the damaged block raises CorruptedError.
         """
+        return self._decode_stored(nid, await self._read_storage(nid, max_bytes))
+
+    def _decode_stored(self, nid: MessageID, blocks: list[tuple[MessageID, bytes]]) -> list[Message]:
+        """Decode blocks read from ``nid`` (see ``read_stored``)."""
         start = nid
         limit = self.next_id  # never hand out what is written but not yet acknowledged
-        blocks = await self._read_storage(nid, max_bytes)
         out: list[Message] = []
         for first_id, block in blocks:
             if not out and first_id > nid:
