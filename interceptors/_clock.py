@@ -82,6 +82,22 @@ class HybridClock:
             await self._persist(end)
             self._window_end = end
 
+    def wants_extension(self) -> bool:
+        """True when less than half the window is left: extend it in the background now, so that no
+        append ever waits for the synced write of a new window."""
+        floor = max(self._last, self._wall_ms() << LOGICAL_BITS)
+        return self._window_end - floor < self._window // 2 and not self._extending.locked()
+
+    async def extend_ahead(self) -> None:
+        """Move the window end a whole window past now (durably), if still wanted."""
+        async with self._extending:
+            floor = max(self._last + 1, self._wall_ms() << LOGICAL_BITS)
+            if self._window_end - floor >= self._window // 2:
+                return
+            end = floor + self._window
+            await self._persist(end)
+            self._window_end = max(self._window_end, end)
+
     async def allocate(self, n: int) -> int:
         """``try_allocate``, extending the window as needed.  Order across awaits is not guaranteed:
         callers that need allocation order = call order use ``try_allocate`` under their own rule."""

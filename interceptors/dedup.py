@@ -77,9 +77,9 @@ class DedupInterceptor:
             p.results.popitem(last=False)
 
     async def do_append(self, batch: list[Message], append_next: AppendNext) -> list[AppendResult]:
+        if not any(m._properties and PROP_PRODUCER in m._properties for m in batch):
+            return await append_next(batch)  # no idempotent producer in this batch
         keys = [_key(m) for m in batch]
-        if not any(keys):
-            return await append_next(batch)
         known: dict[int, AppendResult | asyncio.Future[AppendResult]] = {}
         fresh: list[int] = []
         seen: set[tuple[str, int]] = set()

@@ -16,9 +16,12 @@ from collections import deque
 from collections.abc import Callable
 
 from interceptors.base import AppendNext
-from wal.message import BROADCAST_VCHANNEL, AppendResult, Message
+from wal.message import BROADCAST_VCHANNEL, AppendResult, Message, MessageType
 
 _ALL = "\x00all"  # the pchannel-wide lock that broadcasts take exclusively and everyone else shares
+_MAX_IDLE_LOCKS = 4096
+_EXCLUSIVE = frozenset(t for t in MessageType if t.is_exclusive)
+_SYSTEM = frozenset(t for t in MessageType if t.is_system)
 
 
 class RWLock:
@@ -85,24 +88,30 @@ class LockInterceptor:
         self._locks: dict[str, RWLock] = {}
         self._on_exclusive = on_exclusive
 
-    def _plan(self, batch: list[Message]) -> list[tuple[str, bool]]:
-        """(lock name, exclusive) to take, sorted by name so that batches never deadlock."""
+    @staticmethod
+    def _plan(batch: list[Message]) -> tuple[list[tuple[str, bool]], list[Message]]:
+        """(lock name, exclusive) to take, sorted by name so that batches never deadlock, and the
+        messages that need exclusivity."""
         modes: dict[str, bool] = {}
+        exclusive: list[Message] = []
         for m in batch:
             vch = m._vchannel
+            t = m._type
             if vch == BROADCAST_VCHANNEL:
                 modes[_ALL] = True
-                continue
-            if m._type.is_exclusive:
+                if t not in _SYSTEM:
+                    exclusive.append(m)
+            elif t in _EXCLUSIVE:
                 modes[vch] = True
+                exclusive.append(m)
             elif vch not in modes:
                 modes[vch] = False
         if _ALL not in modes:
             modes[_ALL] = False
-        return sorted(modes.items())
+        return sorted(modes.items()), exclusive
 
     async def do_append(self, batch: list[Message], append_next: AppendNext) -> list[AppendResult]:
-        plan = self._plan(batch)
+        plan, exclusive_messages = self._plan(batch)
         taken: list[tuple[RWLock, bool]] = []
         try:
             for name, exclusive in plan:
@@ -112,16 +121,14 @@ class LockInterceptor:
                 await lock.acquire(exclusive)
                 taken.append((lock, exclusive))
             if self._on_exclusive is not None:
-                for m in batch:
-                    if m._type.is_exclusive or (m._vchannel == BROADCAST_VCHANNEL and not m._type.is_system):
-                        self._on_exclusive(m._vchannel, m)
+                for m in exclusive_messages:
+                    self._on_exclusive(m._vchannel, m)
             return await append_next(batch)
         finally:
             for lock, exclusive in reversed(taken):
                 lock.release(exclusive)
-            for name, _ in plan:  # forget idle locks: vchannels come and go
-                lock = self._locks.get(name)
-                if lock is not None and lock.idle:
+            if len(self._locks) > _MAX_IDLE_LOCKS:  # vchannels come and go: forget the idle ones
+                for name in [n for n, lock in self._locks.items() if lock.idle]:
                     del self._locks[name]
 
     async def close(self) -> None:

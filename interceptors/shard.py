@@ -156,6 +156,8 @@ class ShardInterceptor:
 
     # --- append ----------------------------------------------------------------------------------
     async def do_append(self, batch: list[Message], append_next: AppendNext) -> list[AppendResult]:
+        if _SHARD_TYPES.isdisjoint({m._type for m in batch}):
+            return await append_next(batch)  # plain records: nothing to check or assign
         plan = _Plan()
         try:
             for m in batch:

@@ -27,6 +27,12 @@ log = structlog.get_logger(__name__)
 _TIME_TICK = MessageType.TIME_TICK
 
 
+def _log_extend_failure(task: asyncio.Task[None]) -> None:
+    # A failed early extension is harmless: allocation extends synchronously when the window ends.
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("timestamp window extension failed", error=repr(task.exception()))
+
+
 class TimeTickInterceptor:
     name = "timetick"
 
@@ -51,6 +57,7 @@ class TimeTickInterceptor:
         self._poke = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
+        self._extender: asyncio.Task[None] | None = None
         self.last_tick = wal.last_timetick
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -71,6 +78,9 @@ class TimeTickInterceptor:
         await self._ready.wait()
 
     async def close(self) -> None:
+        if self._extender is not None and not self._extender.done():
+            with contextlib.suppress(Exception):
+                await self._extender
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -92,6 +102,9 @@ class TimeTickInterceptor:
         n = len(batch)
         while (first := clock.try_allocate(n)) is None:
             await clock.extend(n)
+        if clock.wants_extension() and (self._extender is None or self._extender.done()):
+            self._extender = asyncio.get_running_loop().create_task(clock.extend_ahead())
+            self._extender.add_done_callback(_log_extend_failure)
         # Synchronous from here to register: allocation order stays timestamp order.
         lc = self.acks.last_confirmed_id()
         ts = first

@@ -152,7 +152,7 @@ async def test_lock_serialises_ddl_against_dml_and_reports_exclusive() -> None:
     nxt.gate.set()
     await asyncio.gather(dml, ddl, other)
     assert exclusives == [("v", MessageType.CREATE_COLLECTION)]
-    assert not step._locks  # idle locks are forgotten
+    assert all(lock.idle for lock in step._locks.values())  # nothing left held
 
 
 async def test_broadcast_is_exclusive_over_every_vchannel() -> None:
@@ -284,3 +284,28 @@ async def test_chain_times_each_step_on_its_own() -> None:
 
 def test_compose_and_physical() -> None:
     assert physical_ms(compose(1234, 7)) == 1234
+
+
+async def test_clock_extends_ahead_so_allocation_does_not_wait() -> None:
+    stored: list[int] = []
+
+    async def persist(end: int) -> None:
+        stored.append(end)
+
+    wall = [1000]
+    clock = HybridClock(0, 0, persist, window_ms=100, wall_ms=lambda: wall[0])
+    await clock.allocate(1)
+    wall[0] = 1060  # more than half the window used
+    assert clock.wants_extension()
+    await clock.extend_ahead()
+    assert stored[-1] >= compose(1060 + 100)
+    assert clock.try_allocate(1) is not None  # no wait needed
+    assert not clock.wants_extension()
+
+
+async def test_lock_table_stays_bounded_over_many_vchannels() -> None:
+    step = LockInterceptor()
+    nxt = FakeNext()
+    for i in range(5000):
+        await step.do_append([ins(f"v{i}", 1)], nxt)
+    assert len(step._locks) <= 4097
