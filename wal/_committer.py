@@ -180,12 +180,14 @@ class GroupCommitter:
             for c in commits:
                 c.wal._on_committed(c.first_id, c.messages, c.nbytes, c.max_timetick)
         except Exception as exc:
-            # Should never happen; but an appender must never be left waiting on a lost future.
+            # Should never happen; but an appender must never be left waiting on a lost future, and
+            # the in-memory state no longer matches storage: refuse every later append until reopen.
             log.exception("publishing a commit failed")
+            self._fatal = UnrecoverableError(f"publishing a commit failed, reopen the WAL: {exc!r}")
             for req in reqs:
                 if not req.future.done():
-                    req.future.set_exception(UnrecoverableError(f"publishing a commit failed: {exc!r}"))
-            raise
+                    req.future.set_exception(self._fatal)
+            return
         for req in reqs:
             if not req.future.done():
                 req.future.set_result(None)

@@ -21,6 +21,7 @@ from wal import (
     OnShutdownError,
     OutOfRangeError,
     ReadOption,
+    StreamingError,
     WALManager,
 )
 
@@ -252,3 +253,31 @@ async def test_manager_close_is_idempotent_and_refuses_work(open_manager: Manage
     await m.aclose()
     with pytest.raises(OnShutdownError):
         await m.open("p")
+
+
+async def test_a_failed_write_hands_its_ids_back_and_a_failed_publish_is_fatal(manager: WALManager) -> None:
+    await manager.create_channel("p")
+    wal = await manager.open("p")
+    real_write = manager.backend.write
+
+    def broken(groups: object, durable: bool) -> None:
+        raise OSError("disk full")
+
+    manager.backend.write = broken  # type: ignore[method-assign]
+    msg = ins("v", 1)
+    with pytest.raises(StreamingError, match="disk full"):
+        await wal.append(msg)
+    assert msg.message_id is None  # unsealed: it may be appended again
+    manager.backend.write = real_write  # type: ignore[method-assign]
+    assert (await wal.append(msg)).message_id == 0  # ids stayed dense
+    real_publish = wal._on_committed
+
+    def broken_publish(*args: object) -> None:
+        raise RuntimeError("bug")
+
+    wal._on_committed = broken_publish  # type: ignore[method-assign]
+    with pytest.raises(StreamingError, match="publishing a commit failed"):
+        await asyncio.wait_for(wal.append(ins("v", 2)), 5)
+    wal._on_committed = real_publish  # type: ignore[method-assign]
+    with pytest.raises(StreamingError, match="reopen"):
+        await asyncio.wait_for(wal.append(ins("v", 3)), 5)  # refused at once, never left hanging
