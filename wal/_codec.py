@@ -46,6 +46,9 @@ _U16_MAX = 0xFFFF
 _U32_MAX = 0xFFFFFFFF
 
 _TYPES: dict[int, MessageType] = {t.value: t for t in MessageType}
+_MARKED_TYPES = frozenset(
+    {MessageType.TIME_TICK, MessageType.BEGIN_TXN, MessageType.COMMIT_TXN, MessageType.ROLLBACK_TXN}
+)
 
 _pack_header = _HEADER.pack
 _unpack_header = _HEADER.unpack_from
@@ -275,11 +278,19 @@ def _decode_record(
     return int(pos + size)
 
 
-def decode_block(block: bytes, first_id: MessageID, start: MessageID | None = None) -> list[Message]:
+def decode_block(
+    block: bytes, first_id: MessageID, start: MessageID | None = None, *,
+    marks: list[int] | None = None, mark_base: int = 0,
+) -> list[Message]:
     """Decode a block whose first message has id ``first_id``; skip messages with id < ``start``.
 
     Returned messages carry their ids and are immutable.  This is the scan hot path: the common
     message (no properties) is decoded inline; anything else goes through the general decoder.
+
+    With ``marks``, the index (plus ``mark_base``) of every message a reader must look at on its own
+    is appended: the first one, TimeTicks, transaction messages, and any whose timestamp is lower than
+    its predecessor's.  Between two marks the messages are plain and in timestamp order, so a scanner
+    can take them in one slice.
     """
     if not isinstance(block, bytes):
         raise CodecError(f"expected bytes, got {type(block).__name__}")
@@ -307,6 +318,8 @@ def decode_block(block: bytes, first_id: MessageID, start: MessageID | None = No
     hdr = _HEADER_SIZE
     rec_end = end - _REC_SIZE
     msg_id = first_id
+    special = _MARKED_TYPES
+    prev_ts = -1 if marks is None else 1 << 64  # the first message is always marked
     for i in range(count):
         if i >= skip and pos <= rec_end:
             (size, mversion, type_code, flags, ts, term, lc, txn_id, keepalive, vc_len, n_props, payload_len) = (
@@ -317,8 +330,14 @@ def decode_block(block: bytes, first_id: MessageID, start: MessageID | None = No
             mtype = None
         if mtype is None or n_props or flags > 3 or mversion != 1 or size != hdr + vc_len + payload_len:
             # Skipped messages, and anything unusual, take the general decoder, which names what is wrong.
+            before = len(out)
             pos = _decode_record(block, pos, end, index=i, count=count, msg_id=msg_id if i >= skip else None, out=out)
             msg_id += 1
+            if marks is not None and len(out) > before:
+                m = out[-1]
+                if m._type in special or m._txn is not None or m._timetick < prev_ts:
+                    marks.append(mark_base + before)
+                prev_ts = m._timetick
             continue
         # No per-message bounds check here: a short slice can only come from a block whose lengths
         # disagree, which the final ``pos != end`` check (after the CRC) turns into an error.
@@ -341,6 +360,10 @@ def decode_block(block: bytes, first_id: MessageID, start: MessageID | None = No
         msg._not_persisted = False
         msg._id = msg_id
         msg_id += 1
+        if marks is not None:
+            if mtype in special or flags & 2 or ts < prev_ts:
+                marks.append(mark_base + len(out))
+            prev_ts = ts
         append(msg)
     if pos != end:
         raise CodecError(f"block has {end - pos} trailing bytes after {count} messages")

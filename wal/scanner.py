@@ -106,6 +106,8 @@ class Scanner:
         self.tailing = False
         """True while reading from the tail buffer rather than storage."""
         self._read_ahead: tuple[MessageID, asyncio.Future[list[tuple[MessageID, bytes]]]] | None = None
+        self._marks: list[int] | None = None  # for a batch from storage: see decode_block
+        self._mark_i = 0
 
     def _resolve_start(self, option: ReadOption) -> MessageID:
         wal = self._wal
@@ -145,11 +147,26 @@ class Scanner:
         types = self._types
         min_ts = self._min_ts
         run = self._run
+        # Plain runs between marks (see decode_block) can be taken as slices when nothing filters them.
+        sliceable = vch is None and types is None
         while True:
             batch = self._batch
             pos = self._batch_pos
             n = len(batch)
+            marks = self._marks if sliceable else None
             while pos < n:
+                if marks is not None:
+                    mi = self._mark_i
+                    while mi < len(marks) and marks[mi] < pos:
+                        mi += 1
+                    self._mark_i = mi
+                    nxt = marks[mi] if mi < len(marks) and marks[mi] < n else n
+                    if nxt > pos:
+                        first_ts = batch[pos]._timetick
+                        if first_ts >= min_ts and (not run or run[-1]._timetick <= first_ts):
+                            run.extend(batch[pos:nxt])
+                            pos = nxt
+                            continue
                 msg = batch[pos]
                 pos += 1
                 t = msg._type
@@ -268,6 +285,8 @@ class Scanner:
             nid = self._fetch_id
             if nid < wal.next_id:
                 got = wal._tail.read(nid, _TAIL_READ)
+                self._marks = None
+                self._mark_i = 0
                 if got:
                     self.tailing = True
                 else:
@@ -280,6 +299,7 @@ class Scanner:
             volatile = wal._volatile_tick
             if volatile is not None and volatile[0] == nid and volatile[1]._timetick > self._last_tick:
                 # Caught up exactly to where the not-persisted tick was made: it may release.
+                self._marks = None
                 self._batch = [volatile[1]]
                 self._batch_pos = 0
                 return
@@ -308,7 +328,11 @@ class Scanner:
                 fut = asyncio.ensure_future(wal._read_storage(following, self._opt.read_batch_bytes))
                 fut.add_done_callback(_retrieve)
                 self._read_ahead = (following, fut)
-        return wal._decode_stored(nid, blocks)
+        marks: list[int] = []
+        out = wal._decode_stored(nid, blocks, marks)
+        self._marks = marks
+        self._mark_i = 0
+        return out
 
     @property
     def position(self) -> Position:

@@ -212,8 +212,10 @@ class WAL:
         """
         return self._decode_stored(nid, await self._read_storage(nid, max_bytes))
 
-    def _decode_stored(self, nid: MessageID, blocks: list[tuple[MessageID, bytes]]) -> list[Message]:
-        """Decode blocks read from ``nid`` (see ``read_stored``)."""
+    def _decode_stored(
+        self, nid: MessageID, blocks: list[tuple[MessageID, bytes]], marks: list[int] | None = None
+    ) -> list[Message]:
+        """Decode blocks read from ``nid`` (see ``read_stored``; ``marks`` as in ``decode_block``)."""
         start = nid
         limit = self.next_id  # never hand out what is written but not yet acknowledged
         out: list[Message] = []
@@ -224,7 +226,7 @@ class WAL:
                     channel=self.pchannel, message_id=nid,
                 )
             try:
-                msgs = decode_block(block, first_id, nid)
+                msgs = decode_block(block, first_id, nid, marks=marks, mark_base=len(out))
             except CodecError as exc:
                 if out:
                     break  # hand out what precedes the damage; the next read starts at it and fails
