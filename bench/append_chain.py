@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import logging
 import os
 import random
 import shutil
@@ -58,17 +57,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Run as a script from anywhere: make the repository root importable.
-_ROOT = str(Path(__file__).resolve().parent.parent)
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
+# Run as a script from anywhere: the harness makes the repository root importable.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pyarrow as pa
+from _harness import Run, prepare_process, repeat, tmpdir, verdict
 
-import pyarrow as pa  # noqa: E402
-import structlog  # noqa: E402
-
-from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal  # noqa: E402
-from streamingnode._process import tune_gc  # noqa: E402
-from wal import Message, MessageType, WALManager, bodies  # noqa: E402
+from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from wal import Message, MessageType, WALManager, bodies
 
 PCHANNEL = "p"
 VCHANNELS = 4
@@ -227,12 +222,8 @@ async def _append_bare(path: str, n: int, appenders: int, batch: int, kind: str,
 
 
 # --- driver ----------------------------------------------------------------------------------------
-def _tmpdir(root: str, name: str) -> str:
-    return tempfile.mkdtemp(prefix=f"{name}-", dir=root)
-
-
 def _run(fn: Callable[..., Coroutine[Any, Any, AppendRun]], root: str, name: str, *args: Any) -> AppendRun:
-    path = _tmpdir(root, name)
+    path = tmpdir(root, name)
     try:
         gc.collect()
         return asyncio.run(fn(path, *args))
@@ -270,12 +261,6 @@ def _one_run(args: argparse.Namespace, root: str, index: int) -> dict[str, float
     return r
 
 
-def _verdict(ratio: float, target: float | None) -> str:
-    if target is None:
-        return f"ratio {ratio:.2f} (no target)"
-    return f"ratio {ratio:.2f} (target >= {target:.2f}{'' if ratio >= target else ', MISSED'})"
-
-
 def _report(args: argparse.Namespace, runs: list[dict[str, float]]) -> None:
     med = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
     print()
@@ -302,7 +287,7 @@ def _report(args: argparse.Namespace, runs: list[dict[str, float]]) -> None:
     for key, batch, target, what in (("b100", 100, TARGET, ""), ("b1", 1, None, ""), ("ins", 100, None, " INSERT")):
         print(
             f"append_chain batch={batch}{what}: chain {med[f'{key}_chain']:,.0f} msg/s | "
-            f"bare {med[f'{key}_bare']:,.0f} msg/s | {_verdict(med[f'{key}_ratio'], target)}"
+            f"bare {med[f'{key}_bare']:,.0f} msg/s | {verdict(med[f'{key}_ratio'], target)}"
         )
     print()
     print("per-step own time (swal.chain.timings), µs per message, medians:")
@@ -327,7 +312,7 @@ def _profile(args: argparse.Namespace, kind: str) -> None:
     root = tempfile.mkdtemp(prefix="append-chain-profile-", dir=args.dir)
     prof = cProfile.Profile()
     try:
-        path = _tmpdir(root, "chain")
+        path = tmpdir(root, "chain")
         run = prof.runcall(
             asyncio.run, _append_chain(path, args.messages, args.appenders, args.profile_batch, kind, args.size)
         )
@@ -357,31 +342,19 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.messages, args.size, args.appenders, args.runs, args.profile_batch) < 1:
         p.error("every size and count must be >= 1")
 
-    # Run under the same process settings as the node (streamingnode/_process.py).
-    tune_gc()
-    # The WAL logs channel opens and recoveries at INFO; keep the table readable.
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    prepare_process()
     if args.profile:
         _profile(args, args.profile)
         return 0
 
-    root = tempfile.mkdtemp(prefix="append-chain-", dir=args.dir)
-    runs: list[dict[str, float]] = []
-    try:
-        for i in range(args.runs):
-            t0 = time.perf_counter()
-            r = _one_run(args, root, i)
-            runs.append(r)
-            print(
-                f"run {i + 1}/{args.runs} ({time.perf_counter() - t0:.1f} s): "
-                f"batch 100 chain {r['b100_chain']:,.0f} / bare {r['b100_bare']:,.0f} = {r['b100_ratio']:.2f}; "
-                f"batch 1 chain {r['b1_chain']:,.0f} / bare {r['b1_bare']:,.0f} = {r['b1_ratio']:.2f}; "
-                f"INSERT chain {r['ins_chain']:,.0f} / bare {r['ins_bare']:,.0f} = {r['ins_ratio']:.2f}",
-                file=sys.stderr,
-                flush=True,
-            )
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    def describe(r: Run) -> str:
+        return (
+            f"batch 100 chain {r['b100_chain']:,.0f} / bare {r['b100_bare']:,.0f} = {r['b100_ratio']:.2f}; "
+            f"batch 1 chain {r['b1_chain']:,.0f} / bare {r['b1_bare']:,.0f} = {r['b1_ratio']:.2f}; "
+            f"INSERT chain {r['ins_chain']:,.0f} / bare {r['ins_bare']:,.0f} = {r['ins_ratio']:.2f}"
+        )
+
+    runs = repeat(args, "append-chain", _one_run, describe)
     _report(args, runs)
     return 0
 

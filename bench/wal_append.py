@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import logging
 import os
 import shutil
 import statistics
@@ -38,17 +37,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-# Run as a script from anywhere: make the repository root importable.
-_ROOT = str(Path(__file__).resolve().parent.parent)
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
+# Run as a script from anywhere: the harness makes the repository root importable.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rocksdict
+from _harness import Run, prepare_process, repeat, tmpdir, verdict
 
-import rocksdict  # noqa: E402
-import structlog  # noqa: E402
-
-from streamingnode._process import tune_gc  # noqa: E402
-from wal import Message, MessageType, ReadOption, WALManager, new_time_tick  # noqa: E402
-from wal.backends.rocks import SyncMethod  # noqa: E402
+from wal import Message, MessageType, ReadOption, WALManager, new_time_tick
+from wal.backends.rocks import SyncMethod
 
 PCHANNEL = "bench-p0"
 VCHANNEL = "bench-v0"
@@ -184,10 +179,6 @@ def _raw_scan(path: str, n: int) -> float:
 
 
 # --- driver ----------------------------------------------------------------------------------------
-def _tmpdir(root: str, name: str) -> str:
-    return tempfile.mkdtemp(prefix=f"{name}-", dir=root)
-
-
 def _run_append(path: str, n: int, size: int, appenders: int, batch: int, method: SyncMethod) -> AppendRun:
     gc.collect()
     return asyncio.run(_append_ours(path, n, size, appenders, batch, method))
@@ -211,13 +202,13 @@ def _one_run(args: argparse.Namespace, root: str, index: int) -> dict[str, float
     n1 = max(n // 10, 1)
     raw_first = index % 2 == 1
     r: dict[str, float] = {}
-    ours_db = _tmpdir(root, "ours-flush-wal")  # kept for the scan
-    raw_db = _tmpdir(root, "raw-write-sync")  # kept for the raw scan
+    ours_db = tmpdir(root, "ours-flush-wal")  # kept for the scan
+    raw_db = tmpdir(root, "raw-write-sync")  # kept for the raw scan
     try:
         # Durable append, ours (batch --batch) next to raw (WriteBatch of 1,000), per sync method.
         for method, ours_path, raw_path in (
-            (SyncMethod.FLUSH_WAL, ours_db, _tmpdir(root, "raw-flush-wal")),
-            (SyncMethod.WRITE_SYNC, _tmpdir(root, "ours-write-sync"), raw_db),
+            (SyncMethod.FLUSH_WAL, ours_db, tmpdir(root, "raw-flush-wal")),
+            (SyncMethod.WRITE_SYNC, tmpdir(root, "ours-write-sync"), raw_db),
         ):
             key = method.value
             res: list[AppendRun] = []
@@ -247,7 +238,7 @@ def _one_run(args: argparse.Namespace, root: str, index: int) -> dict[str, float
     # Batch 1: one message per append_batch call; group commit coalesces the concurrent requests.
     for method in (SyncMethod.FLUSH_WAL, SyncMethod.WRITE_SYNC):
         key = f"ours_b1_{method.value}"
-        path = _tmpdir(root, key)
+        path = tmpdir(root, key)
         try:
             b1 = _run_append(path, n1, size, appenders, 1, method)
         finally:
@@ -263,10 +254,6 @@ def _one_run(args: argparse.Namespace, root: str, index: int) -> dict[str, float
     r["ratio_best"] = max(r["ours_flush_wal"], r["ours_write_sync"]) / max(r["raw_flush_wal"], r["raw_write_sync"])
     r["ratio_scan"] = r["scan_ours"] / r["scan_raw"]
     return r
-
-
-def _verdict(ratio: float, target: float) -> str:
-    return f"ratio {ratio:.2f} (target >= {target:.2f}{'' if ratio >= target else ', MISSED'})"
 
 
 def _report(args: argparse.Namespace, runs: list[dict[str, float]]) -> None:
@@ -301,9 +288,9 @@ def _report(args: argparse.Namespace, runs: list[dict[str, float]]) -> None:
     for method, raw_label in (("flush_wal", "raw WriteBatch+flush_wal"), ("write_sync", "raw WriteBatch+sync")):
         print(
             f"append durable ({method}) ours {med[f'ours_{method}']:,.0f} msg/s | "
-            f"{raw_label} {med[f'raw_{method}']:,.0f} msg/s | {_verdict(med[f'ratio_{method}'], APPEND_TARGET)}"
+            f"{raw_label} {med[f'raw_{method}']:,.0f} msg/s | {verdict(med[f'ratio_{method}'], APPEND_TARGET)}"
         )
-    print(f"append durable, best ours / best raw: {_verdict(med['ratio_best'], APPEND_TARGET)}")
+    print(f"append durable, best ours / best raw: {verdict(med['ratio_best'], APPEND_TARGET)}")
     for method in ("flush_wal", "write_sync"):
         key = f"ours_b1_{method}"
         print(
@@ -313,7 +300,7 @@ def _report(args: argparse.Namespace, runs: list[dict[str, float]]) -> None:
         )
     print(
         f"scan ours {med['scan_ours']:,.0f} msg/s | raw iterator {med['scan_raw']:,.0f} msg/s | "
-        f"{_verdict(med['ratio_scan'], SCAN_TARGET)}"
+        f"{verdict(med['ratio_scan'], SCAN_TARGET)}"
     )
     fw, ws = med["ours_flush_wal"], med["ours_write_sync"]
     print(
@@ -335,7 +322,7 @@ def _profile(args: argparse.Namespace, part: str) -> None:
     root = tempfile.mkdtemp(prefix="wal-bench-profile-", dir=args.dir)
     loop_prof, worker_prof = cProfile.Profile(), cProfile.Profile()
     try:
-        path = _tmpdir(root, "ours")
+        path = tmpdir(root, "ours")
         if part == "append":
             # cProfile sees only its own thread: profile the writer thread's work separately.
             write = GroupCommitter._write
@@ -383,32 +370,20 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.messages, args.size, args.appenders, args.batch, args.runs) < 1:
         p.error("every size and count must be >= 1")
 
-    # Run under the same process settings as the node (streamingnode/_process.py); raw is unaffected.
-    tune_gc()
-    # The WAL logs channel opens at INFO; keep the table readable.
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    prepare_process()
     if args.profile:
         _profile(args, args.profile)
         return 0
 
-    root = tempfile.mkdtemp(prefix="wal-bench-", dir=args.dir)
-    runs: list[dict[str, float]] = []
-    try:
-        for i in range(args.runs):
-            t0 = time.perf_counter()
-            r = _one_run(args, root, i)
-            runs.append(r)
-            print(
-                f"run {i + 1}/{args.runs} ({time.perf_counter() - t0:.1f} s): "
-                f"ours flush_wal {r['ours_flush_wal']:,.0f}, write_sync {r['ours_write_sync']:,.0f}, "
-                f"raw flush_wal {r['raw_flush_wal']:,.0f}, raw sync {r['raw_write_sync']:,.0f}, "
-                f"scan ours {r['scan_ours']:,.0f}, raw {r['scan_raw']:,.0f} msg/s; "
-                f"ratios append {r['ratio_flush_wal']:.2f}/{r['ratio_write_sync']:.2f}, scan {r['ratio_scan']:.2f}",
-                file=sys.stderr,
-                flush=True,
-            )
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    def describe(r: Run) -> str:
+        return (
+            f"ours flush_wal {r['ours_flush_wal']:,.0f}, write_sync {r['ours_write_sync']:,.0f}, "
+            f"raw flush_wal {r['raw_flush_wal']:,.0f}, raw sync {r['raw_write_sync']:,.0f}, "
+            f"scan ours {r['scan_ours']:,.0f}, raw {r['scan_raw']:,.0f} msg/s; "
+            f"ratios append {r['ratio_flush_wal']:.2f}/{r['ratio_write_sync']:.2f}, scan {r['ratio_scan']:.2f}"
+        )
+
+    runs = repeat(args, "wal-bench", _one_run, describe)
     _report(args, runs)
     return 0
 

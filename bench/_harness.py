@@ -1,0 +1,60 @@
+"""What every benchmark here shares: process settings, temporary databases, repeated runs, verdicts."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+# Run as a script from anywhere: make the repository root importable.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+import structlog  # noqa: E402
+
+from streamingnode._process import tune_gc  # noqa: E402
+
+Run = dict[str, float]
+
+
+def prepare_process() -> None:
+    """The node's process settings (GC thresholds), and quiet logs so the table stays readable."""
+    tune_gc()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+def tmpdir(root: str, name: str) -> str:
+    return tempfile.mkdtemp(prefix=f"{name}-", dir=root)
+
+
+def verdict(ratio: float, target: float | None) -> str:
+    if target is None:
+        return f"ratio {ratio:.2f} (no target)"
+    return f"ratio {ratio:.2f} (target >= {target:.2f}{'' if ratio >= target else ', MISSED'})"
+
+
+def repeat(
+    args: argparse.Namespace,
+    prefix: str,
+    one_run: Callable[[argparse.Namespace, str, int], Run],
+    describe: Callable[[Run], str],
+) -> list[Run]:
+    """``args.runs`` runs in a temporary root under ``args.dir``, a progress line each on stderr."""
+    root = tempfile.mkdtemp(prefix=f"{prefix}-", dir=args.dir)
+    runs: list[Run] = []
+    try:
+        for i in range(args.runs):
+            t0 = time.perf_counter()
+            r = one_run(args, root, i)
+            runs.append(r)
+            print(f"run {i + 1}/{args.runs} ({time.perf_counter() - t0:.1f} s): {describe(r)}",
+                  file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return runs
