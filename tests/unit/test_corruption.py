@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import rocksdict
 
-from tests.factories import flat, ins, packs_until, tick
+from interceptors.streaming import ChainConfig, open_streaming_wal
+from tests.factories import data, flat, ins, packs_until, tick
 from wal import CorruptedError, DeliverPolicy, ReadOption, WALManager
 from wal.backends import RocksBackend
 
@@ -105,3 +106,36 @@ async def test_second_open_of_a_locked_directory_is_refused(tmp_path: Path) -> N
             RocksBackend(path)
     finally:
         first.close()
+
+
+async def test_transient_engine_errors_are_retriable_and_redone(tmp_path: Path) -> None:
+    backend = RocksBackend(tmp_path / "db")
+    m = await WALManager.start(backend)
+    try:
+        await m.create_channel("p")
+        swal = await open_streaming_wal(m, "p", ChainConfig(tick_interval=0.05))
+        await swal.ready()
+        real_db = backend._db
+        failures = [2]
+
+        class Flaky:
+            """Answers 'busy' to the next writes, then behaves."""
+
+            def write(self, *args: object) -> object:
+                if failures[0] > 0:
+                    failures[0] -= 1
+                    raise Exception("Resource busy: compaction pending")  # what rocksdict raises
+                return real_db.write(*args)
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(real_db, name)
+
+        backend._db = Flaky()
+        result = await swal.append(data("v", b"after busy"))
+        backend._db = real_db
+        assert failures[0] == 0 and result.message_id is not None
+        stored = await swal.wal.read_stored(result.message_id)
+        assert stored[0].payload == b"after busy"
+        await swal.aclose()
+    finally:
+        await m.aclose()

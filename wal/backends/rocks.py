@@ -33,6 +33,7 @@ from wal.errors import (
     ChannelExistError,
     ChannelNotExistError,
     CorruptedError,
+    ErrorCode,
     InvalidArgumentError,
     OnShutdownError,
     StreamingError,
@@ -46,6 +47,8 @@ _TICK_VALUE = struct.Struct(">QQ")
 _U64 = struct.Struct(">Q")
 _NEXT_KEY = b"Mnext_key"
 _MAX_ID = 0xFFFFFFFFFFFFFFFF
+# RocksDB statuses that say "not now" rather than "broken": the redo step may run the append again.
+_TRANSIENT_STATUSES = ("Busy", "TryAgain", "TimedOut", "Resource busy")
 
 
 class SyncMethod(enum.Enum):
@@ -111,7 +114,12 @@ class RocksBackend(Backend):
             yield
         except StreamingError:
             raise
-        except Exception as exc:  # rocksdict raises plain Exception
+        except Exception as exc:  # rocksdict raises plain Exception; its text carries RocksDB's status
+            if any(status in str(exc) for status in _TRANSIENT_STATUSES):
+                raise StreamingError(
+                    f"{what} in {self.path} hit a transient condition: {exc}", code=ErrorCode.UNAVAILABLE,
+                    path=self.path,
+                ) from exc
             raise UnrecoverableError(f"{what} failed in {self.path}: {exc}", path=self.path) from exc
 
     def _load(self, name: str) -> dict[str, Any]:
