@@ -1,0 +1,497 @@
+"""Transactions through the whole chain on a real WAL, checked against a model.
+
+A ``RuleBasedStateMachine`` drives ``open_streaming_wal`` over a ``MemoryBackend``: begin, bodies
+(also to finished, expired, unknown transactions and on the wrong vchannel), commit, rollback, plain
+appends, mixed batches, waiting past a keepalive, and reopening the pchannel over the same data.  The
+model knows, per transaction, its state and its acknowledged bodies, and predicts every answer of
+the chain (accepted, or the exact error class).  Expiry is measured on message timestamps, which
+follow the wall clock: when the wall clock cannot tell whether a transaction is still alive, either
+answer is accepted and the model learns from the one given.
+
+The log is checked by reading the whole pchannel with a Scanner up to a fresh plain marker: every
+committed transaction delivered exactly once and whole, in the pack of its commit; nothing of any
+other transaction; every plain message exactly once; pack end timestamps strictly increasing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
+
+from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from tests.factories import data, packs_until
+from wal import (
+    AppendResult,
+    InvalidArgumentError,
+    InvalidTxnStateError,
+    Message,
+    MessageType,
+    MsgPack,
+    StreamingError,
+    TxnContext,
+    TxnExpiredError,
+    TxnNotFoundError,
+    WALManager,
+)
+from wal.backends import MemoryBackend
+
+T = TypeVar("T")
+
+PCHANNEL = "p"
+VCHANNELS = ("v1", "v2")
+KEEPALIVE_MS = 50
+SLEEP_SECONDS = 0.07  # past the keepalive, plus a few ticks
+MARGIN_MS = 2  # slack on the wall-clock bound below (it is sound without it)
+UNKNOWN_TXN = 1_000_000  # never allocated
+
+Outcome = type[StreamingError] | None
+ACCEPTED: frozenset[Outcome] = frozenset({None})
+MAYBE_EXPIRED: frozenset[Outcome] = frozenset({None, TxnExpiredError})
+ENDED_SOMEHOW: frozenset[Outcome] = frozenset({InvalidTxnStateError, TxnExpiredError})
+
+
+def wall_ms() -> int:
+    """The wall clock as the hybrid clock reads it."""
+    return time.time_ns() // 1_000_000
+
+
+def only(exc: type[StreamingError]) -> frozenset[Outcome]:
+    return frozenset({exc})
+
+
+@dataclass
+class Txn:
+    """What the model knows of one transaction.
+
+    ``state``: open | committed | rolled_back | expired | closed.  ``closed`` is a transaction rolled
+    back while it may already have expired: its RollbackTxn is written, but the writer may call it
+    rolled back (InvalidTxnStateError) or expired (TxnExpiredError).  ``open`` with a keepalive may
+    likewise have expired silently (on a TimeTick): ``alive_for_sure`` tells.
+    """
+
+    vchannel: str
+    keepalive_ms: int
+    begin: AppendResult
+    active_wall_ms: int
+    """Wall ms read before the last accepted BeginTxn or body: its timestamp's physical ms is at least
+    this, and every later timestamp's at most max(that, the wall clock then).  So while
+    ``wall_ms() - active_wall_ms <= keepalive_ms`` the transaction cannot have expired."""
+    state: str = "open"
+    rollback_written: bool = False
+    bodies: list[tuple[bytes, AppendResult]] = field(default_factory=list)
+    commit: AppendResult | None = None
+
+    def alive_for_sure(self, now_wall_ms: int) -> bool:
+        return self.keepalive_ms == 0 or now_wall_ms - self.active_wall_ms <= self.keepalive_ms - MARGIN_MS
+
+
+_rarely = st.sampled_from([False] * 4 + [True])
+_sometimes = st.sampled_from([False] * 2 + [True])
+
+
+class ChainTxnMachine(RuleBasedStateMachine):
+    """begin / body / commit / rollback / plain / batch / sleep / reopen over a real WAL."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.config = ChainConfig(tick_interval=0.01)
+        self.backend = MemoryBackend()
+        self.manager: WALManager | None = None
+        self.swal: StreamingWAL | None = None
+        self.txns: dict[int, Txn] = {}
+        self.plain: dict[bytes, AppendResult] = {}
+        self.refused: set[bytes] = set()  # payloads of bodies and batches that were refused
+        self.counter = 0
+        self.max_txn_id = 0
+        self.terms = 1
+        self.clean = False  # the last rule ran to its end (teardown checks the log only then)
+
+    # --- plumbing --------------------------------------------------------------------------------
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coro)
+
+    def attempt(self, coro: Coroutine[Any, Any, T]) -> tuple[T | None, StreamingError | None, int]:
+        """Run an append; return (result, error, wall ms before it)."""
+        before = wall_ms()
+        try:
+            return self.call(coro), None, before
+        except StreamingError as exc:
+            return None, exc, before
+
+    @property
+    def wal(self) -> StreamingWAL:
+        assert self.swal is not None
+        return self.swal
+
+    async def _open(self, *, create: bool = False) -> None:
+        self.manager = await WALManager.start(self.backend)
+        if create:
+            await self.manager.create_channel(PCHANNEL)
+        self.swal = await open_streaming_wal(self.manager, PCHANNEL, self.config)
+        await self.swal.ready()
+
+    async def _close(self) -> None:
+        if self.swal is not None:
+            await self.swal.aclose()
+            self.swal = None
+        if self.manager is not None:
+            await self.manager.aclose()
+            self.manager = None
+
+    def payload(self, kind: str) -> bytes:
+        self.counter += 1
+        return f"{kind}-{self.counter}".encode()
+
+    def pick(self, data_: st.DataObject) -> int:
+        """Mostly an open transaction; also finished ones and an id never allocated."""
+        kind = data_.draw(st.sampled_from(["open"] * 12 + ["any"] * 3 + ["unknown"]), label="pick")
+        open_ids = sorted(tid for tid, t in self.txns.items() if t.state == "open")
+        if kind == "open" and open_ids:
+            return data_.draw(st.sampled_from(open_ids), label="txn")
+        if kind != "unknown" and self.txns:
+            return data_.draw(st.sampled_from(sorted(self.txns)), label="txn")
+        return UNKNOWN_TXN
+
+    def vchannel_for(self, tid: int, wrong: bool) -> str:
+        t = self.txns.get(tid)
+        right = t.vchannel if t is not None else VCHANNELS[0]
+        if not wrong:
+            return right
+        return VCHANNELS[1] if right == VCHANNELS[0] else VCHANNELS[0]
+
+    def context(self, tid: int) -> TxnContext:
+        t = self.txns.get(tid)
+        return TxnContext(tid, t.keepalive_ms if t is not None else 0)
+
+    # --- expectations ----------------------------------------------------------------------------
+    def expect_body_or_commit(self, tid: int, vchannel: str, now: int, *, alive: bool = False) -> frozenset[Outcome]:
+        """The answers allowed for a body or a commit (rule order of ``TxnManager._refuse``)."""
+        t = self.txns.get(tid)
+        if t is None:
+            return only(TxnNotFoundError)
+        if vchannel != t.vchannel:
+            return only(InvalidArgumentError)
+        if t.state == "open":
+            return ACCEPTED if alive or t.alive_for_sure(now) else MAYBE_EXPIRED
+        if t.state == "expired":
+            return only(TxnExpiredError)
+        if t.state == "closed":
+            return ENDED_SOMEHOW
+        return only(InvalidTxnStateError)  # committed, rolled back
+
+    def expect_rollback(self, tid: int, vchannel: str) -> frozenset[Outcome]:
+        """``_check_rollback``: an open session (even one idle past its keepalive) takes a rollback; an
+        expired one takes one closing rollback."""
+        t = self.txns.get(tid)
+        if t is None:
+            return only(TxnNotFoundError)
+        if vchannel != t.vchannel:
+            return only(InvalidArgumentError)
+        if t.state == "open" or (t.state == "expired" and not t.rollback_written):
+            return ACCEPTED
+        return only(InvalidTxnStateError)
+
+    @staticmethod
+    def check(kind: str, allowed: frozenset[Outcome], err: StreamingError | None) -> None:
+        got = None if err is None else type(err)
+        event(f"{kind}: {'accepted' if got is None else got.__name__}{' (uncertain)' if len(allowed) > 1 else ''}")
+        assert got in allowed, f"{kind}: expected one of {sorted(map(str, allowed))}, got {err!r}"
+
+    # --- rules -----------------------------------------------------------------------------------
+    @initialize(short_window=st.booleans(), vchannel=st.sampled_from(VCHANNELS),
+                keepalive_ms=st.sampled_from([0, KEEPALIVE_MS]))
+    def start(self, short_window: bool, vchannel: str, keepalive_ms: int) -> None:
+        """Open the pchannel and begin a first transaction.
+
+        After a reopen the clock resumes above the persisted timestamp window, which may lie ahead of
+        the wall clock: with the default window (3 s) no keepalive runs out for a while after a reopen,
+        with a short one it does.
+        """
+        if short_window:
+            self.config = ChainConfig(tick_interval=0.01, ts_window_ms=20)
+        self.call(self._open(create=True))
+        self.begin(vchannel, keepalive_ms, 1, commit=False)
+
+    @rule(vchannel=st.sampled_from(VCHANNELS), keepalive_ms=st.sampled_from([0, 0, KEEPALIVE_MS]),
+          bodies=st.integers(0, 2), commit=_sometimes)
+    def begin(self, vchannel: str, keepalive_ms: int, bodies: int, commit: bool) -> None:
+        """Begin a transaction, append its first ``bodies`` bodies (one append each), maybe commit it."""
+        self.clean = False
+        before = wall_ms()
+        ctx, result = self.call(self.wal.begin_txn(vchannel, keepalive_ms))
+        assert ctx.txn_id > self.max_txn_id, (ctx, self.max_txn_id)  # never reused, not even after reopen
+        assert result.txn_id == ctx.txn_id
+        self.max_txn_id = ctx.txn_id
+        self.txns[ctx.txn_id] = Txn(vchannel, keepalive_ms, result, before)
+        for _ in range(bodies):
+            self.append_body(ctx.txn_id, vchannel)
+        if commit:
+            self.commit_txn(ctx.txn_id, vchannel, wrong_vchannel=False)
+        self.clean = True
+
+    @rule(data_=st.data(), wrong_vchannel=_rarely, count=st.integers(1, 3))
+    def body(self, data_: st.DataObject, wrong_vchannel: bool, count: int) -> None:
+        """Append ``count`` bodies, one append each, to a transaction (any state, or unknown)."""
+        self.clean = False
+        tid = self.pick(data_)
+        vchannel = self.vchannel_for(tid, wrong_vchannel)
+        for _ in range(count):
+            self.append_body(tid, vchannel)
+        self.clean = True
+
+    def append_body(self, tid: int, vchannel: str) -> None:
+        payload = self.payload("body")
+        msg = Message(MessageType.DATA, vchannel, payload, txn=self.context(tid))
+        result, err, before = self.attempt(self.wal.append(msg))
+        allowed = self.expect_body_or_commit(tid, vchannel, wall_ms())
+        self.check("body", allowed, err)
+        if len(allowed) > 1 and self.terms > 1 and isinstance(err, TxnExpiredError):
+            event(f"body: keepalive ran out after a reopen (window {self.config.ts_window_ms} ms)")
+        t = self.txns.get(tid)
+        if err is None:
+            assert t is not None and result is not None
+            assert result.txn_id == tid
+            t.bodies.append((payload, result))
+            t.active_wall_ms = before
+        else:
+            self.refused.add(payload)
+            if t is not None and t.state == "open" and isinstance(err, TxnExpiredError):
+                t.state = "expired"
+
+    @rule(data_=st.data(), wrong_vchannel=_rarely)
+    def commit(self, data_: st.DataObject, wrong_vchannel: bool) -> None:
+        self.clean = False
+        tid = self.pick(data_)
+        self.commit_txn(tid, self.vchannel_for(tid, wrong_vchannel), wrong_vchannel=wrong_vchannel)
+        self.clean = True
+
+    def commit_txn(self, tid: int, vchannel: str, *, wrong_vchannel: bool) -> None:
+        if wrong_vchannel:  # commit_txn always uses the session's vchannel: send the framing by hand
+            msg = Message(MessageType.COMMIT_TXN, vchannel, txn=self.context(tid))
+            result, err, _ = self.attempt(self.wal.append(msg))
+        else:
+            result, err, _ = self.attempt(self.wal.commit_txn(tid))
+        allowed = self.expect_body_or_commit(tid, vchannel, wall_ms())
+        self.check("commit", allowed, err)
+        t = self.txns.get(tid)
+        if err is None:
+            assert t is not None and result is not None
+            assert result.txn_id == tid
+            t.state, t.commit = "committed", result
+        elif t is not None and t.state == "open" and isinstance(err, TxnExpiredError):
+            t.state = "expired"
+
+    @rule(data_=st.data(), wrong_vchannel=_rarely)
+    def rollback(self, data_: st.DataObject, wrong_vchannel: bool) -> None:
+        self.clean = False
+        tid = self.pick(data_)
+        vchannel = self.vchannel_for(tid, wrong_vchannel)
+        if wrong_vchannel:
+            msg = Message(MessageType.ROLLBACK_TXN, vchannel, txn=self.context(tid))
+            _, err, _ = self.attempt(self.wal.append(msg))
+        else:
+            _, err, _ = self.attempt(self.wal.rollback_txn(tid))
+        allowed = self.expect_rollback(tid, vchannel)
+        self.check("rollback", allowed, err)
+        t = self.txns.get(tid)
+        if err is None:
+            assert t is not None
+            if t.state == "expired":
+                t.rollback_written = True
+            elif t.alive_for_sure(wall_ms()):
+                t.state, t.rollback_written = "rolled_back", True
+            else:  # rolled back, or expired and closed by this rollback: the writer knows which
+                t.state, t.rollback_written = "closed", True
+        self.clean = True
+
+    @rule(vchannel=st.sampled_from(VCHANNELS))
+    def plain_append(self, vchannel: str) -> None:
+        self.clean = False
+        payload = self.payload("plain")
+        result = self.call(self.wal.append(data(vchannel, payload)))
+        assert result.txn_id is None
+        self.plain[payload] = result
+        self.clean = True
+
+    @rule(data_=st.data(), size=st.integers(2, 4))
+    def batch(self, data_: st.DataObject, size: int) -> None:
+        """Plain messages and bodies mixed in one append: all of it is written, or none of it."""
+        self.clean = False
+        items: list[tuple[int | None, str, bytes]] = []  # (txn id or None, vchannel, payload)
+        for _ in range(size):
+            if data_.draw(st.booleans(), label="is_body"):
+                tid = self.pick(data_)
+                vchannel = self.vchannel_for(tid, data_.draw(_rarely, label="wrong_vchannel"))
+                items.append((tid, vchannel, self.payload("bbody")))
+            else:
+                items.append((None, data_.draw(st.sampled_from(VCHANNELS), label="vchannel"), self.payload("bplain")))
+        msgs = [
+            Message(MessageType.DATA, vc, p, txn=self.context(tid) if tid is not None else None)
+            for tid, vc, p in items
+        ]
+        results, err, before = self.attempt(self.wal.append_batch(msgs))
+        now = wall_ms()
+        # Validated in order; the first refusal fails the whole batch.  A transaction's later bodies
+        # in the batch share the first one's physical ms, so they are alive when it was.
+        allowed: list[frozenset[Outcome]] = []
+        seen: set[int] = set()
+        for tid, vc, _ in items:
+            if tid is None:
+                allowed.append(ACCEPTED)
+                continue
+            allowed.append(self.expect_body_or_commit(tid, vc, now, alive=tid in seen))
+            seen.add(tid)
+        got = None if err is None else type(err)
+        candidates = []
+        for i, a in enumerate(allowed):
+            if got is not None and got in a:
+                candidates.append(i)
+            if None not in a:
+                break
+        assert (got is None and all(None in a for a in allowed)) or candidates, (
+            f"batch {items}: allowed {allowed}, got {err!r}")
+        if err is None:
+            assert results is not None and len(results) == len(items)
+            for (tid, _, p), r in zip(items, results, strict=True):
+                if tid is None:
+                    assert r.txn_id is None
+                    self.plain[p] = r
+                else:
+                    assert r.txn_id == tid
+                    self.txns[tid].bodies.append((p, r))
+                    self.txns[tid].active_wall_ms = before
+        else:
+            self.refused.update(p for _, _, p in items)
+            if len(candidates) == 1 and isinstance(err, TxnExpiredError):
+                tid = items[candidates[0]][0]
+                assert tid is not None
+                if self.txns[tid].state == "open":
+                    self.txns[tid].state = "expired"
+        self.clean = True
+
+    @rule()
+    def sleep(self) -> None:
+        """Let time pass (and TimeTicks run) past the keepalive: open transactions with one may expire."""
+        self.clean = False
+        self.call(asyncio.sleep(SLEEP_SECONDS))
+        self.clean = True
+
+    @rule(go=_sometimes)
+    def reopen(self, go: bool) -> None:
+        """Close the WAL and the manager, then open the pchannel again over the same data."""
+        if not go:
+            return
+        self.clean = False
+        self.call(self._close())
+        self.backend = self.backend.reopen()
+        self.call(self._open())
+        self.terms += 1
+        for t in self.txns.values():
+            if t.state == "open":  # the previous owner's: recovery rolls it back, it is expired now
+                t.state, t.rollback_written = "expired", True
+            elif t.state == "expired":
+                if t.rollback_written:  # replay sees only the RollbackTxn
+                    t.state = "rolled_back"
+                t.rollback_written = True
+            elif t.state == "closed":
+                t.state = "rolled_back"
+        self.clean = True
+
+    @rule()
+    def read_everything(self) -> None:
+        self.clean = False
+        self.check_log()
+        self.clean = True
+
+    # --- the log ---------------------------------------------------------------------------------
+    async def _read_all(self, marker: Message) -> tuple[AppendResult, list[MsgPack]]:
+        result = await self.wal.append(marker)
+        scanner = self.wal.read()
+        try:
+            return result, await packs_until(scanner, result.timetick, timeout=10)
+        finally:
+            await scanner.aclose()
+
+    def check_log(self) -> None:
+        payload = self.payload("marker")
+        marker, packs = self.call(self._read_all(data(VCHANNELS[0], payload)))
+        self.plain[payload] = marker
+
+        prev_end = -1
+        plain_seen: Counter[bytes] = Counter()
+        txn_msgs: dict[int, list[tuple[int, int, Message]]] = {}  # txn id -> (pack, index, message)
+        for pi, pack in enumerate(packs):
+            assert pack.end_ts > prev_end, f"pack {pi} ends at {pack.end_ts}, the one before at {prev_end}"
+            prev_end = pack.end_ts
+            keys: list[int] = []  # the timestamp each delivered unit is ordered by
+            for mi, m in enumerate(pack.messages):
+                assert m.message_id is not None
+                if m.txn is None:
+                    assert m.message_type is MessageType.DATA, m
+                    want = self.plain.get(m.payload)
+                    assert want is not None, f"delivered a plain message nobody acknowledged: {m!r}"
+                    assert (m.message_id, m.timetick) == (want.message_id, want.timetick), (m, want)
+                    assert pack.begin_ts < m.timetick <= pack.end_ts, (m, pack.begin_ts, pack.end_ts)
+                    plain_seen[m.payload] += 1
+                    keys.append(m.timetick)
+                    continue
+                txn_msgs.setdefault(m.txn.txn_id, []).append((pi, mi, m))
+                if m.message_type is MessageType.COMMIT_TXN:
+                    assert pack.begin_ts < m.timetick <= pack.end_ts, (m, pack.begin_ts, pack.end_ts)
+                    keys.append(m.timetick)
+            assert keys == sorted(keys), f"pack {pi} is not in timestamp order: {keys}"
+
+        assert plain_seen == Counter(dict.fromkeys(self.plain, 1)), (
+            f"plain messages: missing {set(self.plain) - set(plain_seen)}, "
+            f"repeated {[p for p, n in plain_seen.items() if n > 1]}")
+
+        for tid, t in self.txns.items():
+            got = txn_msgs.pop(tid, [])
+            if t.state != "committed":
+                assert not got, f"transaction {tid} ({t.state}) was delivered: {[m for _, _, m in got]}"
+                continue
+            assert t.commit is not None
+            want = [(MessageType.BEGIN_TXN, b"", t.begin.message_id)]
+            want += [(MessageType.DATA, p, r.message_id) for p, r in t.bodies]
+            want.append((MessageType.COMMIT_TXN, b"", t.commit.message_id))
+            assert [(m.message_type, m.payload, m.message_id) for _, _, m in got] == want, (
+                f"committed transaction {tid} not delivered exactly once and whole")
+            pis = {pi for pi, _, _ in got}
+            assert len(pis) == 1, f"transaction {tid} spread over packs {sorted(pis)}"
+            mis = [mi for _, mi, _ in got]
+            assert mis == list(range(mis[0], mis[0] + len(mis))), f"transaction {tid} interleaved: {mis}"
+            assert got[-1][2].timetick == t.commit.timetick
+        assert not txn_msgs, f"delivered transactions nobody began: {sorted(txn_msgs)}"
+        delivered = {m.payload for p in packs for m in p.messages}
+        assert not (delivered & self.refused), f"refused payloads delivered: {delivered & self.refused}"
+
+    # --- end -------------------------------------------------------------------------------------
+    def teardown(self) -> None:
+        try:
+            if self.clean and self.swal is not None:  # the final invariant; skipped when a rule failed
+                self.check_log()
+        finally:
+            try:
+                self.call(self._close())
+                pending = asyncio.all_tasks(self.loop)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    self.call(asyncio.gather(*pending, return_exceptions=True))
+            finally:
+                self.loop.close()
+
+
+TestChainTxnMachine = ChainTxnMachine.TestCase
+TestChainTxnMachine.settings = settings(
+    max_examples=50, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+)
