@@ -16,6 +16,7 @@ other transaction; every plain message exactly once; pack end timestamps strictl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Coroutine
@@ -30,11 +31,15 @@ from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from tests.factories import data, packs_until
 from wal import (
     AppendResult,
+    DeliverPolicy,
     InvalidArgumentError,
     InvalidTxnStateError,
     Message,
     MessageType,
     MsgPack,
+    Position,
+    ReadOption,
+    Scanner,
     StreamingError,
     TxnContext,
     TxnExpiredError,
@@ -48,7 +53,8 @@ T = TypeVar("T")
 PCHANNEL = "p"
 VCHANNELS = ("v1", "v2")
 KEEPALIVE_MS = 50
-SLEEP_SECONDS = 0.07  # past the keepalive, plus a few ticks
+LONG_SLEEP_SECONDS = 0.07  # past the keepalive, plus a few ticks
+SHORT_SLEEP_SECONDS = 0.03  # most of the keepalive: a transaction stays alive through it
 MARGIN_MS = 2  # slack on the wall-clock bound below (it is sound without it)
 UNKNOWN_TXN = 1_000_000  # never allocated
 
@@ -84,6 +90,8 @@ class Txn:
     """Wall ms read before the last accepted BeginTxn or body: its timestamp's physical ms is at least
     this, and every later timestamp's at most max(that, the wall clock then).  So while
     ``wall_ms() - active_wall_ms <= keepalive_ms`` the transaction cannot have expired."""
+    term: int
+    """The term (count of opens) it began in."""
     state: str = "open"
     rollback_written: bool = False
     bodies: list[tuple[bytes, AppendResult]] = field(default_factory=list)
@@ -108,7 +116,10 @@ class ChainTxnMachine(RuleBasedStateMachine):
         self.manager: WALManager | None = None
         self.swal: StreamingWAL | None = None
         self.txns: dict[int, Txn] = {}
-        self.plain: dict[bytes, AppendResult] = {}
+        self.plain: dict[bytes, tuple[AppendResult, int]] = {}  # payload -> (ack, term)
+        self.live: Scanner | None = None
+        self.follower: asyncio.Task[None] | None = None
+        self.live_packs: list[MsgPack] = []
         self.refused: set[bytes] = set()  # payloads of bodies and batches that were refused
         self.counter = 0
         self.max_txn_id = 0
@@ -138,8 +149,19 @@ class ChainTxnMachine(RuleBasedStateMachine):
             await self.manager.create_channel(PCHANNEL)
         self.swal = await open_streaming_wal(self.manager, PCHANNEL, self.config)
         await self.swal.ready()
+        self.live_packs = []
+        self.live = self.swal.read(ReadOption(deliver_policy=DeliverPolicy.latest()))
+        self.follower = asyncio.get_running_loop().create_task(self._follow(self.live))
 
     async def _close(self) -> None:
+        if self.follower is not None:
+            self.follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.follower
+            self.follower = None
+        if self.live is not None:
+            await self.live.aclose()
+            self.live = None
         if self.swal is not None:
             await self.swal.aclose()
             self.swal = None
@@ -152,11 +174,15 @@ class ChainTxnMachine(RuleBasedStateMachine):
         return f"{kind}-{self.counter}".encode()
 
     def pick(self, data_: st.DataObject) -> int:
-        """Mostly an open transaction; also finished ones and an id never allocated."""
-        kind = data_.draw(st.sampled_from(["open"] * 12 + ["any"] * 3 + ["unknown"]), label="pick")
-        open_ids = sorted(tid for tid, t in self.txns.items() if t.state == "open")
-        if kind == "open" and open_ids:
-            return data_.draw(st.sampled_from(open_ids), label="txn")
+        """Mostly a transaction that is open (or expired, its closing rollback not written yet); also
+        finished ones and an id never allocated."""
+        kind = data_.draw(st.sampled_from(["live"] * 12 + ["any"] * 3 + ["unknown"]), label="pick")
+        live = sorted(
+            tid for tid, t in self.txns.items()
+            if t.state == "open" or (t.state == "expired" and not t.rollback_written)
+        )
+        if kind == "live" and live:
+            return data_.draw(st.sampled_from(live), label="txn")
         if kind != "unknown" and self.txns:
             return data_.draw(st.sampled_from(sorted(self.txns)), label="txn")
         return UNKNOWN_TXN
@@ -219,22 +245,30 @@ class ChainTxnMachine(RuleBasedStateMachine):
         if short_window:
             self.config = ChainConfig(tick_interval=0.01, ts_window_ms=20)
         self.call(self._open(create=True))
-        self.begin(vchannel, keepalive_ms, 1, commit=False)
+        self.begin(vchannel, keepalive_ms, 1, "open")
 
-    @rule(vchannel=st.sampled_from(VCHANNELS), keepalive_ms=st.sampled_from([0, 0, KEEPALIVE_MS]),
-          bodies=st.integers(0, 2), commit=_sometimes)
-    def begin(self, vchannel: str, keepalive_ms: int, bodies: int, commit: bool) -> None:
-        """Begin a transaction, append its first ``bodies`` bodies (one append each), maybe commit it."""
+    @rule(vchannel=st.sampled_from(VCHANNELS), keepalive_ms=st.sampled_from([0, KEEPALIVE_MS]),
+          bodies=st.integers(0, 2), end=st.sampled_from(["open", "open", "commit", "slow commit"]))
+    def begin(self, vchannel: str, keepalive_ms: int, bodies: int, end: str) -> None:
+        """Begin a transaction, append its first ``bodies`` bodies (one append each), maybe commit it.
+
+        A slow commit pauses for most of the keepalive, appends one more body, pauses again and
+        commits: longer than the keepalive in all, never that long idle.  Readers must keep it.
+        """
         self.clean = False
         before = wall_ms()
         ctx, result = self.call(self.wal.begin_txn(vchannel, keepalive_ms))
         assert ctx.txn_id > self.max_txn_id, (ctx, self.max_txn_id)  # never reused, not even after reopen
         assert result.txn_id == ctx.txn_id
         self.max_txn_id = ctx.txn_id
-        self.txns[ctx.txn_id] = Txn(vchannel, keepalive_ms, result, before)
+        self.txns[ctx.txn_id] = Txn(vchannel, keepalive_ms, result, before, self.terms)
         for _ in range(bodies):
             self.append_body(ctx.txn_id, vchannel)
-        if commit:
+        if end == "slow commit":
+            self.call(asyncio.sleep(SHORT_SLEEP_SECONDS))
+            self.append_body(ctx.txn_id, vchannel)
+            self.call(asyncio.sleep(SHORT_SLEEP_SECONDS))
+        if end != "open":
             self.commit_txn(ctx.txn_id, vchannel, wrong_vchannel=False)
         self.clean = True
 
@@ -319,7 +353,7 @@ class ChainTxnMachine(RuleBasedStateMachine):
         payload = self.payload("plain")
         result = self.call(self.wal.append(data(vchannel, payload)))
         assert result.txn_id is None
-        self.plain[payload] = result
+        self.plain[payload] = (result, self.terms)
         self.clean = True
 
     @rule(data_=st.data(), size=st.integers(2, 4))
@@ -364,7 +398,7 @@ class ChainTxnMachine(RuleBasedStateMachine):
             for (tid, _, p), r in zip(items, results, strict=True):
                 if tid is None:
                     assert r.txn_id is None
-                    self.plain[p] = r
+                    self.plain[p] = (r, self.terms)
                 else:
                     assert r.txn_id == tid
                     self.txns[tid].bodies.append((p, r))
@@ -378,11 +412,12 @@ class ChainTxnMachine(RuleBasedStateMachine):
                     self.txns[tid].state = "expired"
         self.clean = True
 
-    @rule()
-    def sleep(self) -> None:
-        """Let time pass (and TimeTicks run) past the keepalive: open transactions with one may expire."""
+    @rule(past_keepalive=st.booleans())
+    def sleep(self, past_keepalive: bool) -> None:
+        """Let time pass, TimeTicks running: past the keepalive (open transactions with one may expire),
+        or a good part of it (they stay alive, and readers must keep them)."""
         self.clean = False
-        self.call(asyncio.sleep(SLEEP_SECONDS))
+        self.call(asyncio.sleep(LONG_SLEEP_SECONDS if past_keepalive else SHORT_SLEEP_SECONDS))
         self.clean = True
 
     @rule(go=_sometimes)
@@ -413,66 +448,98 @@ class ChainTxnMachine(RuleBasedStateMachine):
         self.clean = True
 
     # --- the log ---------------------------------------------------------------------------------
-    async def _read_all(self, marker: Message) -> tuple[AppendResult, list[MsgPack]]:
+    async def _follow(self, scanner: Scanner) -> None:
+        """The live reader of the current term: tails the log, sees the volatile TimeTicks too."""
+        async for pack in scanner:
+            self.live_packs.append(pack)
+
+    async def _read_all(self, marker: Message) -> tuple[AppendResult, list[MsgPack], Position]:
         result = await self.wal.append(marker)
         scanner = self.wal.read()
         try:
-            return result, await packs_until(scanner, result.timetick, timeout=10)
+            packs = await packs_until(scanner, result.timetick, timeout=10)
+            position = scanner.position
         finally:
             await scanner.aclose()
+        async with asyncio.timeout(10):
+            while not self.live_packs or self.live_packs[-1].end_ts < result.timetick:
+                assert self.follower is not None and not self.follower.done(), self.follower
+                await asyncio.sleep(0.002)
+        return result, packs, position
 
     def check_log(self) -> None:
+        """Read everything from the start of the log, and what the live reader of this term got."""
         payload = self.payload("marker")
-        marker, packs = self.call(self._read_all(data(VCHANNELS[0], payload)))
-        self.plain[payload] = marker
+        marker, packs, position = self.call(self._read_all(data(VCHANNELS[0], payload)))
+        self.plain[payload] = (marker, self.terms)
+        self.check_packs("whole log", packs, self.plain, self.txns)
+        term = self.terms
+        self.check_packs(
+            f"live reader of term {term}", self.live_packs,
+            {p: v for p, v in self.plain.items() if v[1] == term},
+            {tid: t for tid, t in self.txns.items() if t.term == term},
+        )
+        # Where the reader would resume: at or before every transaction it must still deliver whole
+        # (open, no keepalive); not held back by any transaction whose end is in the log.
+        must_hold = [t.begin.message_id for t in self.txns.values() if t.state == "open" and t.keepalive_ms == 0]
+        may_hold = [
+            t.begin.message_id for t in self.txns.values()
+            if t.state == "open" or (t.state == "expired" and not t.rollback_written)
+        ]
+        assert position.message_id <= min(must_hold, default=position.message_id), (position, must_hold)
+        assert position.message_id >= min([*may_hold, marker.message_id + 1]), (
+            f"{position}: held back by a transaction that is over (open ones begin at {may_hold})")
 
+    def check_packs(
+        self, who: str, packs: list[MsgPack], plain: dict[bytes, tuple[AppendResult, int]], txns: dict[int, Txn],
+    ) -> None:
         prev_end = -1
         plain_seen: Counter[bytes] = Counter()
         txn_msgs: dict[int, list[tuple[int, int, Message]]] = {}  # txn id -> (pack, index, message)
         for pi, pack in enumerate(packs):
-            assert pack.end_ts > prev_end, f"pack {pi} ends at {pack.end_ts}, the one before at {prev_end}"
+            assert pack.end_ts > prev_end, f"{who}: pack {pi} ends at {pack.end_ts}, the one before at {prev_end}"
             prev_end = pack.end_ts
             keys: list[int] = []  # the timestamp each delivered unit is ordered by
             for mi, m in enumerate(pack.messages):
                 assert m.message_id is not None
                 if m.txn is None:
-                    assert m.message_type is MessageType.DATA, m
-                    want = self.plain.get(m.payload)
-                    assert want is not None, f"delivered a plain message nobody acknowledged: {m!r}"
-                    assert (m.message_id, m.timetick) == (want.message_id, want.timetick), (m, want)
-                    assert pack.begin_ts < m.timetick <= pack.end_ts, (m, pack.begin_ts, pack.end_ts)
+                    assert m.message_type is MessageType.DATA, (who, m)
+                    want = plain.get(m.payload)
+                    assert want is not None, f"{who}: delivered a plain message it should not have: {m!r}"
+                    assert (m.message_id, m.timetick) == (want[0].message_id, want[0].timetick), (who, m, want)
+                    assert pack.begin_ts < m.timetick <= pack.end_ts, (who, m, pack.begin_ts, pack.end_ts)
                     plain_seen[m.payload] += 1
                     keys.append(m.timetick)
                     continue
                 txn_msgs.setdefault(m.txn.txn_id, []).append((pi, mi, m))
                 if m.message_type is MessageType.COMMIT_TXN:
-                    assert pack.begin_ts < m.timetick <= pack.end_ts, (m, pack.begin_ts, pack.end_ts)
+                    assert pack.begin_ts < m.timetick <= pack.end_ts, (who, m, pack.begin_ts, pack.end_ts)
                     keys.append(m.timetick)
-            assert keys == sorted(keys), f"pack {pi} is not in timestamp order: {keys}"
+            assert keys == sorted(keys), f"{who}: pack {pi} is not in timestamp order: {keys}"
 
-        assert plain_seen == Counter(dict.fromkeys(self.plain, 1)), (
-            f"plain messages: missing {set(self.plain) - set(plain_seen)}, "
+        assert plain_seen == Counter(dict.fromkeys(plain, 1)), (
+            f"{who}: plain messages missing {set(plain) - set(plain_seen)}, "
             f"repeated {[p for p, n in plain_seen.items() if n > 1]}")
 
-        for tid, t in self.txns.items():
+        for tid, t in txns.items():
             got = txn_msgs.pop(tid, [])
             if t.state != "committed":
-                assert not got, f"transaction {tid} ({t.state}) was delivered: {[m for _, _, m in got]}"
+                assert not got, f"{who}: transaction {tid} ({t.state}) was delivered: {[m for _, _, m in got]}"
                 continue
             assert t.commit is not None
-            want = [(MessageType.BEGIN_TXN, b"", t.begin.message_id)]
-            want += [(MessageType.DATA, p, r.message_id) for p, r in t.bodies]
-            want.append((MessageType.COMMIT_TXN, b"", t.commit.message_id))
-            assert [(m.message_type, m.payload, m.message_id) for _, _, m in got] == want, (
-                f"committed transaction {tid} not delivered exactly once and whole")
+            want_msgs = [(MessageType.BEGIN_TXN, b"", t.begin.message_id)]
+            want_msgs += [(MessageType.DATA, p, r.message_id) for p, r in t.bodies]
+            want_msgs.append((MessageType.COMMIT_TXN, b"", t.commit.message_id))
+            assert [(m.message_type, m.payload, m.message_id) for _, _, m in got] == want_msgs, (
+                f"{who}: committed transaction {tid} not delivered exactly once and whole")
             pis = {pi for pi, _, _ in got}
-            assert len(pis) == 1, f"transaction {tid} spread over packs {sorted(pis)}"
+            assert len(pis) == 1, f"{who}: transaction {tid} spread over packs {sorted(pis)}"
             mis = [mi for _, mi, _ in got]
-            assert mis == list(range(mis[0], mis[0] + len(mis))), f"transaction {tid} interleaved: {mis}"
+            assert mis == list(range(mis[0], mis[0] + len(mis))), f"{who}: transaction {tid} interleaved: {mis}"
             assert got[-1][2].timetick == t.commit.timetick
-        assert not txn_msgs, f"delivered transactions nobody began: {sorted(txn_msgs)}"
+        assert not txn_msgs, f"{who}: delivered transactions it should not have: {sorted(txn_msgs)}"
         delivered = {m.payload for p in packs for m in p.messages}
-        assert not (delivered & self.refused), f"refused payloads delivered: {delivered & self.refused}"
+        assert not (delivered & self.refused), f"{who}: refused payloads delivered: {delivered & self.refused}"
 
     # --- end -------------------------------------------------------------------------------------
     def teardown(self) -> None:
