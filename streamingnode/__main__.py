@@ -1,7 +1,8 @@
 """Command line entry point: ``streamingnode <command>``.
 
-Today the node's storage core is what ships: ``demo`` runs a durable append/read round trip in a data
-directory and ``inspect`` lists its pchannels.  The gRPC ``serve`` command builds on these.
+``serve`` runs the node (gRPC on port 19530, data under ./data, no configuration needed).  ``demo``
+runs a durable append/read round trip in a data directory without a server and ``inspect`` lists the
+pchannels of a data directory.
 """
 
 from __future__ import annotations
@@ -71,10 +72,38 @@ async def _inspect(data_dir: str) -> None:
         await manager.aclose()
 
 
+def _serve(args: argparse.Namespace) -> None:
+    from streamingnode.config import load_config  # noqa: PLC0415
+    from streamingnode.server import RunningServer, serve  # noqa: PLC0415
+
+    config = load_config(args.config, overrides={
+        "data_dir": args.data_dir, "listen": args.listen, "durability": args.durability,
+        "max_message_bytes": args.max_message_bytes, "channels": args.channels,
+        "tick_interval": args.tick_interval, "drain_seconds": args.drain_seconds,
+    })
+
+    def ready(running: RunningServer) -> None:
+        # One line on stdout that scripts (and tests) wait for; logs go to stderr.
+        print(f"streamingnode serving on {running.address} (data dir {config.data_dir.resolve()})", flush=True)
+
+    asyncio.run(serve(config, on_ready=ready))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streamingnode", description=__doc__)
     parser.add_argument("--data-dir", help=f"data directory (default $STREAMINGNODE_DATA_DIR or {DEFAULT_DATA_DIR})")
     sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the node: gRPC service over the embedded WAL")
+    serve.add_argument("--config", help="TOML file whose keys are the NodeConfig fields")
+    serve.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS,
+                       help="data directory (default $STREAMINGNODE_DATA_DIR or ./data)")
+    serve.add_argument("--listen", help="gRPC listen address (default 0.0.0.0:19530; port 0 = any free port)")
+    serve.add_argument("--durability", choices=["sync", "relaxed"])
+    serve.add_argument("--max-message-bytes", type=int)
+    serve.add_argument("--channels", help="comma-separated pchannels to create at start when missing")
+    serve.add_argument("--tick-interval", type=float, help="seconds between persisted TimeTicks")
+    serve.add_argument("--drain-seconds", type=float, help="how long SIGTERM waits for calls in flight")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     demo = sub.add_parser("demo", help="durable append/read round trip on pchannel 'demo'")
     demo.add_argument("--count", type=int, default=1000)
     sub.add_parser("inspect", help="list the pchannels of the data directory")
@@ -85,7 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     tune_gc()
 
     try:
-        if args.command == "demo":
+        if args.command == "serve":
+            from streamingnode._logging import configure_logging  # noqa: PLC0415
+
+            configure_logging(args.log_level)
+            _serve(args)
+        elif args.command == "demo":
             asyncio.run(_demo(_data_dir(args), args.count))
         else:
             asyncio.run(_inspect(_data_dir(args)))

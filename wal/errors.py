@@ -154,6 +154,32 @@ class SchemaMismatchError(StreamingError):
     default_code = ErrorCode.SCHEMA_MISMATCH
 
 
+class ConsumerGroupNotExistError(StreamingError):
+    default_code = ErrorCode.CONSUMER_GROUP_NOT_EXIST
+
+
+class ConsumerGroupExistError(StreamingError):
+    default_code = ErrorCode.CONSUMER_GROUP_EXIST
+
+
+class DeadlineExceededError(StreamingError):
+    """The caller's deadline ran out; the operation may or may not have taken effect."""
+
+    default_code = ErrorCode.DEADLINE_EXCEEDED
+
+
+class UnavailableError(StreamingError):
+    """Transient: the node or storage cannot serve right now; retriable."""
+
+    default_code = ErrorCode.UNAVAILABLE
+
+
+class ResourceExhaustedError(StreamingError):
+    """Transient: a limit was hit (in-flight, memory); retriable after backing off."""
+
+    default_code = ErrorCode.RESOURCE_EXHAUSTED
+
+
 class RedoError(StreamingError):
     """An inner step asks the chain to run again (its state moved under it); retried by redo."""
 
@@ -173,7 +199,10 @@ __all__ = [
     "CodecError",
     "CollectionExistError",
     "CollectionNotExistError",
+    "ConsumerGroupExistError",
+    "ConsumerGroupNotExistError",
     "CorruptedError",
+    "DeadlineExceededError",
     "ErrorCode",
     "ImmutableMessageError",
     "InvalidArgumentError",
@@ -184,9 +213,11 @@ __all__ = [
     "PartitionExistError",
     "PartitionNotExistError",
     "RedoError",
+    "ResourceExhaustedError",
     "SchemaMismatchError",
     "StreamingError",
     "TxnExpiredError",
     "TxnNotFoundError",
+    "UnavailableError",
     "UnrecoverableError",
 ]

@@ -1,0 +1,140 @@
+"""Node configuration: defaults that just work, then a TOML file, then environment, then flags.
+
+Every field has a default, so ``streamingnode serve`` runs with no configuration at all (data under
+``./data``, gRPC on port 19530).  A TOML file (``--config``) uses the field names as keys; an
+environment variable ``STREAMINGNODE_<FIELD>`` (upper case) overrides the file; a command-line flag
+overrides both.  Unknown keys and values of the wrong type are refused with the key's name, because
+a silently ignored typo in a durability setting is worse than a node that does not start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from wal.backend import Durability
+from wal.errors import InvalidArgumentError
+
+ENV_PREFIX = "STREAMINGNODE_"
+DEFAULT_ADDR = "localhost:19530"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    data_dir: Path = field(default_factory=lambda: Path("data"))
+    """Where the RocksDB database lives (created if missing)."""
+    listen: str = "0.0.0.0:19530"
+    """gRPC listen address; port 0 picks a free port (the bound one is logged and reported)."""
+    durability: str = "sync"
+    """``sync``: acknowledged after fsync.  ``relaxed``: after write(2); see wal.backend.Durability."""
+    max_message_bytes: int = 4 << 20
+    """Largest message a producer may send (payload + vchannel + properties)."""
+    max_request_bytes: int = 64 << 20
+    """Largest gRPC request (a produce batch); over it gRPC refuses the request with RESOURCE_EXHAUSTED."""
+    produce_max_in_flight: int = 64
+    """Batches a produce stream may have pending; the node stops reading the stream until one ends."""
+    consume_max_pack_messages: int = 4096
+    """Default upper bound on the messages of one delivered MsgPack."""
+    txn_keepalive_ms: int = 60_000
+    """Idle time after which a transaction expires, when BeginTxn asks for the node default."""
+    tick_interval: float = 0.2
+    """Seconds between TimeTicks: the delivery latency floor of a consumer."""
+    drain_seconds: float = 10.0
+    """How long SIGTERM waits for in-flight calls before closing the WALs."""
+    channels: tuple[str, ...] = ()
+    """pchannels created at start when missing (so a fresh node can take produce at once)."""
+
+    def __post_init__(self) -> None:
+        if self.durability not in ("sync", "relaxed"):
+            raise InvalidArgumentError(f"durability must be 'sync' or 'relaxed', got {self.durability!r}")
+        for name in ("max_message_bytes", "max_request_bytes", "produce_max_in_flight", "consume_max_pack_messages"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgumentError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.max_message_bytes > self.max_request_bytes:
+            raise InvalidArgumentError("max_message_bytes must not exceed max_request_bytes")
+        if self.tick_interval <= 0 or self.drain_seconds < 0 or self.txn_keepalive_ms < 0:
+            raise InvalidArgumentError("tick_interval must be > 0, drain_seconds and txn_keepalive_ms >= 0")
+
+    @property
+    def wal_durability(self) -> Durability:
+        return Durability(self.durability)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
+
+
+def _convert(default: Any, value: Any) -> Any:
+    """``value`` in the type of ``default``; TypeError or ValueError when it has no such form."""
+    if isinstance(default, Path):
+        return Path(value)
+    if isinstance(default, bool):
+        return value.strip().lower() in ("1", "true", "yes", "on") if isinstance(value, str) else bool(value)
+    if isinstance(value, bool) and not isinstance(default, str):
+        raise TypeError(value)  # True is an int to Python, never a size or a duration here
+    if isinstance(default, int):
+        if isinstance(value, float) and not value.is_integer():
+            raise TypeError(value)
+        return int(value)
+    if isinstance(default, float):
+        return float(value)
+    if isinstance(default, tuple):
+        if isinstance(value, str):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise TypeError(value)
+    if not isinstance(value, str):
+        raise TypeError(value)
+    return value
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    """Turn a TOML, env or flag value into the field's type, or refuse it naming the key."""
+    try:
+        return _convert(getattr(NodeConfig(), name), value)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"{source}: {name} has a value of the wrong type: {value!r}") from None
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> NodeConfig:
+    """Defaults < TOML file at ``path`` < ``env`` (os.environ when None) < ``overrides`` (flags).
+
+    ``overrides`` values of None are ignored, so argparse results can be passed as they are.
+    """
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                doc = tomllib.load(f)
+        except OSError as exc:
+            raise InvalidArgumentError(f"cannot read config file {os.fspath(path)!r}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidArgumentError(f"config file {os.fspath(path)!r} is not valid TOML: {exc}") from None
+        for key, value in doc.items():
+            if key not in _FIELDS:
+                raise InvalidArgumentError(f"config file {os.fspath(path)!r}: unknown key {key!r}")
+            values[key] = _coerce(key, value, f"config file {os.fspath(path)!r}")
+    environ = os.environ if env is None else env
+    for key in _FIELDS:
+        raw = environ.get(ENV_PREFIX + key.upper())
+        if raw is not None and raw != "":
+            values[key] = _coerce(key, raw, f"environment {ENV_PREFIX + key.upper()}")
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key not in _FIELDS:
+            raise InvalidArgumentError(f"unknown setting {key!r}")
+        values[key] = _coerce(key, value, "command line")
+    return NodeConfig(**values)
+
+
+__all__ = ["DEFAULT_ADDR", "ENV_PREFIX", "NodeConfig", "load_config"]

@@ -1,0 +1,225 @@
+"""Between the wire (``streamingnode.v1`` protobuf) and the WAL's own types, in both directions.
+
+The node and the client share these functions, so a message, position or read option means the same
+on both ends.  Everything that comes from the wire is checked here and refused with an
+``InvalidArgumentError`` that names the field; nothing unchecked reaches the WAL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
+
+from streamingnode.v1 import common_pb2 as pb
+from wal.errors import InvalidArgumentError
+from wal.message import (
+    MESSAGE_ID_BYTES,
+    Message,
+    MessageID,
+    MessageType,
+    Position,
+    TxnContext,
+    encode_message_id,
+)
+from wal.options import DeliverFilter, DeliverPolicy, FilterKind, PolicyKind
+from wal.scanner import MsgPack
+
+# Types a client may produce.  The rest are written by the node itself: TimeTick by the clock,
+# transaction framing by the Txn RPCs, Flush and CreateSegment by the shard step.
+PRODUCIBLE_TYPES = frozenset(
+    {
+        MessageType.DATA,
+        MessageType.INSERT,
+        MessageType.DELETE,
+        MessageType.CREATE_COLLECTION,
+        MessageType.DROP_COLLECTION,
+        MessageType.CREATE_PARTITION,
+        MessageType.DROP_PARTITION,
+        MessageType.MANUAL_FLUSH,
+    }
+)
+
+_TYPE_BY_NUMBER = {int(t): t for t in MessageType}
+
+
+def message_id_to_pb(message_id: MessageID | None) -> pb.MessageID | None:
+    return None if message_id is None else pb.MessageID(id=encode_message_id(message_id))
+
+
+def message_id_from_pb(mid: pb.MessageID, field: str) -> MessageID:
+    raw = mid.id
+    if len(raw) != MESSAGE_ID_BYTES:
+        raise InvalidArgumentError(f"{field}: a message id is {MESSAGE_ID_BYTES} bytes, got {len(raw)}", field=field)
+    return int.from_bytes(raw, "big")
+
+
+def message_type_from_pb(number: int, field: str = "message.type") -> MessageType:
+    t = _TYPE_BY_NUMBER.get(number)
+    if t is None or t is MessageType.UNDEFINED:
+        raise InvalidArgumentError(f"{field}: unknown message type {number}", field=field)
+    return t
+
+
+# --- messages ------------------------------------------------------------------------------------
+def produced_message(m: pb.Message, index: int, max_bytes: int) -> Message:
+    """A message a client produced, checked: type, size.  What the node assigns is ignored."""
+    from wal.errors import MessageTooLargeError  # noqa: PLC0415  (keeps the module's import list short)
+
+    t = message_type_from_pb(m.type, f"messages[{index}].type")
+    if t not in PRODUCIBLE_TYPES:
+        raise InvalidArgumentError(
+            f"messages[{index}]: type {t.name} is written by the node, not by producers", field="type"
+        )
+    payload = m.payload
+    props = dict(m.properties)
+    size = len(payload) + len(m.vchannel) + sum(len(k) + len(v) for k, v in props.items())
+    if size > max_bytes:
+        raise MessageTooLargeError(
+            f"messages[{index}] is {size} bytes, over the limit of {max_bytes}", size=size, limit=max_bytes
+        )
+    return Message(t, m.vchannel, payload, props)
+
+
+def message_to_pb(m: Message) -> pb.Message:
+    out = pb.Message(
+        type=cast(Any, m._type.value), vchannel=m._vchannel, timetick=m._timetick, wal_term=m._term, payload=m._payload,
+    )
+    if m._id is not None:
+        out.id.id = m._id.to_bytes(MESSAGE_ID_BYTES, "big")
+    if m._last_confirmed is not None:
+        out.last_confirmed.id = m._last_confirmed.to_bytes(MESSAGE_ID_BYTES, "big")
+    if m._txn is not None:
+        out.txn.txn_id = m._txn.txn_id
+        out.txn.keepalive_ms = m._txn.keepalive_ms
+    if m._properties:
+        out.properties.update(m._properties)
+    return out
+
+
+def message_from_pb(p: pb.Message) -> Message:
+    """A delivered message as the WAL type (immutable when it carries an id)."""
+    txn = TxnContext(p.txn.txn_id, p.txn.keepalive_ms) if p.HasField("txn") else None
+    m = Message(_TYPE_BY_NUMBER.get(p.type, MessageType.UNDEFINED), p.vchannel, p.payload, dict(p.properties),
+                timetick=p.timetick, txn=txn, not_persisted=not p.HasField("id"))
+    m._term = p.wal_term
+    if p.HasField("last_confirmed"):
+        m._last_confirmed = int.from_bytes(p.last_confirmed.id, "big")
+    if p.HasField("id"):
+        m._seal(int.from_bytes(p.id.id, "big"))
+    return m
+
+
+# --- positions -----------------------------------------------------------------------------------
+def position_to_pb(pos: Position, vchannel: str = "") -> pb.Position:
+    return pb.Position(
+        pchannel=pos.pchannel, message_id=pb.MessageID(id=encode_message_id(pos.message_id)),
+        timetick=pos.timetick, vchannel=vchannel,
+    )
+
+
+def position_from_pb(p: pb.Position, field: str = "position") -> tuple[Position, str]:
+    """(position, vchannel)."""
+    if not p.HasField("message_id"):
+        raise InvalidArgumentError(f"{field}.message_id is required", field=field)
+    return Position(p.pchannel, message_id_from_pb(p.message_id, f"{field}.message_id"), p.timetick), p.vchannel
+
+
+def msgpack_to_pb(pack: MsgPack, vchannel: str) -> pb.MsgPack:
+    return pb.MsgPack(
+        begin_ts=pack.begin_ts,
+        end_ts=pack.end_ts,
+        messages=[message_to_pb(m) for m in pack.messages],
+        start_positions=[position_to_pb(pack.start_position, vchannel)],
+        end_positions=[position_to_pb(pack.end_position, vchannel)],
+    )
+
+
+def msgpack_from_pb(p: pb.MsgPack) -> MsgPack:
+    start = [position_from_pb(x)[0] for x in p.start_positions]
+    end = [position_from_pb(x)[0] for x in p.end_positions]
+    if not start or not end:
+        raise InvalidArgumentError("a MsgPack needs start and end positions")
+    return MsgPack(p.begin_ts, p.end_ts, [message_from_pb(m) for m in p.messages], start[0], end[0])
+
+
+# --- read options --------------------------------------------------------------------------------
+def policy_from_pb(p: pb.DeliverPolicy | None, field: str = "policy") -> DeliverPolicy:
+    if p is None:
+        return DeliverPolicy.all()
+    which = p.WhichOneof("policy")
+    if which is None or which == "all":
+        return DeliverPolicy.all()
+    if which == "latest":
+        return DeliverPolicy.latest()
+    if which == "start_from":
+        return DeliverPolicy.start_from(message_id_from_pb(p.start_from, f"{field}.start_from"))
+    if which == "start_after":
+        return DeliverPolicy.start_after(message_id_from_pb(p.start_after, f"{field}.start_after"))
+    return DeliverPolicy.start_at_time(p.start_at_time)
+
+
+def policy_to_pb(policy: DeliverPolicy) -> pb.DeliverPolicy:
+    out = pb.DeliverPolicy()
+    kind = policy.kind
+    if kind is PolicyKind.ALL:
+        out.all.SetInParent()
+    elif kind is PolicyKind.LATEST:
+        out.latest.SetInParent()
+    elif kind is PolicyKind.START_FROM:
+        assert policy.message_id is not None
+        out.start_from.id = encode_message_id(policy.message_id)
+    elif kind is PolicyKind.START_AFTER:
+        assert policy.message_id is not None
+        out.start_after.id = encode_message_id(policy.message_id)
+    else:
+        assert policy.timetick is not None
+        out.start_at_time = policy.timetick
+    return out
+
+
+def filters_from_pb(filters: Sequence[pb.DeliverFilter]) -> tuple[DeliverFilter, ...]:
+    out: list[DeliverFilter] = []
+    for i, f in enumerate(filters):
+        which = f.WhichOneof("filter")
+        if which == "timetick_gt":
+            out.append(DeliverFilter.timetick_gt(f.timetick_gt))
+        elif which == "timetick_gte":
+            out.append(DeliverFilter.timetick_gte(f.timetick_gte))
+        elif which == "message_types":
+            types = [message_type_from_pb(t, f"filters[{i}].message_types") for t in f.message_types.types]
+            out.append(DeliverFilter.message_type(types))
+        else:
+            raise InvalidArgumentError(f"filters[{i}] is empty", field="filters")
+    return tuple(out)
+
+
+def filters_to_pb(filters: Iterable[DeliverFilter]) -> list[pb.DeliverFilter]:
+    out: list[pb.DeliverFilter] = []
+    for f in filters:
+        if f.kind is FilterKind.TIMETICK_GT:
+            out.append(pb.DeliverFilter(timetick_gt=f.timetick))
+        elif f.kind is FilterKind.TIMETICK_GTE:
+            out.append(pb.DeliverFilter(timetick_gte=f.timetick))
+        else:
+            types = cast(Any, sorted(int(t) for t in f.types))
+            out.append(pb.DeliverFilter(message_types=pb.MessageTypeSet(types=types)))
+    return out
+
+
+__all__ = [
+    "PRODUCIBLE_TYPES",
+    "filters_from_pb",
+    "filters_to_pb",
+    "message_from_pb",
+    "message_id_from_pb",
+    "message_id_to_pb",
+    "message_to_pb",
+    "message_type_from_pb",
+    "msgpack_from_pb",
+    "msgpack_to_pb",
+    "policy_from_pb",
+    "policy_to_pb",
+    "position_from_pb",
+    "position_to_pb",
+    "produced_message",
+]

@@ -1,0 +1,119 @@
+"""Consumer groups of one pchannel: a named group keeps one committed Position per vchannel.
+
+The groups of a pchannel are one metadata record of its WAL (written on the WAL's writer thread, in
+the same database as the log, so a backup or a crash sees groups and log consistently), cached in
+memory.  Changes are serialised by a lock and written before they are acknowledged: a commit that
+returned is never lost.  A group is small (one position per vchannel it read), so rewriting the whole
+record on each commit costs less than the bookkeeping of finer records would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from wal.errors import ConsumerGroupExistError as GroupExistError
+from wal.errors import ConsumerGroupNotExistError as GroupNotExistError
+from wal.errors import CorruptedError, InvalidArgumentError
+from wal.message import MessageID, Position
+from wal.wal import WAL
+
+META_KEY = "consumer_groups"
+
+
+def check_group_name(name: str) -> None:
+    if not name or len(name.encode()) > 255 or "\x00" in name:
+        raise InvalidArgumentError(f"invalid consumer group name {name!r}: 1-255 bytes, no NUL", field="group")
+
+
+class ConsumerGroups:
+    """The groups of one pchannel.  Load with ``await ConsumerGroups.load(wal)``."""
+
+    def __init__(self, wal: WAL, groups: dict[str, dict[str, tuple[MessageID, int]]]) -> None:
+        self._wal = wal
+        self._groups = groups
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def load(cls, wal: WAL) -> ConsumerGroups:
+        raw = await wal.get_meta(META_KEY)
+        groups: dict[str, dict[str, tuple[MessageID, int]]] = {}
+        if raw:
+            try:
+                doc = json.loads(raw)
+                groups = {g: {v: (int(p[0]), int(p[1])) for v, p in vs.items()} for g, vs in doc.items()}
+            except (ValueError, TypeError, AttributeError, IndexError) as exc:
+                raise CorruptedError(
+                    f"consumer groups of pchannel {wal.pchannel!r} are unreadable: {exc}", channel=wal.pchannel
+                ) from None
+        return cls(wal, groups)
+
+    def set_wal(self, wal: WAL) -> None:
+        self._wal = wal
+
+    async def _store(self, groups: dict[str, dict[str, tuple[MessageID, int]]]) -> None:
+        doc = {g: {v: [p[0], p[1]] for v, p in vs.items()} for g, vs in groups.items()}
+        await self._wal.put_meta(META_KEY, json.dumps(doc, separators=(",", ":"), sort_keys=True).encode())
+        self._groups = groups
+
+    def _copy(self) -> dict[str, dict[str, tuple[MessageID, int]]]:
+        return {g: dict(vs) for g, vs in self._groups.items()}
+
+    def names(self) -> list[str]:
+        return sorted(self._groups)
+
+    def exists(self, group: str) -> bool:
+        return group in self._groups
+
+    def require(self, group: str) -> dict[str, tuple[MessageID, int]]:
+        found = self._groups.get(group)
+        if found is None:
+            raise GroupNotExistError(
+                f"consumer group {group!r} does not exist on pchannel {self._wal.pchannel!r}",
+                channel=self._wal.pchannel, group=group,
+            )
+        return found
+
+    def committed(self, group: str, vchannel: str) -> Position | None:
+        p = self.require(group).get(vchannel)
+        return None if p is None else Position(self._wal.pchannel, p[0], p[1])
+
+    async def create(self, group: str) -> None:
+        check_group_name(group)
+        async with self._lock:
+            if group in self._groups:
+                raise GroupExistError(
+                    f"consumer group {group!r} already exists on pchannel {self._wal.pchannel!r}",
+                    channel=self._wal.pchannel, group=group,
+                )
+            groups = self._copy()
+            groups[group] = {}
+            await self._store(groups)
+
+    async def destroy(self, group: str) -> None:
+        async with self._lock:
+            self.require(group)
+            groups = self._copy()
+            del groups[group]
+            await self._store(groups)
+
+    async def commit(self, group: str, positions: list[tuple[str, Position]]) -> None:
+        """Replace the group's committed position on each (vchannel, position)."""
+        for _, pos in positions:
+            if pos.pchannel != self._wal.pchannel:
+                raise InvalidArgumentError(
+                    f"position of pchannel {pos.pchannel!r} cannot be committed on {self._wal.pchannel!r}",
+                    channel=self._wal.pchannel,
+                )
+        async with self._lock:
+            self.require(group)
+            groups = self._copy()
+            for vchannel, pos in positions:
+                groups[group][vchannel] = (pos.message_id, pos.timetick)
+            await self._store(groups)
+
+    def snapshot(self) -> dict[str, dict[str, tuple[MessageID, int]]]:
+        return self._copy()
+
+
+__all__ = ["ConsumerGroups", "GroupExistError", "GroupNotExistError", "check_group_name"]

@@ -1,0 +1,187 @@
+"""The node: one RocksDB WAL manager, every pchannel opened for streaming, their consumer groups.
+
+The gRPC service is a thin layer over this class; tests and embedders can drive it directly.  At start
+the node opens every existing pchannel with a new term (fencing any previous owner) and waits for each
+recovery, so a node that reports ready serves every channel at once.  Channel administration is
+serialised by one lock: creating, destroying and opening channels are rare and must not interleave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass
+
+import structlog
+
+from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from streamingnode.config import NodeConfig
+from streamingnode.groups import ConsumerGroups
+from wal.backend import ChannelInfo
+from wal.errors import (
+    ChannelExistError,
+    ChannelNotExistError,
+    InvalidArgumentError,
+    OnShutdownError,
+    UnavailableError,
+)
+from wal.manager import WALManager
+
+log = structlog.get_logger(__name__)
+
+OWNER_ROLE = "owner.role"
+OWNER_ADDRESS = "owner.address"
+OWNER_TEXT = "owner.description_text"
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    role: str = ""
+    address: str = ""
+    description_text: str = ""
+
+    def properties(self) -> dict[str, str]:
+        return {OWNER_ROLE: self.role, OWNER_ADDRESS: self.address, OWNER_TEXT: self.description_text}
+
+    @classmethod
+    def from_properties(cls, props: dict[str, str]) -> Owner:
+        return cls(props.get(OWNER_ROLE, ""), props.get(OWNER_ADDRESS, ""), props.get(OWNER_TEXT, ""))
+
+
+@dataclass(slots=True)
+class Channel:
+    """A pchannel the node serves: its streaming WAL and its consumer groups."""
+
+    stream: StreamingWAL
+    groups: ConsumerGroups
+
+
+class Node:
+    """Start with ``await Node.start(config)``; close with ``aclose``."""
+
+    def __init__(self, manager: WALManager, config: NodeConfig) -> None:
+        self.manager = manager
+        self.config = config
+        self.chain_config = ChainConfig(tick_interval=config.tick_interval)
+        self._channels: dict[str, Channel] = {}
+        self._admin = asyncio.Lock()
+        self._closing = False
+        self.ready = asyncio.Event()
+
+    @classmethod
+    async def start(cls, config: NodeConfig) -> Node:
+        """Open the database; recovery of the channels runs in ``open_all`` (see the server)."""
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        manager = await WALManager.start_rocksdb(config.data_dir, durability=config.wal_durability)
+        return cls(manager, config)
+
+    async def open_all(self) -> None:
+        """Open every pchannel (creating the configured ones that are missing), then report ready."""
+        async with self._admin:
+            existing = set(await self.manager.list_channels())
+            for name in self.config.channels:
+                if name not in existing:
+                    await self.manager.create_channel(name, Owner(role="node").properties())
+                    existing.add(name)
+            for name in sorted(existing):
+                await self._open(name)
+        self.ready.set()
+        log.info("node ready", channels=len(self._channels), data_dir=str(self.config.data_dir))
+
+    async def _open(self, name: str) -> Channel:
+        stream = await open_streaming_wal(self.manager, name, self.chain_config)
+        try:
+            await stream.ready()
+            groups = await ConsumerGroups.load(stream.wal)
+        except BaseException:
+            await stream.aclose()
+            raise
+        channel = self._channels[name] = Channel(stream, groups)
+        return channel
+
+    # --- lookup ----------------------------------------------------------------------------------
+    def channel(self, name: str) -> Channel:
+        if self._closing:
+            raise OnShutdownError("the node is shutting down", channel=name)
+        found = self._channels.get(name)
+        if found is None:
+            if not self.ready.is_set():
+                raise UnavailableError(f"the node is still opening its channels; {name!r} is not open yet",
+                                       channel=name)
+            raise ChannelNotExistError(f"pchannel {name!r} does not exist", channel=name)
+        return found
+
+    def channel_names(self) -> list[str]:
+        return sorted(self._channels)
+
+    # --- administration --------------------------------------------------------------------------
+    async def create_channels(self, names: list[str], num: int, owner: Owner) -> list[str]:
+        """Create ``names`` (or ``num`` channels with node-chosen names) and open them; all or none."""
+        if names and num not in (0, len(names)):
+            raise InvalidArgumentError(
+                f"num_channels is {num} but {len(names)} channel names were given", field="num_channels"
+            )
+        if not names and num <= 0:
+            raise InvalidArgumentError("give channel_names or a positive num_channels", field="num_channels")
+        if len(set(names)) != len(names):
+            raise InvalidArgumentError("channel_names has duplicates", field="channel_names")
+        async with self._admin:
+            existing = set(await self.manager.list_channels())
+            if not names:
+                fresh = (f"pchannel_{i}" for i in itertools.count() if f"pchannel_{i}" not in existing)
+                names = list(itertools.islice(fresh, num))
+            for name in names:
+                if name in existing:
+                    raise ChannelExistError(f"pchannel {name!r} already exists", channel=name)
+            created: list[str] = []
+            try:
+                for name in names:
+                    await self.manager.create_channel(name, owner.properties())
+                    created.append(name)
+                    await self._open(name)
+            except BaseException:
+                # All or nothing: a channel created before the failure is removed again.
+                for name in created:
+                    await self._destroy(name)
+                raise
+        log.info("channels created", channels=names, role=owner.role)
+        return names
+
+    async def destroy_channels(self, names: list[str]) -> None:
+        if not names:
+            raise InvalidArgumentError("channel_names is empty", field="channel_names")
+        async with self._admin:
+            existing = set(await self.manager.list_channels())
+            for name in names:
+                if name not in existing:
+                    raise ChannelNotExistError(f"pchannel {name!r} does not exist", channel=name)
+            for name in dict.fromkeys(names):
+                await self._destroy(name)
+        log.info("channels destroyed", channels=names)
+
+    async def _destroy(self, name: str) -> None:
+        channel = self._channels.pop(name, None)
+        if channel is not None:
+            await channel.stream.aclose()
+        await self.manager.destroy_channel(name)
+
+    async def describe_channels(self, names: list[str]) -> list[ChannelInfo]:
+        if not names:
+            names = await self.manager.list_channels()
+        return [await self.manager.describe_channel(name) for name in names]
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    async def aclose(self) -> None:
+        """Close every channel (appends in flight finish first), then the database."""
+        self._closing = True
+        async with self._admin:
+            for name, channel in list(self._channels.items()):
+                try:
+                    await channel.stream.aclose()
+                except Exception as exc:  # noqa: BLE001  (close the rest and the database regardless)
+                    log.warning("closing pchannel failed", pchannel=name, error=repr(exc))
+            self._channels.clear()
+            await self.manager.aclose()
+
+
+__all__ = ["Channel", "Node", "Owner"]

@@ -1,0 +1,691 @@
+"""The gRPC service: every RPC of ``streaming.proto`` over a ``Node``, plus health and reflection.
+
+Error handling is the same on every RPC: a ``StreamingError`` becomes a gRPC status through the one
+table in ``streamingnode.status`` (ErrorInfo in the details); anything else is a bug, logged with its
+traceback and answered with UNKNOWN, and the node keeps serving.  Errors of one produce batch or one
+consume ack travel in-band and leave their stream open.
+
+Produce pipelines: the node keeps reading a stream while its batches are being appended, up to
+``produce_max_in_flight`` pending batches; past that it stops reading, so gRPC flow control pushes back
+on the client and memory stays bounded.  Results go out in the order the batches came in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import itertools
+import signal
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE
+from streamingnode import convert
+from streamingnode.config import NodeConfig
+from streamingnode.node import Channel, Node, Owner
+from streamingnode.status import to_error_detail, to_grpc_status
+from streamingnode.v1 import common_pb2 as pb
+from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from wal.bodies import PROP_COLLECTION
+from wal.errors import (
+    ErrorCode,
+    InvalidArgumentError,
+    InvalidTxnStateError,
+    StreamingError,
+    UnavailableError,
+)
+from wal.message import AppendResult, Message, MessageType, Position, TxnContext
+from wal.options import DeliverFilter, DeliverPolicy, ReadOption
+from wal.scanner import MsgPack
+
+log = structlog.get_logger(__name__)
+
+SERVICE_NAME = spb.DESCRIPTOR.services_by_name["StreamingNode"].full_name
+_RESERVED_PROPERTIES = (PROP_PRODUCER, PROP_SEQUENCE)
+# Errors after which a produce stream cannot go on: the channel changed owner, went away, or the node
+# is closing.  The stream ends with the status; the client reconnects (and, if idempotent, resends).
+_STREAM_ENDING = frozenset({ErrorCode.CHANNEL_FENCED, ErrorCode.CHANNEL_NOT_EXIST, ErrorCode.ON_SHUTDOWN})
+
+R = TypeVar("R")
+
+
+def _internal(exc: BaseException) -> StreamingError:
+    log.error("unexpected error in RPC", exc_info=exc)
+    return StreamingError(f"internal error: {type(exc).__name__}: {exc}", code=ErrorCode.UNKNOWN)
+
+
+def _unary(
+    fn: Callable[[StreamingNodeService, Any, grpc.aio.ServicerContext], Awaitable[R]],
+) -> Callable[[StreamingNodeService, Any, grpc.aio.ServicerContext], Awaitable[R]]:
+    """Run a unary handler; turn its StreamingError (or a bug) into the status it fails with."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: StreamingNodeService, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            return await fn(self, request, context)
+        except StreamingError as exc:
+            err = exc
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:  # noqa: BLE001  (a bug must not take the node down; it is logged)
+            err = _internal(exc)
+        await context.abort_with_status(to_grpc_status(err))
+        raise AssertionError("abort_with_status returns only by raising")  # pragma: no cover
+
+    return wrapper
+
+
+def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+    remaining = context.time_remaining()
+    return None if remaining is None else asyncio.get_running_loop().time() + remaining
+
+
+def _require(value: str, field: str) -> str:
+    if not value:
+        raise InvalidArgumentError(f"{field} is required", field=field)
+    return value
+
+
+def _split_pack(pack: MsgPack, limit: int) -> list[MsgPack]:
+    """Split a pack of more than ``limit`` messages at unit boundaries (a transaction stays whole).
+
+    Each part ends at the timetick of its last unit (a transaction's is its commit), and its end
+    position resumes there: the pack's start id with ``timetick_gt`` = that timetick delivers exactly
+    the rest, by the resume rule of Position.
+    """
+    messages = pack.messages
+    if len(messages) <= limit:
+        return [pack]
+    parts: list[MsgPack] = []
+    begin_ts = pack.begin_ts
+    start = pack.start_position
+    chunk: list[Message] = []
+    in_txn = False
+    for m in messages:
+        t = m.message_type
+        if t is MessageType.BEGIN_TXN:
+            in_txn = True
+        elif t in (MessageType.COMMIT_TXN, MessageType.ROLLBACK_TXN):
+            in_txn = False
+        chunk.append(m)
+        if len(chunk) >= limit and not in_txn:
+            boundary = m.timetick
+            end = Position(pack.start_position.pchannel, pack.start_position.message_id, boundary)
+            parts.append(MsgPack(begin_ts, boundary, chunk, start, end))
+            begin_ts, start, chunk = boundary, end, []
+    if chunk or not parts:
+        parts.append(MsgPack(begin_ts, pack.end_ts, chunk, start, pack.end_position))
+    else:
+        # The last unit ended exactly at a cut: that part closes the pack.
+        last = parts[-1]
+        parts[-1] = MsgPack(last.begin_ts, pack.end_ts, last.messages, last.start_position, pack.end_position)
+    return parts
+
+
+def _forget(seen: set[int], rid: int, _fut: object) -> None:
+    seen.discard(rid)
+
+
+class _ProduceStream:
+    """One Produce call: reads batches, appends them pipelined, writes results in order."""
+
+    def __init__(self, service: StreamingNodeService, context: grpc.aio.ServicerContext) -> None:
+        self.node = service.node
+        self.context = context
+        self.slots = asyncio.Semaphore(self.node.config.produce_max_in_flight)
+        self.pending: collections.deque[tuple[int, asyncio.Future[list[AppendResult]]]] = collections.deque()
+        self.wake = asyncio.Event()
+        self.failed: StreamingError | None = None
+
+    async def run(self) -> None:
+        ctx = self.context
+        first = await ctx.read()
+        if first is grpc.aio.EOF:
+            return
+        if first.WhichOneof("request") != "open":
+            raise InvalidArgumentError("the first request of a Produce stream must be 'open'", field="open")
+        opened = first.open
+        channel = self.node.channel(_require(opened.pchannel, "open.pchannel"))
+        producer_id = opened.producer_id if opened.HasField("producer_id") else None
+        if producer_id == "":
+            raise InvalidArgumentError("open.producer_id must not be empty when set", field="producer_id")
+        await ctx.write(spb.ProduceResponse(opened=spb.ProduceOpened(
+            pchannel=channel.stream.pchannel, term=channel.stream.term, producer_id=producer_id or "")))
+        writer = asyncio.get_running_loop().create_task(self._write_results())
+        try:
+            await self._read_batches(channel, producer_id)
+        finally:
+            self.pending.append((-1, None))  # type: ignore[arg-type]  # end marker for the writer
+            self.wake.set()
+            await writer
+        if self.failed is not None:
+            raise self.failed
+        await ctx.write(spb.ProduceResponse(closed=spb.ProduceClosed()))
+
+    async def _read_batches(self, channel: Channel, producer_id: str | None) -> None:
+        ctx = self.context
+        loop = asyncio.get_running_loop()
+        seen: set[int] = set()
+        while self.failed is None:
+            await self.slots.acquire()  # backpressure: stop reading while too many batches are pending
+            request = await ctx.read()
+            if request is grpc.aio.EOF or request.WhichOneof("request") == "close":
+                self.slots.release()
+                return
+            if request.WhichOneof("request") != "batch":
+                self.slots.release()
+                raise InvalidArgumentError("'open' may only be the first request of a Produce stream", field="open")
+            batch = request.batch
+            rid = batch.request_id
+            fut: asyncio.Future[list[AppendResult]]
+            if rid in seen:
+                fut = loop.create_future()
+                fut.set_exception(InvalidArgumentError(
+                    f"request_id {rid} is already pending on this stream", request_id=rid))
+            else:
+                try:
+                    messages = self._messages(channel, batch, producer_id)
+                except StreamingError as exc:
+                    fut = loop.create_future()
+                    fut.set_exception(exc)
+                else:
+                    seen.add(rid)
+                    fut = loop.create_task(channel.stream.append_batch(messages))
+                    fut.add_done_callback(functools.partial(_forget, seen, rid))
+            self.pending.append((rid, fut))
+            self.wake.set()
+
+    def _messages(self, channel: Channel, batch: spb.ProduceBatch, producer_id: str | None) -> list[Message]:
+        if not batch.messages:
+            raise InvalidArgumentError("a produce batch needs at least one message", field="messages")
+        limit = self.node.config.max_message_bytes
+        txn: TxnContext | None = None
+        if batch.HasField("txn"):
+            session = channel.stream.txns.get(batch.txn.txn_id)
+            txn = session.context if session is not None else TxnContext(batch.txn.txn_id, batch.txn.keepalive_ms)
+        out: list[Message] = []
+        for i, p in enumerate(batch.messages):
+            m = convert.produced_message(p, i, limit)
+            props = m.properties
+            for key in _RESERVED_PROPERTIES:
+                if key in props:
+                    raise InvalidArgumentError(
+                        f"messages[{i}]: property {key!r} is reserved (set producer_id on open instead)", field=key)
+            own = p.txn if p.HasField("txn") else None
+            if own is not None and txn is not None and own.txn_id != txn.txn_id:
+                raise InvalidArgumentError(
+                    f"messages[{i}] names transaction {own.txn_id} in a batch of transaction {txn.txn_id}",
+                    txn_id=txn.txn_id)
+            body_txn = txn
+            if body_txn is None and own is not None:
+                session = channel.stream.txns.get(own.txn_id)
+                body_txn = session.context if session is not None else TxnContext(own.txn_id, own.keepalive_ms)
+            if body_txn is not None:
+                m.with_txn(body_txn)
+            if producer_id is not None:
+                props[PROP_PRODUCER] = producer_id
+                props[PROP_SEQUENCE] = str(batch.first_sequence + i)
+            out.append(m)
+        return out
+
+    async def _write_results(self) -> None:
+        ctx = self.context
+        while True:
+            while not self.pending:
+                self.wake.clear()
+                await self.wake.wait()
+            rid, fut = self.pending.popleft()
+            if fut is None:
+                return
+            try:
+                results = await fut
+            except StreamingError as exc:
+                response = spb.ProduceBatchResult(request_id=rid, error=to_error_detail(exc))
+                if exc.code in _STREAM_ENDING and self.failed is None:
+                    self.failed = exc
+            except Exception as exc:  # noqa: BLE001  (a bug fails its batch, not the node)
+                response = spb.ProduceBatchResult(request_id=rid, error=to_error_detail(_internal(exc)))
+            else:
+                response = spb.ProduceBatchResult(request_id=rid, appended=spb.AppendResults(results=[
+                    spb.AppendResult(id=pb.MessageID(id=r.message_id.to_bytes(8, "big")), timetick=r.timetick,
+                                     txn_id=r.txn_id or 0)
+                    for r in results
+                ]))
+            finally:
+                self.slots.release()
+            if self.failed is None or response.WhichOneof("outcome") == "appended":
+                await ctx.write(spb.ProduceResponse(result=response))
+
+
+class _ConsumeStream:
+    """One Consume call: packs out as fast as the client reads; acks and close read concurrently."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, service: StreamingNodeService, context: grpc.aio.ServicerContext) -> None:
+        self.node = service.node
+        self.context = context
+        self.write_lock = asyncio.Lock()
+        self.consumer_id = next(self._ids)
+
+    async def _write(self, response: spb.ConsumeResponse) -> None:
+        async with self.write_lock:
+            await self.context.write(response)
+
+    async def run(self) -> None:
+        ctx = self.context
+        first = await ctx.read()
+        if first is grpc.aio.EOF:
+            return
+        if first.WhichOneof("request") != "open":
+            raise InvalidArgumentError("the first request of a Consume stream must be 'open'", field="open")
+        opened = first.open
+        channel = self.node.channel(_require(opened.pchannel, "open.pchannel"))
+        vchannel = opened.vchannel
+        policy = convert.policy_from_pb(opened.policy if opened.HasField("policy") else None)
+        filters = convert.filters_from_pb(opened.filters)
+        group = opened.consumer_group or None
+        if group is not None:
+            committed = channel.groups.committed(group, vchannel)
+            if committed is not None:
+                # Resume after the committed position (the rule of Position), like auto.offset.reset.
+                policy = DeliverPolicy.start_from(committed.message_id)
+                filters = (*filters, DeliverFilter.timetick_gt(committed.timetick))
+        limit = opened.max_pack_messages or self.node.config.consume_max_pack_messages
+        scanner = channel.stream.read(ReadOption(vchannel or None, policy, filters))
+        try:
+            await self._write(spb.ConsumeResponse(opened=spb.ConsumeOpened(
+                consumer_id=self.consumer_id, term=channel.stream.term)))
+            sender = asyncio.get_running_loop().create_task(self._send_packs(scanner, vchannel, limit))
+            receiver = asyncio.get_running_loop().create_task(self._receive(channel, group, vchannel))
+            done, _ = await asyncio.wait((sender, receiver), return_when=asyncio.FIRST_COMPLETED)
+            for task in (sender, receiver):
+                if task not in done:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            for task in done:
+                task.result()  # a stream-ending error of either side ends the call with its status
+            await self._write(spb.ConsumeResponse(closed=spb.ConsumeClosed()))
+        finally:
+            await scanner.aclose()
+
+    async def _send_packs(self, scanner: Any, vchannel: str, limit: int) -> None:
+        async for pack in scanner:
+            for part in _split_pack(pack, limit):
+                await self._write(spb.ConsumeResponse(pack=convert.msgpack_to_pb(part, vchannel)))
+
+    async def _receive(self, channel: Channel, group: str | None, vchannel: str) -> None:
+        while True:
+            request = await self.context.read()
+            if request is grpc.aio.EOF:
+                return
+            kind = request.WhichOneof("request")
+            if kind == "close":
+                return
+            try:
+                if kind != "ack":
+                    raise InvalidArgumentError("'open' may only be the first request of a Consume stream")
+                if group is None:
+                    raise InvalidArgumentError("ack needs a consumer_group on open", field="consumer_group")
+                positions = [convert.position_from_pb(p, f"ack.positions[{i}]")
+                             for i, p in enumerate(request.ack.positions)]
+                if not positions:
+                    raise InvalidArgumentError("ack has no positions", field="positions")
+                await channel.groups.commit(group, [(v, pos) for pos, v in positions])
+            except StreamingError as exc:
+                await self._write(spb.ConsumeResponse(error=to_error_detail(exc)))
+            else:
+                await self._write(spb.ConsumeResponse(acked=spb.ConsumeAcked(positions=request.ack.positions)))
+
+
+def _stream_errors(
+    fn: Callable[[StreamingNodeService, Any, grpc.aio.ServicerContext], Awaitable[None]],
+) -> Callable[[StreamingNodeService, Any, grpc.aio.ServicerContext], Awaitable[None]]:
+    @functools.wraps(fn)
+    async def wrapper(self: StreamingNodeService, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        err: StreamingError | None = None
+        try:
+            await fn(self, request_iterator, context)
+        except StreamingError as exc:
+            err = exc
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:  # noqa: BLE001  (a bug ends the call, not the node)
+            err = _internal(exc)
+        if err is not None:
+            await context.abort_with_status(to_grpc_status(err))
+
+    return wrapper
+
+
+class StreamingNodeService(sgrpc.StreamingNodeServicer):  # type: ignore[misc]
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    # --- streams ---------------------------------------------------------------------------------
+    @_stream_errors
+    async def Produce(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        await _ProduceStream(self, context).run()
+
+    @_stream_errors
+    async def Consume(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        await _ConsumeStream(self, context).run()
+
+    # --- transactions ----------------------------------------------------------------------------
+    def _txn_channel(self, pchannel: str, vchannel: str, txn_id: int) -> Channel:
+        channel = self.node.channel(_require(pchannel, "pchannel"))
+        _require(vchannel, "vchannel")
+        session = channel.stream.txns.get(txn_id)
+        if session is not None and session.vchannel != vchannel:
+            raise InvalidTxnStateError(
+                f"transaction {txn_id} belongs to vchannel {session.vchannel!r}, not {vchannel!r}", txn_id=txn_id)
+        return channel
+
+    @_unary
+    async def BeginTxn(self, request: spb.BeginTxnRequest, context: grpc.aio.ServicerContext) -> spb.BeginTxnResponse:
+        channel = self.node.channel(_require(request.pchannel, "pchannel"))
+        vchannel = _require(request.vchannel, "vchannel")
+        if request.keepalive_ms < 0:
+            raise InvalidArgumentError(f"keepalive_ms must be >= 0, got {request.keepalive_ms}", field="keepalive_ms")
+        keepalive = request.keepalive_ms or self.node.config.txn_keepalive_ms
+        txn, result = await channel.stream.begin_txn(vchannel, keepalive, deadline=_deadline(context))
+        return spb.BeginTxnResponse(
+            txn_id=txn.txn_id, begin_timetick=result.timetick, message_id=convert.message_id_to_pb(result.message_id),
+            keepalive_ms=txn.keepalive_ms,
+        )
+
+    @_unary
+    async def CommitTxn(
+        self, request: spb.CommitTxnRequest, context: grpc.aio.ServicerContext
+    ) -> spb.CommitTxnResponse:
+        channel = self._txn_channel(request.pchannel, request.vchannel, request.txn_id)
+        result = await channel.stream.commit_txn(request.txn_id, deadline=_deadline(context))
+        return spb.CommitTxnResponse(
+            commit_timetick=result.timetick, message_id=convert.message_id_to_pb(result.message_id))
+
+    @_unary
+    async def RollbackTxn(
+        self, request: spb.RollbackTxnRequest, context: grpc.aio.ServicerContext
+    ) -> spb.RollbackTxnResponse:
+        channel = self._txn_channel(request.pchannel, request.vchannel, request.txn_id)
+        result = await channel.stream.rollback_txn(request.txn_id, deadline=_deadline(context))
+        return spb.RollbackTxnResponse(
+            rollback_timetick=result.timetick, message_id=convert.message_id_to_pb(result.message_id))
+
+    # --- channels --------------------------------------------------------------------------------
+    @_unary
+    async def CreateChannels(
+        self, request: spb.CreateChannelsRequest, context: grpc.aio.ServicerContext
+    ) -> spb.CreateChannelsResponse:
+        owner = Owner(request.owner.role, request.owner.address, request.owner.description_text)
+        names = await self.node.create_channels(list(request.channel_names), request.num_channels, owner)
+        return spb.CreateChannelsResponse(channel_names=names)
+
+    @_unary
+    async def DestroyChannels(
+        self, request: spb.DestroyChannelsRequest, context: grpc.aio.ServicerContext
+    ) -> spb.DestroyChannelsResponse:
+        await self.node.destroy_channels(list(request.channel_names))
+        return spb.DestroyChannelsResponse()
+
+    @_unary
+    async def DescribeChannels(
+        self, request: spb.DescribeChannelsRequest, context: grpc.aio.ServicerContext
+    ) -> spb.DescribeChannelsResponse:
+        infos = await self.node.describe_channels(list(request.channel_names))
+        out = []
+        for info in infos:
+            owner = Owner.from_properties(info.properties)
+            d = pb.ChannelDescription(
+                channel_name=info.name, term=info.term, last_timetick=info.last_timetick,
+                owner=pb.OwnerDescription(role=owner.role, address=owner.address,
+                                          description_text=owner.description_text),
+            )
+            if info.last_id is not None:
+                d.first_id.id = info.first_id.to_bytes(8, "big")
+                d.last_id.id = info.last_id.to_bytes(8, "big")
+            out.append(d)
+        return spb.DescribeChannelsResponse(descriptions=out)
+
+    # --- consumer groups -------------------------------------------------------------------------
+    @_unary
+    async def CreateConsumerGroup(
+        self, request: spb.CreateConsumerGroupRequest, context: grpc.aio.ServicerContext
+    ) -> spb.CreateConsumerGroupResponse:
+        channel = self.node.channel(_require(request.pchannel, "pchannel"))
+        await channel.groups.create(_require(request.group, "group"))
+        return spb.CreateConsumerGroupResponse()
+
+    @_unary
+    async def DestroyConsumerGroup(
+        self, request: spb.DestroyConsumerGroupRequest, context: grpc.aio.ServicerContext
+    ) -> spb.DestroyConsumerGroupResponse:
+        channel = self.node.channel(_require(request.pchannel, "pchannel"))
+        await channel.groups.destroy(_require(request.group, "group"))
+        return spb.DestroyConsumerGroupResponse()
+
+    @_unary
+    async def DescribeConsumerGroups(
+        self, request: spb.DescribeConsumerGroupsRequest, context: grpc.aio.ServicerContext
+    ) -> spb.DescribeConsumerGroupsResponse:
+        names = [request.pchannel] if request.pchannel else self.node.channel_names()
+        out = []
+        for name in names:
+            channel = self.node.channel(name)
+            wanted = list(request.groups) or channel.groups.names()
+            wal = channel.stream.wal
+            now_ms = channel.stream.mvcc_timetick() >> 18
+            for group in wanted:
+                progress = []
+                for vchannel, (mid, ts) in sorted(channel.groups.require(group).items()):
+                    progress.append(spb.ConsumerGroupProgress(
+                        vchannel=vchannel,
+                        committed=convert.position_to_pb(Position(name, mid, ts), vchannel),
+                        lag_messages=max(wal.next_id - mid, 0),
+                        lag_ms=max(now_ms - (ts >> 18), 0),
+                    ))
+                out.append(spb.ConsumerGroupDescription(pchannel=name, group=group, vchannels=progress))
+        return spb.DescribeConsumerGroupsResponse(groups=out)
+
+    @_unary
+    async def SeekConsumerGroup(
+        self, request: spb.SeekConsumerGroupRequest, context: grpc.aio.ServicerContext
+    ) -> spb.SeekConsumerGroupResponse:
+        channel = self.node.channel(_require(request.pchannel, "pchannel"))
+        group = _require(request.group, "group")
+        channel.groups.require(group)
+        vchannel = request.vchannel
+        target = request.WhichOneof("target")
+        if target == "position":
+            pos, _ = convert.position_from_pb(request.position)
+            if not pos.pchannel:
+                pos = pos._replace(pchannel=channel.stream.pchannel)
+        elif target == "policy":
+            pos = await self._resolve(channel, convert.policy_from_pb(request.policy))
+        else:
+            raise InvalidArgumentError("seek needs a policy or a position", field="target")
+        await channel.groups.commit(group, [(vchannel, pos)])
+        return spb.SeekConsumerGroupResponse(position=convert.position_to_pb(pos, vchannel))
+
+    async def _resolve(self, channel: Channel, policy: DeliverPolicy) -> Position:
+        """The position a fresh scanner with ``policy`` would start from."""
+        scanner = channel.stream.read(ReadOption(None, policy))
+        try:
+            return scanner.position
+        finally:
+            await scanner.aclose()
+
+    # --- positions and flush ---------------------------------------------------------------------
+    @_unary
+    async def GetLatestPosition(
+        self, request: spb.GetLatestPositionRequest, context: grpc.aio.ServicerContext
+    ) -> spb.GetLatestPositionResponse:
+        channel = self.node.channel(_require(request.pchannel, "pchannel"))
+        stream = channel.stream
+        wal = stream.wal
+        out = spb.GetLatestPositionResponse(mvcc_timetick=stream.mvcc_timetick())
+        last = wal.last_id
+        if last is not None:
+            # Resuming must still see transactions open now, so the id is held back to the oldest
+            # open BeginTxn (their bodies come later in time than this position).
+            oldest = stream.txns.min_open_begin_id()
+            mid = last if oldest is None else min(last, oldest)
+            out.last.CopyFrom(convert.position_to_pb(Position(wal.pchannel, mid, wal.last_timetick), request.vchannel))
+        return out
+
+    @_unary
+    async def Flush(self, request: spb.FlushRequest, context: grpc.aio.ServicerContext) -> spb.FlushResponse:
+        channel = self.node.channel(_require(request.pchannel, "pchannel"))
+        vchannel = _require(request.vchannel, "vchannel")
+        props = {PROP_COLLECTION: request.collection} if request.HasField("collection") else {}
+        # No flusher runs yet: the flush returns once the seal is durable in the log.
+        result = await channel.stream.append(
+            Message(MessageType.MANUAL_FLUSH, vchannel, b"", props), deadline=_deadline(context))
+        return spb.FlushResponse(files=[], flush_timetick=result.timetick)
+
+
+# ---------------------------------------------------------------------------------------------------
+class RunningServer:
+    """A started node and its gRPC server.  ``address`` is the bound host:port."""
+
+    def __init__(self, node: Node, server: grpc.aio.Server, health: health_aio.HealthServicer, address: str) -> None:
+        self.node = node
+        self.server = server
+        self.health = health
+        self.address = address
+        self._stopped = asyncio.Event()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain: health NOT_SERVING, refuse new calls, let calls in flight finish for ``grace``
+        seconds, then close every WAL cleanly."""
+        if self._stopped.is_set():
+            return
+        grace = self.node.config.drain_seconds if grace is None else grace
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        await self.node.aclose()
+        self._stopped.set()
+        log.info("node stopped", address=self.address)
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+
+async def start_server(config: NodeConfig) -> RunningServer:
+    """Open the node, listen, recover every channel, then report SERVING."""
+    node = await Node.start(config)
+    try:
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", config.max_request_bytes),
+            ("grpc.max_send_message_length", config.max_request_bytes),
+            ("grpc.so_reuseport", 0),
+        ])
+        sgrpc.add_StreamingNodeServicer_to_server(StreamingNodeService(node), server)
+        health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server,
+        )
+        for name in ("", SERVICE_NAME):
+            await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        address = _listen(server, config.listen)
+        await server.start()
+        running = RunningServer(node, server, health, address)
+        try:
+            await node.open_all()
+        except BaseException:
+            await server.stop(0)
+            raise
+        for name in ("", SERVICE_NAME):
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    except BaseException:
+        await node.aclose()
+        raise
+    log.info("serving", address=address, data_dir=str(config.data_dir), durability=config.durability)
+    return running
+
+
+def _listen(server: grpc.aio.Server, listen: str) -> str:
+    """Bind ``listen``; return a connectable host:port (the real port when 0 was asked for)."""
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise UnavailableError(f"cannot listen on {listen!r}: address in use or invalid", address=listen)
+    host = listen.rsplit(":", 1)[0]
+    host = "127.0.0.1" if host in ("0.0.0.0", "[::]", "") else host  # noqa: S104  (a connectable form)
+    return f"{host}:{port}"
+
+
+async def serve(config: NodeConfig, on_ready: Callable[[RunningServer], None] | None = None) -> None:
+    """Run until SIGTERM or SIGINT, then drain and close (the process then exits 0)."""
+    running = await start_server(config)
+    if on_ready is not None:
+        on_ready(running)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("draining", address=running.address)
+    await running.stop()
+
+
+class ServerThread:
+    """A node served from a private event loop on a thread: for tests and embedding next to
+    synchronous code.  ``with ServerThread(config) as srv: srv.address``."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.address = ""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="streamingnode-server", daemon=True)
+        self._running: RunningServer | None = None
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        self._running = asyncio.run_coroutine_threadsafe(start_server(self.config), self._loop).result()
+        self.address = self._running.address
+        return self
+
+    @property
+    def node(self) -> Node:
+        assert self._running is not None
+        return self._running.node
+
+    def run(self, coro: Awaitable[R]) -> R:
+        """Run ``coro`` on the server's loop (to inspect the node from a test)."""
+        async def _wrap() -> R:
+            return await coro
+        return asyncio.run_coroutine_threadsafe(_wrap(), self._loop).result()
+
+    def stop(self, grace: float = 1.0) -> None:
+        if self._running is not None:
+            asyncio.run_coroutine_threadsafe(self._running.stop(grace), self._loop).result()
+            self._running = None
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["RunningServer", "ServerThread", "StreamingNodeService", "serve", "start_server"]

@@ -1,0 +1,165 @@
+"""One table from error codes to gRPC status codes, and the conversions both ends of the wire use.
+
+A failed call carries a gRPC status whose code comes from ``GRPC_CODE`` and whose details hold a
+``google.rpc.ErrorInfo`` (reason = the ``ErrorCode`` name, domain = ``streamingnode``, metadata = the
+error's structured fields).  An error that leaves a stream open travels in-band as an ``ErrorDetail``.
+The client turns either back into the same ``StreamingError`` subclass the node raised, so code that
+runs against the embedded WAL and code that runs against a remote node catch the same exceptions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from streamingnode.v1 import common_pb2 as pb
+from wal import errors as werr
+from wal.errors import ErrorCode, StreamingError
+
+DOMAIN = "streamingnode"
+
+GRPC_CODE: dict[ErrorCode, grpc.StatusCode] = {
+    ErrorCode.UNKNOWN: grpc.StatusCode.UNKNOWN,
+    ErrorCode.CHANNEL_NOT_EXIST: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.CHANNEL_EXIST: grpc.StatusCode.ALREADY_EXISTS,
+    # Retrying as is cannot help: the caller must reopen (a newer owner holds the channel).
+    ErrorCode.CHANNEL_FENCED: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.ON_SHUTDOWN: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.INVALID_MESSAGE: grpc.StatusCode.INVALID_ARGUMENT,
+    # Not RESOURCE_EXHAUSTED: that code tells clients to retry, and the same message never fits.
+    ErrorCode.MESSAGE_TOO_LARGE: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.OUT_OF_RANGE: grpc.StatusCode.OUT_OF_RANGE,
+    ErrorCode.CORRUPTED: grpc.StatusCode.DATA_LOSS,
+    ErrorCode.UNRECOVERABLE: grpc.StatusCode.INTERNAL,
+    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorCode.TXN_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.TXN_EXPIRED: grpc.StatusCode.ABORTED,
+    ErrorCode.INVALID_TXN_STATE: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.COLLECTION_NOT_EXIST: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.COLLECTION_EXIST: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorCode.PARTITION_NOT_EXIST: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.PARTITION_EXIST: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorCode.SCHEMA_MISMATCH: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.CONSUMER_GROUP_NOT_EXIST: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.CONSUMER_GROUP_EXIST: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorCode.REDO: grpc.StatusCode.UNAVAILABLE,
+}
+
+# What a status without ErrorInfo (raised by gRPC itself: transport failure, deadline, oversize frame)
+# means to the client.
+_CODE_OF_STATUS: dict[grpc.StatusCode, ErrorCode] = {
+    grpc.StatusCode.UNAVAILABLE: ErrorCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED: ErrorCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ErrorCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.INVALID_ARGUMENT: ErrorCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND: ErrorCode.CHANNEL_NOT_EXIST,
+    grpc.StatusCode.CANCELLED: ErrorCode.UNAVAILABLE,
+    grpc.StatusCode.OUT_OF_RANGE: ErrorCode.OUT_OF_RANGE,
+    grpc.StatusCode.DATA_LOSS: ErrorCode.CORRUPTED,
+}
+
+
+def _classes() -> dict[ErrorCode, type[StreamingError]]:
+    """The canonical exception class of each code: the first class of wal.errors that claims it."""
+    found: dict[ErrorCode, type[StreamingError]] = {}
+    for name in werr.__all__:
+        cls = getattr(werr, name)
+        if isinstance(cls, type) and issubclass(cls, StreamingError) and cls is not StreamingError:
+            found.setdefault(cls.default_code, cls)
+    found[ErrorCode.INVALID_ARGUMENT] = werr.InvalidArgumentError
+    return found
+
+
+_CLASS_OF_CODE = _classes()
+
+
+def error_class(code: ErrorCode) -> type[StreamingError]:
+    """The exception class raised for ``code`` (StreamingError itself for codes without their own)."""
+    return _CLASS_OF_CODE.get(code, StreamingError)
+
+
+def make_error(code: ErrorCode, message: str, fields: dict[str, Any] | None = None) -> StreamingError:
+    return error_class(code)(message, code=code, **(fields or {}))
+
+
+def _metadata(err: StreamingError) -> dict[str, str]:
+    return {str(k): str(v) for k, v in err.fields.items() if v is not None}
+
+
+def to_grpc_status(err: StreamingError) -> grpc.Status:
+    """The status a call fails with: code from the table, ErrorInfo in the details."""
+    info = error_details_pb2.ErrorInfo(reason=err.code.name, domain=DOMAIN, metadata=_metadata(err))
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    status = status_pb2.Status(code=GRPC_CODE[err.code].value[0], message=str(err), details=[detail])
+    return rpc_status.to_status(status)
+
+
+def to_error_detail(err: StreamingError) -> pb.ErrorDetail:
+    """The in-band form, for errors that leave a stream open."""
+    code = cast(Any, int(err.code))
+    return pb.ErrorDetail(code=code, message=str(err), metadata=_metadata(err), retriable=err.retriable)
+
+
+def from_error_detail(detail: pb.ErrorDetail) -> StreamingError:
+    try:
+        code = ErrorCode(detail.code)
+    except ValueError:
+        code = ErrorCode.UNKNOWN
+    return make_error(code, detail.message, dict(detail.metadata))
+
+
+def from_rpc_error(exc: grpc.RpcError) -> StreamingError:
+    """The StreamingError behind a failed call (a status from the node, or one made by gRPC itself)."""
+    code_fn = getattr(exc, "code", None)
+    status_code: grpc.StatusCode = code_fn() if callable(code_fn) else grpc.StatusCode.UNKNOWN
+    details_fn = getattr(exc, "details", None)
+    text = (details_fn() if callable(details_fn) else None) or str(exc)
+    status = _rich_status(exc)
+    if status is not None:
+        for detail in status.details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                if info.domain == DOMAIN and info.reason in ErrorCode.__members__:
+                    return make_error(ErrorCode[info.reason], status.message or text, dict(info.metadata))
+    code = _CODE_OF_STATUS.get(status_code, ErrorCode.UNKNOWN)
+    return make_error(code, f"{status_code.name}: {text}", {"grpc_status": status_code.name})
+
+
+def _rich_status(exc: grpc.RpcError) -> status_pb2.Status | None:
+    # grpc.aio errors carry trailing metadata as an object, sync errors as a tuple; from_call reads both.
+    try:
+        trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    except Exception:  # noqa: BLE001  (a broken call has no metadata; fall back to the plain status)
+        return None
+    if not trailing:
+        return None
+    for key, value in trailing:
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status()
+            try:
+                status.MergeFromString(value)
+            except Exception:  # noqa: BLE001  (garbled details: use the plain status)
+                return None
+            return status
+    return None
+
+
+__all__ = [
+    "DOMAIN",
+    "GRPC_CODE",
+    "error_class",
+    "from_error_detail",
+    "from_rpc_error",
+    "make_error",
+    "to_error_detail",
+    "to_grpc_status",
+]

@@ -1,0 +1,102 @@
+"""Raw-stub helpers for the RPC tests: what a client generated from proto/ in any language would do."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Sequence
+
+import grpc
+
+from streamingnode.v1 import common_pb2 as pb
+from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+
+
+def data(vchannel: str, payload: bytes, **props: str) -> pb.Message:
+    return pb.Message(type=pb.MESSAGE_TYPE_DATA, vchannel=vchannel, payload=payload, properties=props)
+
+
+async def produce(
+    stub: sgrpc.StreamingNodeStub,
+    pchannel: str,
+    batches: Sequence[Sequence[pb.Message]],
+    *,
+    producer_id: str | None = None,
+    first_sequence: int = 0,
+    txn: pb.TxnContext | None = None,
+) -> tuple[spb.ProduceOpened, list[spb.ProduceBatchResult]]:
+    """One Produce stream: open, the batches (pipelined), close; the opened answer and every result."""
+    reqs = [spb.ProduceRequest(open=spb.ProduceOpen(pchannel=pchannel, producer_id=producer_id))]
+    seq = first_sequence
+    for i, msgs in enumerate(batches):
+        reqs.append(spb.ProduceRequest(batch=spb.ProduceBatch(
+            request_id=i + 1, messages=list(msgs), txn=txn, first_sequence=seq)))
+        seq += len(msgs)
+    reqs.append(spb.ProduceRequest(close=spb.ProduceClose()))
+    # Explicit writes rather than a request iterator: when the node ends the stream early, a write
+    # fails locally, and the call's real status is then read from the response side below.
+    call = stub.Produce()
+    for req in reqs:
+        try:
+            await call.write(req)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError):
+            break
+    with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
+        await call.done_writing()
+    opened: spb.ProduceOpened | None = None
+    results: list[spb.ProduceBatchResult] = []
+    closed = False
+    async for resp in call:
+        kind = resp.WhichOneof("response")
+        if kind == "opened":
+            opened = resp.opened
+        elif kind == "result":
+            results.append(resp.result)
+        else:
+            closed = True
+    assert opened is not None and closed
+    return opened, results
+
+
+async def consume(
+    stub: sgrpc.StreamingNodeStub,
+    open_: spb.ConsumeOpen,
+    *,
+    until: int,
+    timeout: float = 10.0,
+) -> list[pb.MsgPack]:
+    """Read packs until ``until`` non-tick messages arrived (or fail after ``timeout``), then close."""
+    queue: asyncio.Queue[spb.ConsumeRequest | None] = asyncio.Queue()
+    await queue.put(spb.ConsumeRequest(open=open_))
+
+    async def reqs() -> AsyncIterator[spb.ConsumeRequest]:
+        while (item := await queue.get()) is not None:
+            yield item
+
+    call = stub.Consume(reqs())
+    packs: list[pb.MsgPack] = []
+    seen = 0
+    async with asyncio.timeout(timeout):
+        async for resp in call:
+            kind = resp.WhichOneof("response")
+            if kind == "pack":
+                packs.append(resp.pack)
+                seen += sum(1 for m in resp.pack.messages if m.type != pb.MESSAGE_TYPE_TIME_TICK)
+                if seen >= until:
+                    await queue.put(spb.ConsumeRequest(close=spb.ConsumeClose()))
+            elif kind == "closed":
+                break
+    await queue.put(None)
+    return packs
+
+
+def payloads(packs: Iterable[pb.MsgPack], types: tuple[int, ...] = (pb.MESSAGE_TYPE_DATA,)) -> list[bytes]:
+    return [m.payload for p in packs for m in p.messages if m.type in types]
+
+
+def status_of(exc: grpc.aio.AioRpcError) -> tuple[grpc.StatusCode, str]:
+    """(gRPC code, ErrorInfo reason) of a failed call."""
+    from streamingnode.status import from_rpc_error  # noqa: PLC0415
+
+    return exc.code(), from_rpc_error(exc).code.name
