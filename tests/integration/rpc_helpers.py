@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Iterable, Sequence
 
 import grpc
@@ -34,20 +33,20 @@ async def produce(
             request_id=i + 1, messages=list(msgs), txn=txn, first_sequence=seq)))
         seq += len(msgs)
     reqs.append(spb.ProduceRequest(close=spb.ProduceClose()))
-    # Explicit writes rather than a request iterator: when the node ends the stream early, a write
-    # fails locally, and the call's real status is then read from the response side below.
+    # Wait for 'opened' before sending batches, as a real client does: if the open fails, the node ends
+    # the call, and a write racing with that end fails locally with INTERNAL, hiding the real status.
     call = stub.Produce()
-    for req in reqs:
-        try:
-            await call.write(req)
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError):
-            break
-    with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError):
-        await call.done_writing()
-    opened: spb.ProduceOpened | None = None
+    await call.write(reqs[0])
+    first = await call.read()
+    if first is grpc.aio.EOF:
+        raise AssertionError(f"stream ended without answering open: {await call.code()}")
+    for req in reqs[1:]:
+        await call.write(req)
+    await call.done_writing()
+    opened: spb.ProduceOpened | None = first.opened if first.WhichOneof("response") == "opened" else None
     results: list[spb.ProduceBatchResult] = []
     closed = False
-    async for resp in call:
+    while (resp := await call.read()) is not grpc.aio.EOF:
         kind = resp.WhichOneof("response")
         if kind == "opened":
             opened = resp.opened
