@@ -1,0 +1,233 @@
+"""AsyncClient: admin calls, producers, consumers, transactions and the MsgStream facade over grpc.aio."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from streamingnode import convert
+from streamingnode.client._calls import unary
+from streamingnode.client._consumer import Consumer
+from streamingnode.client._msgstream import MsgStream
+from streamingnode.client._producer import Producer
+from streamingnode.client._txn import Transaction
+from streamingnode.client._types import ChannelDescription, GroupDescription, Owner, TxnInfo
+from streamingnode.v1 import common_pb2 as pb
+from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from wal.errors import InvalidArgumentError
+from wal.message import AppendResult, Position
+from wal.options import DeliverFilter, DeliverPolicy
+
+DEFAULT_ADDR = "localhost:19530"
+T = TypeVar("T", Producer, Consumer, MsgStream)
+
+
+class AsyncClient:
+    """A connection to one streaming node.  Use it on one event loop; ``async with`` or ``aclose``.
+
+    ``timeout`` is the deadline of each unary call in seconds (None: none).  ``reconnect_timeout`` is
+    how long producers and consumers keep trying to reopen a broken stream before they give up.
+    Every failure raises the ``wal.errors.StreamingError`` subclass the node raised.
+    """
+
+    def __init__(
+        self,
+        addr: str = DEFAULT_ADDR,
+        *,
+        timeout: float | None = 30.0,
+        reconnect_timeout: float = 30.0,
+        max_message_bytes: int = 64 << 20,
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        self.addr = addr
+        self.timeout = timeout
+        self.reconnect_timeout = reconnect_timeout
+        self._channel = grpc.aio.insecure_channel(addr, options=[
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+            # Reconnect quickly after a node restart instead of backing off for up to two minutes.
+            ("grpc.max_reconnect_backoff_ms", 1000),
+            *options,
+        ])
+        self._stub = sgrpc.StreamingNodeStub(self._channel)
+        self._owned: list[Producer | Consumer | MsgStream] = []
+        self._closed = False
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every producer (draining it), consumer and msgstream made by this client, then the
+        connection.  Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        owned, self._owned = self._owned, []
+        for item in reversed(owned):
+            with contextlib.suppress(Exception):
+                await item.aclose()
+        await self._channel.close()
+
+    async def _call(self, method: str, request: Any) -> Any:
+        return await unary(getattr(self._stub, method), request, self.timeout)
+
+    def _own(self, item: T) -> T:
+        self._owned = [x for x in self._owned if not getattr(x, "closed", False)]
+        self._owned.append(item)
+        return item
+
+    # --- channels --------------------------------------------------------------------------------
+    async def create_channels(
+        self, names: Sequence[str] | None = None, num: int = 0, *, owner: Owner | None = None,
+    ) -> list[str]:
+        """Create pchannels: the given ``names``, or ``num`` with names the node picks.  All or none."""
+        request = spb.CreateChannelsRequest(
+            owner=(owner or Owner()).to_pb(), num_channels=num, channel_names=list(names or ()))
+        return list((await self._call("CreateChannels", request)).channel_names)
+
+    async def destroy_channels(self, names: Sequence[str]) -> None:
+        """Remove pchannels with their data and consumer groups."""
+        await self._call("DestroyChannels", spb.DestroyChannelsRequest(channel_names=list(names)))
+
+    async def describe_channels(self, names: Sequence[str] = ()) -> list[ChannelDescription]:
+        """Describe the given pchannels (every channel of the node when empty)."""
+        resp = await self._call("DescribeChannels", spb.DescribeChannelsRequest(channel_names=list(names)))
+        return [ChannelDescription.from_pb(d) for d in resp.descriptions]
+
+    # --- consumer groups -------------------------------------------------------------------------
+    async def create_group(self, pchannel: str, group: str) -> None:
+        await self._call("CreateConsumerGroup", spb.CreateConsumerGroupRequest(pchannel=pchannel, group=group))
+
+    async def destroy_group(self, pchannel: str, group: str) -> None:
+        await self._call("DestroyConsumerGroup", spb.DestroyConsumerGroupRequest(pchannel=pchannel, group=group))
+
+    async def describe_groups(self, pchannel: str = "", groups: Sequence[str] = ()) -> list[GroupDescription]:
+        """Committed positions and lag of groups (every pchannel / every group when empty)."""
+        resp = await self._call("DescribeConsumerGroups", spb.DescribeConsumerGroupsRequest(
+            pchannel=pchannel, groups=list(groups)))
+        return [GroupDescription.from_pb(d) for d in resp.groups]
+
+    async def seek_group(
+        self, pchannel: str, group: str, vchannel: str = "", *,
+        policy: DeliverPolicy | None = None, position: Position | None = None,
+    ) -> Position:
+        """Move the group's committed position on ``vchannel`` to ``position``, or to where ``policy``
+        starts; returns the position stored.  Consumers opened later resume from it."""
+        if (policy is None) == (position is None):
+            raise InvalidArgumentError("seek_group needs exactly one of policy and position", field="target")
+        request = spb.SeekConsumerGroupRequest(group=group, pchannel=pchannel, vchannel=vchannel)
+        if policy is not None:
+            request.policy.CopyFrom(convert.policy_to_pb(policy))
+        else:
+            assert position is not None
+            request.position.CopyFrom(convert.position_to_pb(position, vchannel))
+        resp = await self._call("SeekConsumerGroup", request)
+        return convert.position_from_pb(resp.position)[0]
+
+    # --- positions and flush ---------------------------------------------------------------------
+    async def latest_position(self, pchannel: str, vchannel: str = "") -> tuple[Position | None, int]:
+        """(the newest confirmed position or None when empty, the vchannel's MVCC timetick)."""
+        resp = await self._call("GetLatestPosition", spb.GetLatestPositionRequest(pchannel=pchannel, vchannel=vchannel))
+        last = convert.position_from_pb(resp.last)[0] if resp.HasField("last") else None
+        return last, resp.mvcc_timetick
+
+    async def flush(self, pchannel: str, vchannel: str, collection: str | None = None) -> tuple[list[str], int]:
+        """Write what is buffered for the vchannel (collection) to Parquet: (files, flush timetick)."""
+        resp = await self._call("Flush", spb.FlushRequest(pchannel=pchannel, vchannel=vchannel, collection=collection))
+        return list(resp.files), resp.flush_timetick
+
+    # --- transactions ----------------------------------------------------------------------------
+    async def begin_txn(self, pchannel: str, vchannel: str, keepalive_ms: int = 0) -> TxnInfo:
+        """Start a transaction (``keepalive_ms`` 0: the node's default)."""
+        resp = await self._call("BeginTxn", spb.BeginTxnRequest(
+            pchannel=pchannel, vchannel=vchannel, keepalive_ms=keepalive_ms))
+        mid = convert.message_id_from_pb(resp.message_id, "message_id") if resp.HasField("message_id") else None
+        return TxnInfo(pchannel, vchannel, resp.txn_id, resp.begin_timetick, mid, resp.keepalive_ms)
+
+    async def commit_txn(self, pchannel: str, vchannel: str, txn_id: int) -> AppendResult:
+        """Commit: AppendResult of the CommitTxn message (its timetick is when readers see the body)."""
+        resp = await self._call("CommitTxn", spb.CommitTxnRequest(pchannel=pchannel, vchannel=vchannel, txn_id=txn_id))
+        return AppendResult(convert.message_id_from_pb(resp.message_id, "message_id"), resp.commit_timetick, txn_id)
+
+    async def rollback_txn(self, pchannel: str, vchannel: str, txn_id: int) -> AppendResult:
+        """Roll back: AppendResult of the RollbackTxn message."""
+        resp = await self._call("RollbackTxn", spb.RollbackTxnRequest(
+            pchannel=pchannel, vchannel=vchannel, txn_id=txn_id))
+        return AppendResult(convert.message_id_from_pb(resp.message_id, "message_id"), resp.rollback_timetick, txn_id)
+
+    @contextlib.asynccontextmanager
+    async def txn(self, pchannel: str, vchannel: str, keepalive_ms: int = 0) -> AsyncIterator[Transaction]:
+        """``async with client.txn(p, v) as tx: await tx.send(b"...")`` — commits when the block ends
+        normally (after every body message is durable), rolls back when it raises."""
+        info = await self.begin_txn(pchannel, vchannel, keepalive_ms)
+        producer = Producer(self._stub, pchannel, reconnect_timeout=self.reconnect_timeout,
+                            txn=pb.TxnContext(txn_id=info.txn_id, keepalive_ms=info.keepalive_ms))
+        tx = Transaction(self, info, producer)
+        try:
+            yield tx
+        except BaseException as exc:
+            if not tx.finished:
+                try:
+                    await tx.rollback()
+                except Exception as rollback_exc:  # noqa: BLE001  (the block's own error is the one to raise)
+                    exc.add_note(f"and the rollback of transaction {info.txn_id} failed: {rollback_exc!r}")
+            raise
+        else:
+            if not tx.finished:
+                await tx.commit()
+        finally:
+            await producer.aclose()
+
+    # --- streams ---------------------------------------------------------------------------------
+    def producer(
+        self,
+        pchannel: str,
+        *,
+        producer_id: str | None = None,
+        first_sequence: int = 0,
+        linger: float = 0.005,
+        max_batch_bytes: int = 1 << 20,
+        max_batch_messages: int = 500,
+        max_in_flight: int = 8,
+    ) -> Producer:
+        """A producer on ``pchannel`` (see ``Producer``).  With ``producer_id`` it is idempotent: after a
+        reconnect it resends unanswered batches with the same sequences and the node drops what it
+        already has.  Use a fresh id per producer session (``uuid.uuid4().hex``), or continue an old
+        one from its ``next_sequence``: a reused id that restarts at 0 would be answered with the old
+        results.  Keep ``max_in_flight * max_batch_messages`` under the node's dedup window (4096)."""
+        return self._own(Producer(
+            self._stub, pchannel, producer_id=producer_id, first_sequence=first_sequence, linger=linger,
+            max_batch_bytes=max_batch_bytes, max_batch_messages=max_batch_messages, max_in_flight=max_in_flight,
+            reconnect_timeout=self.reconnect_timeout))
+
+    def consumer(
+        self,
+        pchannel: str,
+        vchannel: str = "",
+        *,
+        policy: DeliverPolicy | None = None,
+        filters: Iterable[DeliverFilter] = (),
+        group: str | None = None,
+        max_pack_messages: int = 0,
+        max_buffered_packs: int = 8,
+    ) -> Consumer:
+        """A consumer of ``vchannel`` (the whole pchannel when empty), starting at ``policy`` (default
+        all) — or, with ``group``, at the group's committed position when it has one."""
+        return self._own(Consumer(
+            self._stub, pchannel, vchannel, policy=policy, filters=filters, group=group,
+            max_pack_messages=max_pack_messages, max_buffered_packs=max_buffered_packs,
+            reconnect_timeout=self.reconnect_timeout, timeout=self.timeout))
+
+    def msgstream(self) -> MsgStream:
+        """The Milvus MsgStream shape over this client (as_producer / as_consumer, produce, consume)."""
+        return self._own(MsgStream(self))
+
+
+__all__ = ["DEFAULT_ADDR", "AsyncClient"]

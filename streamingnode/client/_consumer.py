@@ -1,0 +1,325 @@
+"""Consumer: an async iterator of MsgPacks over one Consume stream that survives reconnects.
+
+A background task owns the stream: it reads packs into a small buffer (and stops reading while the
+buffer is full, so gRPC flow control slows the node's scanner: backpressure, never dropping), and it
+answers acks.  It remembers the end position of the last pack it received; when the stream breaks
+it opens a new one that resumes exactly there, by the resume rule of ``Position`` in common.proto:
+``DeliverPolicy.start_from(pos.message_id)`` plus ``DeliverFilter.timetick_gt(pos.timetick)``.  So the
+caller sees every pack once, with no gap and no duplicate, across node restarts.
+
+With a consumer group the node replaces the policy by the group's committed position (which is at or
+before what this consumer received, unless someone moved the group), but it keeps the filters, so the
+``timetick_gt`` filter still cuts everything already received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import enum
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from streamingnode import convert
+from streamingnode.client._calls import reconnectable, translate, unary, with_reconnect
+from streamingnode.status import from_error_detail
+from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from wal.errors import InvalidArgumentError, OnShutdownError, StreamingError, UnavailableError
+from wal.message import Position
+from wal.options import DeliverFilter, DeliverPolicy, PolicyKind
+from wal.scanner import MsgPack
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+
+class _State(enum.Enum):
+    RUNNING = "running"
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+def resume_read(
+    position: Position, filters: Sequence[DeliverFilter] = (),
+) -> tuple[DeliverPolicy, tuple[DeliverFilter, ...]]:
+    """The policy and filters that deliver exactly what comes after ``position``."""
+    return DeliverPolicy.start_from(position.message_id), (*filters, DeliverFilter.timetick_gt(position.timetick))
+
+
+def _check_opened(first: Any, pchannel: str) -> None:
+    if first is grpc.aio.EOF or first.WhichOneof("response") != "opened":
+        raise UnavailableError(f"consume stream on {pchannel!r} ended before it opened", channel=pchannel)
+
+
+class Consumer:
+    """Reads one vchannel (or a whole pchannel with ``vchannel=""``) of ``pchannel``.
+
+    Make one with ``AsyncClient.consumer``.  Iterate it for ``MsgPack``s (empty packs too: they report
+    that time advanced); ``ack`` commits positions to the consumer group.  ``async with`` waits until
+    the node opened the read (so a ``latest`` policy is anchored) and closes it at the end.
+    """
+
+    def __init__(
+        self,
+        stub: sgrpc.StreamingNodeStub,
+        pchannel: str,
+        vchannel: str = "",
+        *,
+        policy: DeliverPolicy | None = None,
+        filters: Iterable[DeliverFilter] = (),
+        group: str | None = None,
+        max_pack_messages: int = 0,
+        max_buffered_packs: int = 8,
+        reconnect_timeout: float = 30.0,
+        timeout: float | None = None,
+    ) -> None:
+        if not pchannel:
+            raise InvalidArgumentError("pchannel is required", field="pchannel")
+        if max_pack_messages < 0 or max_buffered_packs <= 0:
+            raise InvalidArgumentError("max_pack_messages must be >= 0 and max_buffered_packs > 0")
+        self._stub = stub
+        self.pchannel = pchannel
+        self.vchannel = vchannel
+        self.group = group or None
+        self._policy = policy or DeliverPolicy.all()
+        self._filters = tuple(filters)
+        self._max_pack_messages = max_pack_messages
+        self._max_buffered = max_buffered_packs
+        self._reconnect_timeout = reconnect_timeout
+        self._timeout = timeout
+        self._loop = asyncio.get_running_loop()
+        self._state = _State.RUNNING
+        self._packs: collections.deque[MsgPack] = collections.deque()
+        self._ready = asyncio.Event()  # a pack arrived, or the read ended
+        self._space = asyncio.Event()  # the caller took a pack, an ack waits, or closing
+        self._opened = asyncio.Event()
+        self._error: StreamingError | None = None
+        self._ended = False
+        self._received: Position | None = None
+        self._delivered: Position | None = None
+        self._acks: collections.deque[tuple[spb.ConsumeRequest, asyncio.Future[None]]] = collections.deque()
+        self._write_lock = asyncio.Lock()
+        self._call: Any = None
+        self.reconnects = 0
+        """How many times the read was opened again after a failure (for tests and metrics)."""
+        self._task = self._loop.create_task(self._run(), name=f"consumer:{pchannel}/{vchannel}")
+        self._task.add_done_callback(self._on_task_done)
+
+    # --- public ----------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._state is _State.CLOSED
+
+    @property
+    def position(self) -> Position | None:
+        """Where the last pack handed to the caller ends (None before the first): resume from here."""
+        return self._delivered
+
+    async def wait_opened(self) -> None:
+        """Return once the node opened the read; raise its error if opening failed for good."""
+        waiter = asyncio.ensure_future(self._opened.wait())
+        try:
+            await asyncio.wait((waiter, self._task), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if not self._opened.is_set():
+            if self._error is not None:
+                raise self._error
+            raise OnShutdownError(f"consumer on {self.pchannel!r} closed before it opened", channel=self.pchannel)
+
+    def __aiter__(self) -> AsyncIterator[MsgPack]:
+        return self
+
+    async def __anext__(self) -> MsgPack:
+        while not self._packs:
+            if self._error is not None:
+                raise self._error
+            if self._ended:
+                raise StopAsyncIteration
+            self._ready.clear()
+            await self._ready.wait()
+        pack = self._packs.popleft()
+        self._space.set()
+        self._delivered = pack.end_position
+        return pack
+
+    async def ack(self, what: MsgPack | Position | Iterable[Position]) -> None:
+        """Commit to the consumer group: a pack's end positions, or the given positions.  Returns once
+        the node stored them; an ack sent before a reconnect is sent again (acks are idempotent)."""
+        if self.group is None:
+            raise InvalidArgumentError("ack needs a consumer group (consumer(..., group=...))", field="group")
+        if self._state is not _State.RUNNING:
+            raise OnShutdownError(f"consumer on {self.pchannel!r} is closed", channel=self.pchannel)
+        if isinstance(what, MsgPack):
+            positions: list[Position] = list(what.end_positions)
+        elif isinstance(what, Position):
+            positions = [what]
+        else:
+            positions = list(what)
+        request = spb.ConsumeRequest(ack=spb.ConsumeAck(
+            positions=[convert.position_to_pb(p, self.vchannel) for p in positions]))
+        fut: asyncio.Future[None] = self._loop.create_future()
+        async with self._write_lock:
+            # Registered and written under the lock that a reconnect holds while it resends pending
+            # acks: each ack goes out once per stream, so answers match acks one to one.
+            self._acks.append((request, fut))
+            if self._call is not None:
+                with contextlib.suppress(grpc.RpcError):  # a broken stream: the reconnect resends it
+                    await self._call.write(request)
+        self._space.set()  # the reader must read on to see the answer, even with a full buffer
+        await fut
+
+    async def aclose(self) -> None:
+        """Stop reading: end the stream and the background task.  Idempotent."""
+        if self._state is _State.CLOSED:
+            return
+        self._state = _State.DRAINING
+        try:
+            if self._call is not None and not self._task.done():
+                async with self._write_lock:
+                    with contextlib.suppress(grpc.RpcError, StreamingError):
+                        await self._call.write(spb.ConsumeRequest(close=spb.ConsumeClose()))
+                self._space.set()
+                with contextlib.suppress(TimeoutError):
+                    # The reader discards packs while draining, so 'closed' arrives promptly.
+                    async with asyncio.timeout(5.0):
+                        await asyncio.shield(self._task)
+        finally:
+            self._state = _State.CLOSED
+            if not self._task.done():
+                self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StreamingError):
+                await self._task
+            self._ended = True
+            self._ready.set()
+            self._fail_acks(OnShutdownError(f"consumer on {self.pchannel!r} closed", channel=self.pchannel))
+
+    async def __aenter__(self) -> Consumer:
+        try:
+            await self.wait_opened()
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # --- the stream ------------------------------------------------------------------------------
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        # No caller may wait forever: the iterator and pending acks learn the task is gone.
+        if not task.cancelled() and (exc := task.exception()) is not None and self._error is None:
+            self._error = exc if isinstance(exc, StreamingError) else UnavailableError(
+                f"consumer on {self.pchannel!r} failed: {exc!r}", channel=self.pchannel)
+        self._ended = True
+        self._ready.set()
+        self._fail_acks(self._error or OnShutdownError(f"consumer on {self.pchannel!r} closed",
+                                                       channel=self.pchannel))
+
+    def _fail_acks(self, exc: StreamingError) -> None:
+        while self._acks:
+            _, fut = self._acks.popleft()
+            if not fut.done():
+                fut.set_exception(exc)
+                fut.exception()
+
+    async def _run(self) -> None:
+        if self._policy.kind is PolicyKind.LATEST:
+            # Anchor 'latest' to a concrete position now, so a reconnect before the first pack still
+            # resumes from here and loses nothing appended in between.
+            resp = await unary(self._stub.GetLatestPosition, spb.GetLatestPositionRequest(
+                pchannel=self.pchannel, vchannel=self.vchannel), self._timeout)
+            if resp.HasField("last"):
+                self._received = convert.position_from_pb(resp.last)[0]
+        while self._state is _State.RUNNING:
+            try:
+                call = await with_reconnect(self._open, self._reconnect_timeout)
+            except StreamingError as exc:
+                self._error = exc
+                return
+            broke = await self._pump_until_broken(call)
+            if broke is None or self._state is not _State.RUNNING:
+                return
+            if not reconnectable(broke):
+                self._error = broke
+                return
+
+    async def _pump_until_broken(self, call: Any) -> StreamingError | None:
+        """Read ``call`` until it ends (None) or breaks (the error)."""
+        try:
+            await self._pump(call)
+        except grpc.RpcError as exc:
+            return translate(exc)
+        except StreamingError as exc:
+            return exc
+        finally:
+            self._call = None
+            call.cancel()
+        return None
+
+    async def _open(self) -> Any:
+        policy, filters = self._policy, self._filters
+        if self._received is not None:
+            policy, filters = resume_read(self._received, filters)
+        open_ = spb.ConsumeOpen(
+            pchannel=self.pchannel, vchannel=self.vchannel, policy=convert.policy_to_pb(policy),
+            filters=convert.filters_to_pb(filters), consumer_group=self.group or "",
+            max_pack_messages=self._max_pack_messages)
+        call = self._stub.Consume()
+        try:
+            await call.write(spb.ConsumeRequest(open=open_))
+            first = await call.read()
+            _check_opened(first, self.pchannel)
+            async with self._write_lock:
+                for request, _ in self._acks:
+                    await call.write(request)
+                self._call = call
+        except grpc.RpcError as exc:
+            call.cancel()
+            raise translate(exc) from exc
+        except BaseException:
+            call.cancel()
+            raise
+        if self._opened.is_set():
+            self.reconnects += 1
+        self._opened.set()
+        return call
+
+    async def _pump(self, call: Any) -> None:
+        while True:
+            while len(self._packs) >= self._max_buffered and not self._acks and self._state is _State.RUNNING:
+                self._space.clear()
+                await self._space.wait()
+            resp = await call.read()
+            if resp is grpc.aio.EOF:
+                if self._state is _State.RUNNING:
+                    raise UnavailableError(f"consume stream on {self.pchannel!r} ended unasked",
+                                           channel=self.pchannel)
+                return
+            kind = resp.WhichOneof("response")
+            if kind == "pack":
+                if self._state is not _State.RUNNING:
+                    continue  # closing: nobody will read it
+                pack = convert.msgpack_from_pb(resp.pack)
+                self._received = pack.end_position
+                self._packs.append(pack)
+                self._ready.set()
+            elif kind in ("acked", "error"):
+                if not self._acks:
+                    continue
+                _, fut = self._acks.popleft()
+                if fut.done():
+                    continue
+                if kind == "acked":
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(from_error_detail(resp.error))
+            elif kind == "closed":
+                return
+
+
+__all__ = ["Consumer", "resume_read"]

@@ -1,0 +1,384 @@
+"""Producer: one Produce stream per pchannel, auto-batching, pipelined, optionally idempotent.
+
+Messages wait in an *open* batch until ``linger`` passes or the batch is full; the batch is then
+*sealed* (it gets its sequence numbers, if idempotent) and queued; the stream task writes sealed
+batches while fewer than ``max_in_flight`` are unanswered (*in flight*).  The node answers batches in
+order, each with one result per message or one in-band error for the whole batch.
+
+When the stream breaks for a reason a new stream cures (see ``_calls.reconnectable``):
+
+- with a ``producer_id`` every in-flight batch goes back to the front of the queue with the sequences
+  it already had, and is written again on the new stream; the node's dedup step answers a sequence
+  it already appended with the original result, so nothing is lost and nothing is written twice;
+- without one, a batch that was written but not answered may or may not have been appended, and
+  sending it again could duplicate it, so its futures fail with ``UnavailableError``.  Batches never
+  written are sent on the new stream.
+
+Lifecycle: running -> draining (``aclose``: everything queued is still sent and answered) -> closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import enum
+import itertools
+from typing import Any, cast
+
+import grpc
+
+from streamingnode.client._calls import reconnectable, translate, with_reconnect
+from streamingnode.status import from_error_detail
+from streamingnode.v1 import common_pb2 as pb
+from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from wal.errors import ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError, UnavailableError
+from wal.message import AppendResult, MessageType
+
+# In-band batch errors that the node sends just before it ends the stream (the channel was reopened,
+# or the node is stopping): nothing of the batch was written, and a new stream can take it.
+_ENDS_STREAM = frozenset({ErrorCode.CHANNEL_FENCED, ErrorCode.ON_SHUTDOWN})
+
+
+class _State(enum.Enum):
+    RUNNING = "running"
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+class _Batch:
+    __slots__ = ("first_sequence", "futures", "messages", "request_id")
+
+    def __init__(self, messages: list[pb.Message], futures: list[asyncio.Future[AppendResult]], first: int) -> None:
+        self.messages = messages
+        self.futures = futures
+        self.first_sequence = first
+        self.request_id = 0
+
+    def fail(self, exc: BaseException) -> None:
+        for fut in self.futures:
+            if not fut.done():
+                fut.set_exception(exc)
+
+
+def _retrieved(fut: asyncio.Future[AppendResult]) -> None:
+    # A send_nowait caller may drop its future; its error must not be logged as "never retrieved".
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _message_size(m: pb.Message) -> int:
+    return len(m.payload) + len(m.vchannel) + sum(len(k) + len(v) for k, v in m.properties.items())
+
+
+class Producer:
+    """Appends to one pchannel.  Make one with ``AsyncClient.producer``; use it on the client's loop.
+
+    ``send`` returns once the message is durable; ``send_nowait`` returns a future at once (and applies
+    no backpressure).  Messages sent concurrently are batched: a batch is written when ``linger``
+    seconds have passed since its first message, or when it reaches ``max_batch_bytes`` or
+    ``max_batch_messages``.
+    """
+
+    def __init__(
+        self,
+        stub: sgrpc.StreamingNodeStub,
+        pchannel: str,
+        *,
+        producer_id: str | None = None,
+        first_sequence: int = 0,
+        linger: float = 0.005,
+        max_batch_bytes: int = 1 << 20,
+        max_batch_messages: int = 500,
+        max_in_flight: int = 8,
+        reconnect_timeout: float = 30.0,
+        txn: pb.TxnContext | None = None,
+    ) -> None:
+        if not pchannel:
+            raise InvalidArgumentError("pchannel is required", field="pchannel")
+        if producer_id == "":
+            raise InvalidArgumentError("producer_id must not be empty when set", field="producer_id")
+        if linger < 0 or max_batch_bytes <= 0 or max_batch_messages <= 0 or max_in_flight <= 0:
+            raise InvalidArgumentError("linger must be >= 0; batch limits and max_in_flight must be > 0")
+        self._stub = stub
+        self.pchannel = pchannel
+        self.producer_id = producer_id
+        self._linger = linger
+        self._max_bytes = max_batch_bytes
+        self._max_messages = max_batch_messages
+        self._max_in_flight = max_in_flight
+        self._reconnect_timeout = reconnect_timeout
+        self._txn = txn
+        self._next_sequence = first_sequence
+        self._request_ids = itertools.count(1)
+        self._loop = asyncio.get_running_loop()
+        self._state = _State.RUNNING
+        # The open batch.
+        self._open_messages: list[pb.Message] = []
+        self._open_futures: list[asyncio.Future[AppendResult]] = []
+        self._open_bytes = 0
+        self._linger_timer: asyncio.Handle | None = None
+        self._sealed: collections.deque[_Batch] = collections.deque()
+        self._in_flight: collections.deque[_Batch] = collections.deque()
+        self._wake = asyncio.Event()  # the stream task: something to write, or a slot freed
+        self._space = asyncio.Event()  # senders waiting for the sealed queue to shrink
+        self._task: asyncio.Task[None] | None = None
+        self.term: int | None = None
+        """The WAL term of the current stream (None before the first open)."""
+        self.reconnects = 0
+        """How many times the stream was opened again after a failure (for tests and metrics)."""
+
+    # --- public ----------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._state is _State.CLOSED
+
+    @property
+    def next_sequence(self) -> int:
+        """The sequence the next sealed message gets (persist it to continue a producer_id later)."""
+        return self._next_sequence
+
+    def send_nowait(
+        self,
+        vchannel: str,
+        payload: bytes,
+        *,
+        properties: dict[str, str] | None = None,
+        type: MessageType = MessageType.DATA,
+    ) -> asyncio.Future[AppendResult]:
+        """Queue a message; the future resolves to its AppendResult once it is durable, or fails with
+        the StreamingError the node gave its batch."""
+        if self._state is not _State.RUNNING:
+            raise OnShutdownError(f"producer on {self.pchannel!r} is closed", channel=self.pchannel)
+        message = pb.Message(type=cast(Any, int(type)), vchannel=vchannel, payload=payload, properties=properties or {})
+        size = _message_size(message)
+        if self._open_messages and self._open_bytes + size > self._max_bytes:
+            self._seal()
+        fut: asyncio.Future[AppendResult] = self._loop.create_future()
+        fut.add_done_callback(_retrieved)
+        self._open_messages.append(message)
+        self._open_futures.append(fut)
+        self._open_bytes += size
+        if len(self._open_messages) >= self._max_messages or self._open_bytes >= self._max_bytes:
+            self._seal()
+        elif self._linger_timer is None:
+            # linger 0 still waits for the current loop iteration, so a burst of send_nowait calls
+            # made without awaiting goes out as one batch.
+            if self._linger > 0:
+                self._linger_timer = self._loop.call_later(self._linger, self._seal)
+            else:
+                self._linger_timer = self._loop.call_soon(self._seal)
+        return fut
+
+    async def send(
+        self,
+        vchannel: str,
+        payload: bytes,
+        *,
+        properties: dict[str, str] | None = None,
+        type: MessageType = MessageType.DATA,
+    ) -> AppendResult:
+        """Append one message and wait until it is durable.  Waits first while too many sealed batches
+        are queued (backpressure)."""
+        while len(self._sealed) >= self._max_in_flight and self._state is _State.RUNNING:
+            self._space.clear()
+            await self._space.wait()
+        return await self.send_nowait(vchannel, payload, properties=properties, type=type)
+
+    async def flush(self) -> None:
+        """Write the open batch now and wait until every message sent so far is answered (failures
+        stay on their own futures)."""
+        self._seal()
+        futures = [f for b in (*self._in_flight, *self._sealed) for f in b.futures]
+        if futures:
+            await asyncio.wait(futures)
+
+    async def aclose(self) -> None:
+        """Drain (everything sent so far is still written and answered), then end the stream.
+        Idempotent; cancelling it abandons the drain and fails what is left with OnShutdownError."""
+        if self._state is _State.CLOSED:
+            return
+        self._state = _State.DRAINING
+        self._seal()
+        self._wake.set()
+        self._space.set()
+        try:
+            if self._task is not None:
+                await asyncio.shield(self._task)
+        finally:
+            self._state = _State.CLOSED
+            if self._task is not None and not self._task.done():
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+            self._fail_all(OnShutdownError(f"producer on {self.pchannel!r} closed", channel=self.pchannel))
+
+    async def __aenter__(self) -> Producer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # --- batching --------------------------------------------------------------------------------
+    def _seal(self) -> None:
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+        if not self._open_messages:
+            return
+        batch = _Batch(self._open_messages, self._open_futures, self._next_sequence)
+        if self.producer_id is not None:
+            self._next_sequence += len(batch.messages)
+        self._open_messages, self._open_futures, self._open_bytes = [], [], 0
+        self._sealed.append(batch)
+        self._wake.set()
+        if self._task is None or self._task.done():
+            self._task = self._loop.create_task(self._run(), name=f"producer:{self.pchannel}")
+            self._task.add_done_callback(self._on_task_done)
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        # The stream task ends only when there is nothing left, or by a bug: then no caller may wait
+        # forever on a future it will never answer.
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self._fail_all(exc if isinstance(exc, StreamingError) else UnavailableError(
+                f"producer on {self.pchannel!r} failed: {exc!r}", channel=self.pchannel))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for batch in (*self._in_flight, *self._sealed):
+            batch.fail(exc)
+        self._in_flight.clear()
+        self._sealed.clear()
+        for fut in self._open_futures:
+            if not fut.done():
+                fut.set_exception(exc)
+        self._open_messages, self._open_futures, self._open_bytes = [], [], 0
+        self._space.set()
+
+    # --- the stream ------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        """Open a stream whenever there is work; keep it while the producer lives."""
+        while self._sealed or self._in_flight:
+            try:
+                call = await with_reconnect(self._open, self._reconnect_timeout)
+            except StreamingError as exc:
+                self._fail_all(exc)  # the channel is gone, or the node stayed away too long
+                continue
+            try:
+                await self._serve(call)
+            except StreamingError as exc:
+                self._stream_broke(exc)
+            finally:
+                call.cancel()
+            if self._state is not _State.RUNNING and not (self._sealed or self._in_flight):
+                return
+
+    async def _open(self) -> Any:
+        call = self._stub.Produce()
+        try:
+            await call.write(spb.ProduceRequest(open=spb.ProduceOpen(pchannel=self.pchannel,
+                                                                     producer_id=self.producer_id)))
+            first = await call.read()
+        except grpc.RpcError as exc:
+            call.cancel()
+            raise translate(exc) from exc
+        except BaseException:
+            call.cancel()
+            raise
+        if first is grpc.aio.EOF or first.WhichOneof("response") != "opened":
+            call.cancel()
+            raise UnavailableError(f"produce stream on {self.pchannel!r} ended before it opened",
+                                   channel=self.pchannel)
+        if self.term is not None:
+            self.reconnects += 1
+        self.term = first.opened.term
+        return call
+
+    async def _serve(self, call: Any) -> None:
+        """Write and read one stream until it ends (drained) or fails (raises StreamingError)."""
+        reader = self._loop.create_task(self._read(call))
+        try:
+            await self._write(call, reader)
+            await reader
+        except grpc.RpcError as exc:
+            raise translate(exc) from exc
+        finally:
+            if not reader.done():
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError, grpc.RpcError, StreamingError):
+                    await reader
+
+    async def _write(self, call: Any, reader: asyncio.Task[None]) -> None:
+        while True:
+            while not (self._sealed and len(self._in_flight) < self._max_in_flight):
+                if reader.done():
+                    return  # the stream ended; the reader holds why
+                if self._state is not _State.RUNNING and not self._sealed and not self._in_flight:
+                    await call.write(spb.ProduceRequest(close=spb.ProduceClose()))
+                    await call.done_writing()
+                    return
+                self._wake.clear()
+                waiter = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait((waiter, reader), return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+            batch = self._sealed.popleft()
+            self._space.set()
+            batch.request_id = next(self._request_ids)
+            # In flight before the write: a write that fails half way leaves the batch's fate unknown.
+            self._in_flight.append(batch)
+            await call.write(spb.ProduceRequest(batch=spb.ProduceBatch(
+                request_id=batch.request_id, messages=batch.messages, txn=self._txn,
+                first_sequence=batch.first_sequence)))
+
+    async def _read(self, call: Any) -> None:
+        while True:
+            resp = await call.read()
+            if resp is grpc.aio.EOF:
+                if self._in_flight or self._sealed:
+                    raise UnavailableError(f"produce stream on {self.pchannel!r} ended with batches unanswered",
+                                           channel=self.pchannel)
+                return
+            kind = resp.WhichOneof("response")
+            if kind == "closed":
+                return
+            if kind != "result":
+                continue
+            result = resp.result
+            if not self._in_flight or self._in_flight[0].request_id != result.request_id:
+                raise UnavailableError(f"produce stream on {self.pchannel!r} answered request {result.request_id} "
+                                       "out of order", channel=self.pchannel)
+            batch = self._in_flight.popleft()
+            self._wake.set()
+            if result.WhichOneof("outcome") == "error":
+                exc = from_error_detail(result.error)
+                if self.producer_id is not None and exc.code in _ENDS_STREAM:
+                    # Nothing of the batch was written and the stream is ending: resend it on the next.
+                    self._in_flight.appendleft(batch)
+                    raise exc
+                batch.fail(exc)
+            else:
+                for fut, r in zip(batch.futures, result.appended.results, strict=True):
+                    if not fut.done():
+                        fut.set_result(AppendResult(int.from_bytes(r.id.id, "big"), r.timetick, r.txn_id or None))
+
+    def _stream_broke(self, exc: StreamingError) -> None:
+        if not reconnectable(exc):
+            self._fail_all(exc)
+            return
+        if self.producer_id is not None:
+            # Same batches, same sequences, new stream: the node's dedup makes the resend safe.
+            self._sealed.extendleft(reversed(self._in_flight))
+        else:
+            lost = UnavailableError(
+                f"produce stream on {self.pchannel!r} broke before the batch was answered; it may or may not "
+                "have been appended (set producer_id to make resending safe)", channel=self.pchannel)
+            lost.__cause__ = exc
+            for batch in self._in_flight:
+                batch.fail(lost)
+        self._in_flight.clear()
+
+
+__all__ = ["Producer"]

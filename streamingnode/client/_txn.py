@@ -1,0 +1,87 @@
+"""Transaction: the body of one BeginTxn .. CommitTxn, produced on its own stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING
+
+from streamingnode.client._producer import Producer
+from streamingnode.client._types import TxnInfo
+from wal.errors import InvalidTxnStateError
+from wal.message import AppendResult, MessageType
+
+if TYPE_CHECKING:
+    from streamingnode.client._async import AsyncClient
+
+
+class Transaction:
+    """An open transaction on one vchannel.  Made by ``AsyncClient.txn``.
+
+    ``send`` appends a body message (ProduceBatch.txn set); readers see the body only after
+    ``commit``, whole, at the commit timetick — or never after ``rollback``.
+    """
+
+    def __init__(self, client: AsyncClient, info: TxnInfo, producer: Producer) -> None:
+        self._client = client
+        self.info = info
+        self._producer = producer
+        self._futures: list[asyncio.Future[AppendResult]] = []
+        self._finished = False
+
+    @property
+    def txn_id(self) -> int:
+        return self.info.txn_id
+
+    def send_nowait(
+        self, payload: bytes, *, properties: dict[str, str] | None = None, type: MessageType = MessageType.DATA,
+    ) -> asyncio.Future[AppendResult]:
+        """Queue a body message; commit waits for every queued one."""
+        if self._finished:
+            raise InvalidTxnStateError(f"transaction {self.txn_id} is already finished", txn_id=self.txn_id)
+        fut = self._producer.send_nowait(self.info.vchannel, payload, properties=properties, type=type)
+        self._futures.append(fut)
+        return fut
+
+    async def send(
+        self, payload: bytes, *, properties: dict[str, str] | None = None, type: MessageType = MessageType.DATA,
+    ) -> AppendResult:
+        """Append a body message and wait until it is durable (still invisible to readers)."""
+        return await self.send_nowait(payload, properties=properties, type=type)
+
+    async def commit(self) -> AppendResult:
+        """Wait for every body message, then commit.  If a body message failed, the transaction is
+        rolled back and that message's error is raised: a transaction is never committed partly."""
+        self._check_open()
+        await self._producer.flush()
+        failed = next((f.exception() for f in self._futures if not f.cancelled() and f.exception() is not None), None)
+        if failed is not None:
+            with contextlib.suppress(Exception):
+                await self.rollback()
+            raise failed
+        self._finished = True
+        try:
+            return await self._client.commit_txn(self.info.pchannel, self.info.vchannel, self.txn_id)
+        finally:
+            await self._producer.aclose()
+
+    async def rollback(self) -> AppendResult:
+        """Abandon the transaction: readers never see its body."""
+        self._check_open()
+        self._finished = True
+        try:
+            await self._producer.flush()
+            return await self._client.rollback_txn(self.info.pchannel, self.info.vchannel, self.txn_id)
+        finally:
+            await self._producer.aclose()
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def _check_open(self) -> None:
+        if self._finished:
+            raise InvalidTxnStateError(f"transaction {self.txn_id} is already finished", txn_id=self.txn_id)
+
+
+__all__ = ["Transaction"]

@@ -1,0 +1,94 @@
+"""Plain, immutable answers of the admin RPCs (so callers never handle protobuf objects)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from streamingnode import convert
+from streamingnode.v1 import common_pb2 as pb
+from streamingnode.v1 import streaming_pb2 as spb
+from wal.message import MessageID, Position
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who owns a channel (the Milvus message-stream OwnerDescription)."""
+
+    role: str = ""
+    address: str = ""
+    description: str = ""
+
+    def to_pb(self) -> pb.OwnerDescription:
+        return pb.OwnerDescription(role=self.role, address=self.address, description_text=self.description)
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelDescription:
+    """The state of one pchannel.  Ids are None while the channel is empty."""
+
+    name: str
+    owner: Owner
+    term: int
+    first_id: MessageID | None
+    last_id: MessageID | None
+    last_timetick: int
+
+    @classmethod
+    def from_pb(cls, d: pb.ChannelDescription) -> ChannelDescription:
+        return cls(
+            name=d.channel_name,
+            owner=Owner(d.owner.role, d.owner.address, d.owner.description_text),
+            term=d.term,
+            first_id=convert.message_id_from_pb(d.first_id, "first_id") if d.HasField("first_id") else None,
+            last_id=convert.message_id_from_pb(d.last_id, "last_id") if d.HasField("last_id") else None,
+            last_timetick=d.last_timetick,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GroupProgress:
+    """A consumer group's committed position on one vchannel, and how far behind it is."""
+
+    vchannel: str
+    committed: Position
+    lag_messages: int
+    lag_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    """One consumer group of one pchannel."""
+
+    pchannel: str
+    group: str
+    vchannels: tuple[GroupProgress, ...]
+
+    @classmethod
+    def from_pb(cls, d: spb.ConsumerGroupDescription) -> GroupDescription:
+        progress = tuple(
+            GroupProgress(p.vchannel, convert.position_from_pb(p.committed)[0], p.lag_messages, p.lag_ms)
+            for p in d.vchannels
+        )
+        return cls(d.pchannel, d.group, progress)
+
+    def committed(self, vchannel: str = "") -> Position | None:
+        """The committed position on ``vchannel``, None when the group has none there."""
+        for p in self.vchannels:
+            if p.vchannel == vchannel:
+                return p.committed
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class TxnInfo:
+    """An open transaction, as BeginTxn answered."""
+
+    pchannel: str
+    vchannel: str
+    txn_id: int
+    begin_timetick: int
+    message_id: MessageID | None
+    keepalive_ms: int
+
+
+__all__ = ["ChannelDescription", "GroupDescription", "GroupProgress", "Owner", "TxnInfo"]
