@@ -29,6 +29,8 @@ from wal.manager import WALManager
 
 log = structlog.get_logger(__name__)
 
+# Each channel costs a clock task and buffers; a request for millions of them is a mistake, not a plan.
+MAX_CREATE = 1024
 OWNER_ROLE = "owner.role"
 OWNER_ADDRESS = "owner.address"
 OWNER_TEXT = "owner.description_text"
@@ -123,6 +125,9 @@ class Node:
             )
         if not names and num <= 0:
             raise InvalidArgumentError("give channel_names or a positive num_channels", field="num_channels")
+        if max(num, len(names)) > MAX_CREATE:
+            raise InvalidArgumentError(
+                f"at most {MAX_CREATE} channels per call, asked for {max(num, len(names))}", field="num_channels")
         if len(set(names)) != len(names):
             raise InvalidArgumentError("channel_names has duplicates", field="channel_names")
         async with self._admin:

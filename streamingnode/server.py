@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
@@ -279,6 +280,11 @@ class _ConsumeStream:
         self.consumer_id = next(self._ids)
 
     async def _write(self, response: spb.ConsumeResponse) -> None:
+        # Shielded: a write cancelled half-way would leave gRPC's send operation pending, and the next
+        # write (the closing answer) would then fail.  The lock makes that next write wait for it.
+        await asyncio.shield(self._locked_write(response))
+
+    async def _locked_write(self, response: spb.ConsumeResponse) -> None:
         async with self.write_lock:
             await self.context.write(response)
 
@@ -359,11 +365,15 @@ def _stream_errors(
             await fn(self, request_iterator, context)
         except StreamingError as exc:
             err = exc
+        except DecodeError as exc:
+            err = InvalidArgumentError(f"request is not a valid {fn.__name__}Request: {exc}")
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as exc:  # noqa: BLE001  (a bug ends the call, not the node)
+            if context.done():
+                return  # the client went away (cancelled, deadline) while we wrote: nobody to tell
             err = _internal(exc)
-        if err is not None:
+        if err is not None and not context.done():
             await context.abort_with_status(to_grpc_status(err))
 
     return wrapper

@@ -55,6 +55,7 @@ async def test_create_channels_checks_its_arguments(stub) -> None:
         spb.CreateChannelsRequest(num_channels=3, channel_names=["x"]),
         spb.CreateChannelsRequest(channel_names=["x", "x"]),
         spb.CreateChannelsRequest(channel_names=[""]),
+        spb.CreateChannelsRequest(num_channels=2**31 - 1),
     ):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.CreateChannels(req)
