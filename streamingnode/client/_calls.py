@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential, wait_random
 
 from streamingnode.status import from_rpc_error
 from wal.errors import ErrorCode, StreamingError
@@ -57,7 +57,9 @@ async def with_reconnect(connect: Callable[[], Awaitable[R]], deadline_s: float)
     retrying = AsyncRetrying(
         retry=retry_if_exception(reconnectable),
         stop=stop_after_delay(deadline_s),
-        wait=wait_exponential_jitter(initial=0.05, max=1.0),
+        # 50 ms doubling to 1 s, plus jitter so many clients of a restarted node do not reconnect in step
+        # (spelled with wait_exponential + wait_random: stable across tenacity versions).
+        wait=wait_exponential(multiplier=0.05, max=1.0) + wait_random(0, 0.05),
         reraise=True,
     )
     async for attempt in retrying:

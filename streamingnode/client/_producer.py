@@ -126,6 +126,10 @@ class Producer:
         self._task: asyncio.Task[None] | None = None
         self.term: int | None = None
         """The WAL term of the current stream (None before the first open)."""
+        self.batches_written = 0
+        """Batches written to a stream, resends included (for tests and metrics)."""
+        self.largest_batch = 0
+        """Messages in the largest batch written so far."""
         self.reconnects = 0
         """How many times the stream was opened again after a failure (for tests and metrics)."""
 
@@ -329,6 +333,8 @@ class Producer:
             batch.request_id = next(self._request_ids)
             # In flight before the write: a write that fails half way leaves the batch's fate unknown.
             self._in_flight.append(batch)
+            self.batches_written += 1
+            self.largest_batch = max(self.largest_batch, len(batch.messages))
             await call.write(spb.ProduceRequest(batch=spb.ProduceBatch(
                 request_id=batch.request_id, messages=batch.messages, txn=self._txn,
                 first_sequence=batch.first_sequence)))
