@@ -1,0 +1,49 @@
+"""Node configuration: defaults < TOML file < environment < flags; typos and wrong types refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from streamingnode.config import NodeConfig, load_config
+from wal.backend import Durability
+from wal.errors import InvalidArgumentError
+
+
+def test_defaults_need_nothing() -> None:
+    config = load_config(env={})
+    assert config == NodeConfig()
+    assert config.data_dir == Path("data") and config.listen.endswith(":19530")
+    assert config.wal_durability is Durability.SYNC
+
+
+def test_precedence_file_env_flags(tmp_path: Path) -> None:
+    f = tmp_path / "n.toml"
+    f.write_text('listen = "127.0.0.1:1"\ntick_interval = 0.5\nchannels = ["a", "b"]\ndata_dir = "/x"\n')
+    env = {"STREAMINGNODE_TICK_INTERVAL": "0.25", "STREAMINGNODE_CHANNELS": "c, d"}
+    config = load_config(f, env=env, overrides={"listen": "127.0.0.1:2", "data_dir": None})
+    assert config.listen == "127.0.0.1:2"  # flag beats file
+    assert config.tick_interval == 0.25 and config.channels == ("c", "d")  # env beats file
+    assert config.data_dir == Path("/x")  # a None flag leaves the file's value
+
+
+@pytest.mark.parametrize(("text", "env", "message"), [
+    ("durabilty = 'sync'\n", {}, "unknown key 'durabilty'"),
+    ("max_message_bytes = 'big'\n", {}, "max_message_bytes has a value of the wrong type"),
+    ("tick_interval = true\n", {}, "tick_interval has a value of the wrong type"),
+    ("", {"STREAMINGNODE_PRODUCE_MAX_IN_FLIGHT": "many"}, "STREAMINGNODE_PRODUCE_MAX_IN_FLIGHT"),
+    ("", {"STREAMINGNODE_DURABILITY": "fast"}, "durability must be 'sync' or 'relaxed'"),
+    ("max_message_bytes = 0\n", {}, "max_message_bytes must be > 0"),
+    ("not toml at all [", {}, "is not valid TOML"),
+])
+def test_bad_settings_are_refused_by_name(tmp_path: Path, text: str, env: dict[str, str], message: str) -> None:
+    f = tmp_path / "n.toml"
+    f.write_text(text)
+    with pytest.raises(InvalidArgumentError, match=message):
+        load_config(f, env=env)
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="cannot read config file"):
+        load_config(tmp_path / "absent.toml", env={})
