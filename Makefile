@@ -31,6 +31,7 @@ proto: $(VENV_STAMP)
 bench: $(VENV_STAMP)
 	$(PY) bench/wal_append.py
 	$(PY) bench/append_chain.py
+	$(PY) bench/produce_consume.py
 
 clean:
 	rm -rf .venv .mypy_cache .ruff_cache .pytest_cache .hypothesis
