@@ -2,7 +2,9 @@
 
 ``serve`` runs the node (gRPC on port 19530, data under ./data, no configuration needed).  ``demo``
 runs a durable append/read round trip in a data directory without a server and ``inspect`` lists the
-pchannels of a data directory.
+pchannels of a data directory.  ``produce``, ``consume``, ``channels``, ``groups`` and ``flush`` are
+clients of a running node (``--addr``, default $STREAMINGNODE_ADDR or localhost:19530); see
+``streamingnode.cli``.
 """
 
 from __future__ import annotations
@@ -107,7 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="durable append/read round trip on pchannel 'demo'")
     demo.add_argument("--count", type=int, default=1000)
     sub.add_parser("inspect", help="list the pchannels of the data directory")
+    from streamingnode.cli import CLIENT_COMMANDS, add_client_commands  # noqa: PLC0415  (stdlib-only module)
+
+    add_client_commands(sub)
     args = parser.parse_args(argv)
+    if args.command in CLIENT_COMMANDS:
+        from streamingnode.cli import run  # noqa: PLC0415
+
+        return run(args)
     from streamingnode._process import tune_gc  # noqa: PLC0415
     from wal import StreamingError  # noqa: PLC0415
 
