@@ -12,9 +12,9 @@ $(VENV_STAMP): pyproject.toml
 
 install: $(VENV_STAMP)
 
-# The main job: open the WAL in ./data (or $$STREAMINGNODE_DATA_DIR) and run a durable round trip.
+# The main job: the node, gRPC on :19530, data in ./data (or $$STREAMINGNODE_DATA_DIR); Ctrl-C drains.
 run: $(VENV_STAMP)
-	.venv/bin/streamingnode demo
+	.venv/bin/streamingnode serve
 
 lint: $(VENV_STAMP)
 	$(PY) -m ruff check .

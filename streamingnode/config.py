@@ -40,6 +40,9 @@ class NodeConfig:
     """Batches a produce stream may have pending; the node stops reading the stream until one ends."""
     consume_max_pack_messages: int = 4096
     """Default upper bound on the messages of one delivered MsgPack."""
+    consume_max_pack_bytes: int = 2 << 20
+    """Upper bound on a delivered MsgPack's size (a transaction is never split, so one may exceed it):
+    keeps responses under gRPC's default 4 MiB receive limit of clients in any language."""
     txn_keepalive_ms: int = 60_000
     """Idle time after which a transaction expires, when BeginTxn asks for the node default."""
     tick_interval: float = 0.2
@@ -52,7 +55,8 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if self.durability not in ("sync", "relaxed"):
             raise InvalidArgumentError(f"durability must be 'sync' or 'relaxed', got {self.durability!r}")
-        for name in ("max_message_bytes", "max_request_bytes", "produce_max_in_flight", "consume_max_pack_messages"):
+        for name in ("max_message_bytes", "max_request_bytes", "produce_max_in_flight", "consume_max_pack_messages",
+                     "consume_max_pack_bytes"):
             if getattr(self, name) <= 0:
                 raise InvalidArgumentError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.max_message_bytes > self.max_request_bytes:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 from streamingnode.v1 import common_pb2 as pb
-from wal.errors import InvalidArgumentError
+from wal.errors import InvalidArgumentError, MessageTooLargeError
 from wal.message import (
     MESSAGE_ID_BYTES,
     Message,
@@ -40,6 +40,7 @@ PRODUCIBLE_TYPES = frozenset(
 )
 
 _TYPE_BY_NUMBER = {int(t): t for t in MessageType}
+_PRODUCIBLE_BY_NUMBER = {int(t): t for t in PRODUCIBLE_TYPES}
 
 
 def message_id_to_pb(message_id: MessageID | None) -> pb.MessageID | None:
@@ -62,28 +63,40 @@ def message_type_from_pb(number: int, field: str = "message.type") -> MessageTyp
 
 # --- messages ------------------------------------------------------------------------------------
 def produced_message(m: pb.Message, index: int, max_bytes: int) -> Message:
-    """A message a client produced, checked: type, size.  What the node assigns is ignored."""
-    from wal.errors import MessageTooLargeError  # noqa: PLC0415  (keeps the module's import list short)
+    """A message a client produced, checked: type, size.  What the node assigns is ignored.
 
-    t = message_type_from_pb(m.type, f"messages[{index}].type")
-    if t not in PRODUCIBLE_TYPES:
+    This runs for every produced message, so the common case (a known type, no properties) takes
+    no dict copy and no generator.
+    """
+    t = _PRODUCIBLE_BY_NUMBER.get(m.type)
+    if t is None:
+        t = message_type_from_pb(m.type, f"messages[{index}].type")
         raise InvalidArgumentError(
             f"messages[{index}]: type {t.name} is written by the node, not by producers", field="type"
         )
     payload = m.payload
-    props = dict(m.properties)
-    size = len(payload) + len(m.vchannel) + sum(len(k) + len(v) for k, v in props.items())
+    vchannel = m.vchannel
+    size = len(payload) + len(vchannel)
+    raw_props = m.properties
+    props: dict[str, str] = {}
+    if len(raw_props):
+        props = dict(raw_props)
+        for k, v in props.items():
+            size += len(k) + len(v)
     if size > max_bytes:
         raise MessageTooLargeError(
             f"messages[{index}] is {size} bytes, over the limit of {max_bytes}", size=size, limit=max_bytes
         )
-    return Message(t, m.vchannel, payload, props)
+    return Message(t, vchannel, payload, props)
 
 
-def message_to_pb(m: Message) -> pb.Message:
-    out = pb.Message(
-        type=cast(Any, m._type.value), vchannel=m._vchannel, timetick=m._timetick, wal_term=m._term, payload=m._payload,
-    )
+def fill_message_pb(out: pb.Message, m: Message) -> None:
+    """Write ``m`` into ``out`` in place (``pack.messages.add()``): no second copy into the pack."""
+    out.type = m._type.value  # type: ignore[assignment]
+    out.vchannel = m._vchannel
+    out.timetick = m._timetick
+    out.wal_term = m._term
+    out.payload = m._payload
     if m._id is not None:
         out.id.id = m._id.to_bytes(MESSAGE_ID_BYTES, "big")
     if m._last_confirmed is not None:
@@ -93,13 +106,20 @@ def message_to_pb(m: Message) -> pb.Message:
         out.txn.keepalive_ms = m._txn.keepalive_ms
     if m._properties:
         out.properties.update(m._properties)
+
+
+def message_to_pb(m: Message) -> pb.Message:
+    out = pb.Message()
+    fill_message_pb(out, m)
     return out
 
 
 def message_from_pb(p: pb.Message) -> Message:
     """A delivered message as the WAL type (immutable when it carries an id)."""
     txn = TxnContext(p.txn.txn_id, p.txn.keepalive_ms) if p.HasField("txn") else None
-    m = Message(_TYPE_BY_NUMBER.get(p.type, MessageType.UNDEFINED), p.vchannel, p.payload, dict(p.properties),
+    props = p.properties
+    m = Message(_TYPE_BY_NUMBER.get(p.type, MessageType.UNDEFINED), p.vchannel, p.payload,
+                dict(props) if len(props) else {},
                 timetick=p.timetick, txn=txn, not_persisted=not p.HasField("id"))
     m._term = p.wal_term
     if p.HasField("last_confirmed"):
@@ -125,13 +145,16 @@ def position_from_pb(p: pb.Position, field: str = "position") -> tuple[Position,
 
 
 def msgpack_to_pb(pack: MsgPack, vchannel: str) -> pb.MsgPack:
-    return pb.MsgPack(
+    out = pb.MsgPack(
         begin_ts=pack.begin_ts,
         end_ts=pack.end_ts,
-        messages=[message_to_pb(m) for m in pack.messages],
         start_positions=[position_to_pb(pack.start_position, vchannel)],
         end_positions=[position_to_pb(pack.end_position, vchannel)],
     )
+    add = out.messages.add
+    for m in pack.messages:
+        fill_message_pb(add(), m)
+    return out
 
 
 def msgpack_from_pb(p: pb.MsgPack) -> MsgPack:

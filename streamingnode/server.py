@@ -97,20 +97,22 @@ def _require(value: str, field: str) -> str:
     return value
 
 
-def _split_pack(pack: MsgPack, limit: int) -> list[MsgPack]:
-    """Split a pack of more than ``limit`` messages at unit boundaries (a transaction stays whole).
+def _split_pack(pack: MsgPack, limit: int, max_bytes: int) -> list[MsgPack]:
+    """Split a pack of more than ``limit`` messages or ``max_bytes`` of payload at unit boundaries (a
+    transaction stays whole), so every response fits a client's default 4 MiB receive limit.
 
     Each part ends at the timetick of its last unit (a transaction's is its commit), and its end
     position resumes there: the pack's start id with ``timetick_gt`` = that timetick delivers exactly
     the rest, by the resume rule of Position.
     """
     messages = pack.messages
-    if len(messages) <= limit:
+    if len(messages) <= limit and sum(len(m.payload) for m in messages) + 256 * len(messages) <= max_bytes:
         return [pack]
     parts: list[MsgPack] = []
     begin_ts = pack.begin_ts
     start = pack.start_position
     chunk: list[Message] = []
+    size = 0
     in_txn = False
     for m in messages:
         t = m.message_type
@@ -119,11 +121,12 @@ def _split_pack(pack: MsgPack, limit: int) -> list[MsgPack]:
         elif t in (MessageType.COMMIT_TXN, MessageType.ROLLBACK_TXN):
             in_txn = False
         chunk.append(m)
-        if len(chunk) >= limit and not in_txn:
+        size += len(m.payload) + 256  # + headers, properties and framing, roughly
+        if (len(chunk) >= limit or size >= max_bytes) and not in_txn:
             boundary = m.timetick
             end = Position(pack.start_position.pchannel, pack.start_position.message_id, boundary)
             parts.append(MsgPack(begin_ts, boundary, chunk, start, end))
-            begin_ts, start, chunk = boundary, end, []
+            begin_ts, start, chunk, size = boundary, end, [], 0
     if chunk or not parts:
         parts.append(MsgPack(begin_ts, pack.end_ts, chunk, start, pack.end_position))
     else:
@@ -218,10 +221,12 @@ class _ProduceStream:
         for i, p in enumerate(batch.messages):
             m = convert.produced_message(p, i, limit)
             props = m.properties
-            for key in _RESERVED_PROPERTIES:
-                if key in props:
-                    raise InvalidArgumentError(
-                        f"messages[{i}]: property {key!r} is reserved (set producer_id on open instead)", field=key)
+            if props:
+                for key in _RESERVED_PROPERTIES:
+                    if key in props:
+                        raise InvalidArgumentError(
+                            f"messages[{i}]: property {key!r} is reserved (set producer_id on open instead)",
+                            field=key)
             own = p.txn if p.HasField("txn") else None
             if own is not None and txn is not None and own.txn_id != txn.txn_id:
                 raise InvalidArgumentError(
@@ -257,11 +262,10 @@ class _ProduceStream:
             except Exception as exc:  # noqa: BLE001  (a bug fails its batch, not the node)
                 response = spb.ProduceBatchResult(request_id=rid, error=to_error_detail(_internal(exc)))
             else:
-                response = spb.ProduceBatchResult(request_id=rid, appended=spb.AppendResults(results=[
-                    spb.AppendResult(id=pb.MessageID(id=r.message_id.to_bytes(8, "big")), timetick=r.timetick,
-                                     txn_id=r.txn_id or 0)
-                    for r in results
-                ]))
+                response = spb.ProduceBatchResult(request_id=rid)
+                add = response.appended.results.add
+                for r in results:  # add() in place: a list of messages would be copied once more
+                    add(id=pb.MessageID(id=r.message_id.to_bytes(8, "big")), timetick=r.timetick, txn_id=r.txn_id or 0)
             finally:
                 self.slots.release()
             if self.failed is None or response.WhichOneof("outcome") == "appended":
@@ -327,8 +331,9 @@ class _ConsumeStream:
             await scanner.aclose()
 
     async def _send_packs(self, scanner: Any, vchannel: str, limit: int) -> None:
+        max_bytes = self.node.config.consume_max_pack_bytes
         async for pack in scanner:
-            for part in _split_pack(pack, limit):
+            for part in _split_pack(pack, limit, max_bytes):
                 await self._write(spb.ConsumeResponse(pack=convert.msgpack_to_pb(part, vchannel)))
 
     async def _receive(self, channel: Channel, group: str | None, vchannel: str) -> None:

@@ -132,6 +132,17 @@ async def test_max_pack_messages_splits_and_positions_resume_exactly(stub) -> No
     assert got[0] == f"{first_after:03}".encode()
 
 
+async def test_big_ticks_are_split_under_the_default_receive_limit(stub) -> None:
+    # 6,000 x 1 KiB arrive in very few ticks; a client with gRPC's default 4 MiB receive limit (the
+    # stub fixture) must still get every pack.
+    await _create(stub, "p")
+    batches = [[data("v", bytes([i % 256]) * 1024) for i in range(j, j + 1000)] for j in range(0, 6000, 1000)]
+    await produce(stub, "p", batches)
+    packs = await consume(stub, spb.ConsumeOpen(pchannel="p"), until=6000)
+    assert len(payloads(packs)) == 6000
+    assert max(p.ByteSize() for p in packs) <= 3 << 20
+
+
 async def test_produce_errors_stay_in_band_and_the_stream_goes_on(stub) -> None:
     await _create(stub, "p")
     bad_type = pb.Message(type=pb.MESSAGE_TYPE_TIME_TICK, vchannel="v")
