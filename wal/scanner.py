@@ -328,6 +328,9 @@ class Scanner:
                 fut = asyncio.ensure_future(wal._read_storage(following, self._opt.read_batch_bytes))
                 fut.add_done_callback(_retrieve)
                 self._read_ahead = (following, fut)
+                # A task only starts when the loop runs it, and nothing below yields until this batch is
+                # used up: without one pass of the loop here the read would begin only when awaited.
+                await asyncio.sleep(0)
         marks: list[int] = []
         out = wal._decode_stored(nid, blocks, marks)
         self._marks = marks

@@ -158,3 +158,27 @@ async def test_scanner_close_ends_iteration(manager: WALManager) -> None:
         pass
     with pytest.raises(StopAsyncIteration):
         await scanner.__anext__()
+
+
+async def test_catch_up_starts_the_next_read_before_this_batch_is_used_up(open_manager: ManagerFactory) -> None:
+    manager = await open_manager(tail_buffer_bytes=4096)  # a tiny tail: the scanner reads storage
+    wal = await _wal(manager)
+    for k in range(4):  # one block per append; each read below returns one block
+        await wal.append_batch([ins("v", 10 * k + 1, b"x" * 3000), tick(10 * k + 2)])
+    started: list[int] = []
+    run_read = manager._run_read
+
+    async def recording(fn, *args):  # type: ignore[no-untyped-def]
+        if fn.__name__ == "read_blocks":
+            started.append(args[1])
+        return await run_read(fn, *args)
+
+    manager._run_read = recording  # type: ignore[method-assign]
+    scanner = wal.read(ReadOption(read_batch_bytes=1))
+    pack = await scanner.__anext__()
+    assert [m.timetick for m in pack.messages] == [1]
+    # The read of the following batch is already under way, not merely scheduled.
+    assert started == [0, 2]
+    assert _ts(await packs_until(scanner, 32)) == [11, 21, 31]
+    assert started == [0, 2, 4, 6]
+    await scanner.aclose()
