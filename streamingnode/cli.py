@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import base64
 import binascii
+import concurrent.futures
 import contextlib
 import json
 import math
@@ -21,6 +22,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import UTC, datetime
@@ -324,19 +326,47 @@ def parse_record(line: bytes, lineno: int, default_vchannel: str) -> Record:
     return vchannel, payload, properties
 
 
+def _read_stdin_in_thread(loop: asyncio.AbstractEventLoop) -> asyncio.Queue[bytes | OSError]:
+    """Chunks of stdin (b"" at its end) from a daemon thread.
+
+    os.read returns what the pipe has (at least one byte) instead of waiting for a full buffer, so a
+    slow pipe is sent as it comes; and it takes no lock, unlike sys.stdin.buffer, whose lock held by a
+    blocked daemon thread aborts the interpreter at exit.  A daemon thread rather than the loop's
+    executor: a read blocked on an idle pipe must not keep an interrupted process alive (asyncio.run
+    joins its executor).
+    """
+    queue: asyncio.Queue[bytes | OSError] = asyncio.Queue(maxsize=16)  # bounded: backpressure on stdin
+    fd = sys.stdin.fileno()
+
+    def read(size: int) -> bytes:
+        return os.read(fd, size)
+
+    def pump() -> None:
+        item: bytes | OSError = b"x"
+        while item:
+            try:
+                item = read(1 << 16)
+            except OSError as exc:
+                item = exc
+            try:
+                asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+            except (RuntimeError, concurrent.futures.CancelledError):
+                return  # the loop is gone: nobody reads any more
+            if isinstance(item, OSError):
+                return
+
+    threading.Thread(target=pump, name="stdin-reader", daemon=True).start()
+    return queue
+
+
 async def _stdin_lines() -> AsyncIterator[tuple[int, bytes]]:
-    """(line number, line) of non-blank stdin lines.  Reads whatever is available in a worker thread
-    (read1), so a slow pipe is sent as it comes and a fast one costs one thread hop per 64 KiB."""
-    loop = asyncio.get_running_loop()
-    stdin = sys.stdin.buffer
-    # read1 returns what the pipe has (at least one byte) instead of waiting for a full buffer.
-    read: Callable[[int], bytes] = getattr(stdin, "read1", stdin.read)
+    """(line number, line) of the non-blank stdin lines."""
+    chunks = _read_stdin_in_thread(asyncio.get_running_loop())
     rest = b""
     lineno = 0
-    while True:
-        chunk = await loop.run_in_executor(None, read, 1 << 16)
-        if not chunk:
-            break
+    while chunk := await chunks.get():
+        if isinstance(chunk, OSError):
+            raise CliError(f"reading stdin: {chunk}")
         lines = (rest + chunk).split(b"\n")
         rest = lines.pop()
         for line in lines:
@@ -458,11 +488,13 @@ async def _produce(args: argparse.Namespace, addr: str) -> int:
             with contextlib.suppress(asyncio.CancelledError):
                 await ticker
         await client.aclose()
-    seconds = time.perf_counter() - start
-    if bar is not None:
-        bar.draw(stats.acked, stats.bytes, force=True)
-        bar.clear()
-    print(stats.summary(seconds), file=sys.stderr)
+        # Also when interrupted (Ctrl-C cancels this task): what was acknowledged is durable, and
+        # the summary says how much that was.
+        seconds = time.perf_counter() - start
+        if bar is not None:
+            bar.draw(stats.acked, stats.bytes, force=True)
+            bar.clear()
+        print(stats.summary(seconds), file=sys.stderr)
     if input_error is not None:
         raise input_error
     if stats.error is not None:

@@ -28,7 +28,7 @@ from wal.options import DeliverPolicy
 
 pytestmark = pytest.mark.integration
 
-TIMEOUT = 60  # a wedged CLI fails the test instead of hanging the run
+TIMEOUT = 30  # a wedged CLI fails the test instead of hanging the run
 SUMMARY = re.compile(
     r"produced (\d+) msgs, (\d+) bytes in ([\d.]+) s: ([\d.]+) msgs/s, ([\d.]+) MiB/s, "
     r"ack latency p50 ([\d.]+) ms p99 ([\d.]+) ms")
@@ -188,6 +188,30 @@ def test_consume_without_count_runs_until_a_signal_and_exits_0(server: str, chan
         proc.kill()
     assert proc.returncode == 0, err
     assert "Traceback" not in err
+
+
+def test_interrupted_produce_on_an_idle_pipe_exits_at_once_with_its_summary(server: str, channel: str) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamingnode", "produce", "--channel", channel, "--progress", "--addr", server],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    try:
+        assert proc.stdin is not None and proc.stderr is not None
+        proc.stdin.write(b'"one"\n')
+        proc.stdin.flush()
+        # The progress bar (redrawn in place, no newline) reports the ack: the message is durable.
+        seen = b""
+        while b"\r1 msgs" not in seen:
+            chunk = os.read(proc.stderr.fileno(), 4096)
+            assert chunk, f"produce ended early: {seen!r}"
+            seen += chunk
+        proc.send_signal(signal.SIGINT)  # stdin stays open and idle: the reader thread is blocked
+        _, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    summary = SUMMARY.search(err.decode())
+    assert summary is not None and summary[1] == "1", err
+    assert b"interrupted" in err and b"Fatal" not in err and b"Traceback" not in err
 
 
 def test_consume_pipes_into_produce_to_copy_a_channel(server: str, channel: str) -> None:
