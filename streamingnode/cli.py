@@ -528,8 +528,8 @@ def message_json(m: Message) -> dict[str, Any]:
     return out
 
 
-def _printable(pack: MsgPack, limit: int | None) -> tuple[list[Message], Position | None, bool]:
-    """(messages to print, position to ack, whole pack taken) for one pack, at most ``limit`` printed.
+def _printable(pack: MsgPack, limit: int | None) -> tuple[list[Message], Position | None]:
+    """(messages to print, position to ack) for one pack, at most ``limit`` printed.
 
     When ``limit`` cuts the pack, the ack position is the end of the last whole unit printed (a
     transaction is a unit from BeginTxn to its commit), by the same rule the node uses to split packs
@@ -545,7 +545,7 @@ def _printable(pack: MsgPack, limit: int | None) -> tuple[list[Message], Positio
         t = m.message_type
         if t is not MessageType.TIME_TICK:
             if limit is not None and len(chosen) >= limit:
-                return chosen, boundary, False
+                return chosen, boundary
             chosen.append(m)
         if t is MessageType.BEGIN_TXN:
             in_txn = True
@@ -553,7 +553,7 @@ def _printable(pack: MsgPack, limit: int | None) -> tuple[list[Message], Positio
             in_txn = False
         if not in_txn:
             boundary = Position(pack.start_position.pchannel, pack.start_position.message_id, m.timetick)
-    return chosen, pack.end_position, True
+    return chosen, pack.end_position
 
 
 def _install_stop(stop: asyncio.Event) -> Callable[[], None]:
@@ -616,7 +616,7 @@ async def _consume(args: argparse.Namespace, addr: str) -> int:
                     if pack is None:
                         break
                     limit = None if args.count is None else args.count - printed
-                    messages, ack_at, _ = _printable(pack, limit)
+                    messages, ack_at = _printable(pack, limit)
                     if messages:
                         out.write("".join(
                             json.dumps(message_json(m), ensure_ascii=False, separators=(",", ":")) + "\n"
