@@ -7,6 +7,7 @@ caller catches ``ChannelNotExistError`` whether it talks to an embedded WAL or t
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -14,7 +15,7 @@ import grpc
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential, wait_random
 
 from streamingnode.status import from_rpc_error
-from wal.errors import ErrorCode, StreamingError
+from wal.errors import ErrorCode, StreamingError, UnavailableError
 
 R = TypeVar("R")
 
@@ -49,6 +50,28 @@ async def unary(method: Callable[..., Awaitable[Any]], request: Any, deadline_s:
         return await method(request, timeout=deadline_s)
     except grpc.RpcError as exc:
         raise translate(exc) from exc
+
+
+async def write(call: Any, request: Any) -> None:
+    """Write one request to a stream.  A stream that already ended refuses writes with a grpc error
+    or, in grpc.aio, with ``asyncio.InvalidStateError``; both mean the stream is gone, and its status
+    (read from the response side) says why."""
+    try:
+        await call.write(request)
+    except grpc.RpcError as exc:
+        raise translate(exc) from exc
+    except asyncio.InvalidStateError as exc:
+        raise UnavailableError("the stream already ended") from exc
+
+
+async def done_writing(call: Any) -> None:
+    """Half-close a stream (see ``write`` for the failures)."""
+    try:
+        await call.done_writing()
+    except grpc.RpcError as exc:
+        raise translate(exc) from exc
+    except asyncio.InvalidStateError as exc:
+        raise UnavailableError("the stream already ended") from exc
 
 
 async def with_reconnect(connect: Callable[[], Awaitable[R]], deadline_s: float) -> R:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from streamingnode import convert
-from streamingnode.client._calls import reconnectable, translate, unary, with_reconnect
+from streamingnode.client._calls import reconnectable, translate, unary, with_reconnect, write
 from streamingnode.status import from_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
@@ -168,8 +168,8 @@ class Consumer:
             # acks: each ack goes out once per stream, so answers match acks one to one.
             self._acks.append((request, fut))
             if self._call is not None:
-                with contextlib.suppress(grpc.RpcError):  # a broken stream: the reconnect resends it
-                    await self._call.write(request)
+                with contextlib.suppress(StreamingError):  # a broken stream: the reconnect resends it
+                    await write(self._call, request)
         self._space.set()  # the reader must read on to see the answer, even with a full buffer
         await fut
 
@@ -181,8 +181,8 @@ class Consumer:
         try:
             if self._call is not None and not self._task.done():
                 async with self._write_lock:
-                    with contextlib.suppress(grpc.RpcError, StreamingError):
-                        await self._call.write(spb.ConsumeRequest(close=spb.ConsumeClose()))
+                    with contextlib.suppress(StreamingError):
+                        await write(self._call, spb.ConsumeRequest(close=spb.ConsumeClose()))
                 self._space.set()
                 with contextlib.suppress(TimeoutError):
                     # The reader discards packs while draining, so 'closed' arrives promptly.
@@ -271,12 +271,12 @@ class Consumer:
             max_pack_messages=self._max_pack_messages)
         call = self._stub.Consume()
         try:
-            await call.write(spb.ConsumeRequest(open=open_))
+            await write(call, spb.ConsumeRequest(open=open_))
             first = await call.read()
             _check_opened(first, self.pchannel)
             async with self._write_lock:
                 for request, _ in self._acks:
-                    await call.write(request)
+                    await write(call, request)
                 self._call = call
         except grpc.RpcError as exc:
             call.cancel()

@@ -28,7 +28,7 @@ from typing import Any, cast
 
 import grpc
 
-from streamingnode.client._calls import reconnectable, translate, with_reconnect
+from streamingnode.client._calls import done_writing, reconnectable, translate, with_reconnect, write
 from streamingnode.status import from_error_detail
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
@@ -283,8 +283,8 @@ class Producer:
     async def _open(self) -> Any:
         call = self._stub.Produce()
         try:
-            await call.write(spb.ProduceRequest(open=spb.ProduceOpen(pchannel=self.pchannel,
-                                                                     producer_id=self.producer_id)))
+            await write(call, spb.ProduceRequest(open=spb.ProduceOpen(pchannel=self.pchannel,
+                                                                      producer_id=self.producer_id)))
             first = await call.read()
         except grpc.RpcError as exc:
             call.cancel()
@@ -305,15 +305,22 @@ class Producer:
         """Write and read one stream until it ends (drained) or fails (raises StreamingError)."""
         reader = self._loop.create_task(self._read(call))
         try:
-            await self._write(call, reader)
+            try:
+                await self._write(call, reader)
+            except StreamingError:
+                # A refused write only says the stream ended; the status on the reading side says
+                # why (fenced, shutdown, ...), and it is finished, so the reader returns at once.
+                await reader
+                raise
             await reader
         except grpc.RpcError as exc:
             raise translate(exc) from exc
         finally:
             if not reader.done():
                 reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError, grpc.RpcError, StreamingError):
-                    await reader
+            # Retrieve its outcome too when the writer failed first: the writer's error is raised.
+            with contextlib.suppress(asyncio.CancelledError, grpc.RpcError, StreamingError):
+                await reader
 
     async def _write(self, call: Any, reader: asyncio.Task[None]) -> None:
         while True:
@@ -321,8 +328,8 @@ class Producer:
                 if reader.done():
                     return  # the stream ended; the reader holds why
                 if self._state is not _State.RUNNING and not self._sealed and not self._in_flight:
-                    await call.write(spb.ProduceRequest(close=spb.ProduceClose()))
-                    await call.done_writing()
+                    await write(call, spb.ProduceRequest(close=spb.ProduceClose()))
+                    await done_writing(call)
                     return
                 self._wake.clear()
                 waiter = asyncio.ensure_future(self._wake.wait())
@@ -335,7 +342,7 @@ class Producer:
             self._in_flight.append(batch)
             self.batches_written += 1
             self.largest_batch = max(self.largest_batch, len(batch.messages))
-            await call.write(spb.ProduceRequest(batch=spb.ProduceBatch(
+            await write(call, spb.ProduceRequest(batch=spb.ProduceBatch(
                 request_id=batch.request_id, messages=batch.messages, txn=self._txn,
                 first_sequence=batch.first_sequence)))
 
