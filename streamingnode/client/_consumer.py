@@ -229,12 +229,11 @@ class Consumer:
 
     async def _run(self) -> None:
         if self._policy.kind is PolicyKind.LATEST:
-            # Anchor 'latest' to a concrete position now, so a reconnect before the first pack still
-            # resumes from here and loses nothing appended in between.
-            resp = await unary(self._stub.GetLatestPosition, spb.GetLatestPositionRequest(
-                pchannel=self.pchannel, vchannel=self.vchannel), self._timeout)
-            if resp.HasField("last"):
-                self._received = convert.position_from_pb(resp.last)[0]
+            try:
+                await with_reconnect(self._anchor_latest, self._reconnect_timeout)
+            except StreamingError as exc:
+                self._error = exc
+                return
         while self._state is _State.RUNNING:
             try:
                 call = await with_reconnect(self._open, self._reconnect_timeout)
@@ -260,6 +259,24 @@ class Consumer:
             self._call = None
             call.cancel()
         return None
+
+    async def _anchor_latest(self) -> None:
+        if await self._group_has_position():
+            # The node resumes from the group's committed position instead, and so must a reconnect.
+            return
+        # Anchor 'latest' to a concrete position now, so a reconnect before the first pack still
+        # resumes from here and loses nothing appended in between.
+        resp = await unary(self._stub.GetLatestPosition, spb.GetLatestPositionRequest(
+            pchannel=self.pchannel, vchannel=self.vchannel), self._timeout)
+        if resp.HasField("last"):
+            self._received = convert.position_from_pb(resp.last)[0]
+
+    async def _group_has_position(self) -> bool:
+        if self.group is None:
+            return False
+        resp = await unary(self._stub.DescribeConsumerGroups, spb.DescribeConsumerGroupsRequest(
+            pchannel=self.pchannel, groups=[self.group]), self._timeout)
+        return any(p.vchannel == self.vchannel for g in resp.groups for p in g.vchannels)
 
     async def _open(self) -> Any:
         policy, filters = self._policy, self._filters

@@ -248,6 +248,18 @@ async def test_group_ack_describe_and_resume(client: AsyncClient) -> None:
         await client.seek_group("p", "g", "v")
 
 
+async def test_a_group_position_wins_over_the_latest_policy(client: AsyncClient) -> None:
+    await client.create_channels(["p"])
+    await client.create_group("p", "g")
+    async with client.producer("p") as producer:
+        first = await producer.send("v", b"first")
+        await client.seek_group("p", "g", "v", position=Position("p", first.message_id, first.timetick))
+        await producer.send("v", b"while-away")
+        async with client.consumer("p", "v", group="g", policy=DeliverPolicy.latest()) as consumer:
+            await producer.send("v", b"now")
+            assert data_of(await read_until(consumer, b"now")) == [b"while-away", b"now"]
+
+
 async def test_ack_without_group_is_refused_and_missing_channel_fails_the_read(client: AsyncClient) -> None:
     await client.create_channels(["p"])
     async with client.consumer("p", "v") as consumer:
