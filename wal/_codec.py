@@ -325,6 +325,60 @@ def _run_length(block: bytes, pos: int, stride: int, limit: int) -> int:
     return min(n, len(col) - len(col.lstrip(_ALLOWED_FLAGS)))
 
 
+_TYPE_OFFSETS = (5, 6)
+_VC_OFFSET = _REC_SIZE
+_PLAIN_VC_MAX = 32
+"""Longest vchannel whose bytes are compared across a run (one strided slice per byte)."""
+_plain_structs: dict[tuple[int, int], struct.Struct] = {}
+
+
+def _plain_length(block: bytes, pos: int, stride: int, n: int, vc_len: int) -> int:
+    """Of ``n`` same-shaped records from ``pos``, how many leading ones also share the first one's
+    type, flags and vchannel bytes (the caller checks that those make a plain record)."""
+    stop = pos + stride * n
+    for off in (*_TYPE_OFFSETS, _FLAGS_OFFSET, *range(_VC_OFFSET, _VC_OFFSET + vc_len)):
+        col = block[pos + off : stop : stride]
+        n = min(n, len(col) - len(col.lstrip(col[:1])))
+        if n < _MIN_RUN:
+            break
+    return n
+
+
+def _decode_plain_run(
+    block: bytes, pos: int, stop: int, *, vc_len: int, payload_len: int, mtype: MessageType, vchannel: str,
+    has_lc: bool, msg_id: MessageID, out: list[Message], marks: list[int], mark_base: int, prev_ts: int,
+) -> int:
+    """Records from ``pos`` to ``stop`` of one shape, type, vchannel and flags (0 or last-confirmed
+    only): only timetick, term, last-confirmed and payload differ, so only they are unpacked.
+    Appends to ``out`` and ``marks`` (out-of-order timestamps); returns the last timestamp."""
+    st = _plain_structs.get((vc_len, payload_len))
+    if st is None:
+        if len(_plain_structs) >= _SHAPES_MAX:
+            _plain_structs.clear()
+        st = _plain_structs[(vc_len, payload_len)] = struct.Struct(f"<8xQqQ20x{vc_len}x{payload_len}s")
+    append = out.append
+    new = Message.__new__
+    base = mark_base - msg_id + len(out)  # index in ``out`` (plus mark_base) of message msg_id
+    for ts, term, lc, payload in st.iter_unpack(memoryview(block)[pos:stop]):
+        msg = new(Message)
+        msg._type = mtype
+        msg._vchannel = vchannel
+        msg._payload = payload
+        msg._properties = {}
+        msg._timetick = ts
+        msg._term = term
+        msg._last_confirmed = lc if has_lc else None
+        msg._txn = None
+        msg._not_persisted = False
+        msg._id = msg_id
+        if ts < prev_ts:
+            marks.append(base + msg_id)
+        prev_ts = ts
+        msg_id += 1
+        append(msg)
+    return prev_ts
+
+
 def decode_block(
     block: bytes, first_id: MessageID, start: MessageID | None = None, *,
     marks: list[int] | None = None, mark_base: int = 0,
@@ -398,6 +452,25 @@ def decode_block(
             stride = size + 4
             limit = min(count - i, (end - pos) // stride)
             n = _run_length(block, pos, stride, limit) if limit >= _MIN_RUN else 0
+            if n >= _MIN_RUN and flags < 2 and mtype not in special and vc_len <= _PLAIN_VC_MAX:
+                plain = _plain_length(block, pos, stride, n, vc_len)
+                if plain >= _MIN_RUN:
+                    # The commonest run: one producer's batch to one vchannel.
+                    stop = pos + plain * stride
+                    raw_vc = block[pos + _REC_SIZE : pos + _REC_SIZE + vc_len]
+                    vchannel = vcs.get(raw_vc)
+                    if vchannel is None:
+                        vchannel = _decode_vchannel(raw_vc)
+                    prev_ts = _decode_plain_run(
+                        block, pos, stop, vc_len=vc_len, payload_len=payload_len, mtype=mtype, vchannel=vchannel,
+                        has_lc=flags == 1, msg_id=msg_id, out=out, marks=[] if marks is None else marks,
+                        mark_base=mark_base, prev_ts=prev_ts,
+                    )
+                    msg_id += plain
+                    pos = stop
+                    i += plain
+                    backoff = 0
+                    continue
             if n >= _MIN_RUN:
                 stop = pos + n * stride
                 st = _shapes.get((vc_len, payload_len))
