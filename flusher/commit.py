@@ -1,0 +1,155 @@
+"""The one commit protocol of the flusher: how a file appears in the output tree, atomically.
+
+Every file the flusher writes (Parquet data, delete files, drop markers) goes through
+``commit_file``, in these numbered steps:
+
+1. ``mkdir``     create missing directories; fsync the parent of each new one (its entry must be durable)
+2. ``write``     write the content to ``.<name>.tmp`` in the target directory
+3. ``fsync``     fsync that temporary file
+4. ``rename``    rename it to ``<name>`` (atomic on POSIX: a reader sees no file or the whole file)
+5. ``dirsync``   fsync the directory, so the rename survives a power loss
+
+The caller (the flusher) then advances its checkpoint, step 6.  Names are deterministic, so a crash
+at any step re-writes the same content under the same name; a temporary file left by a crash starts
+with a dot, never matches a reader's ``*.parquet`` glob, and is removed by ``remove_temporaries`` at
+start.
+
+Crash tests set ``STREAMINGNODE_FLUSHER_KILL_AT=<step>[:<n>]``: the process SIGKILLs itself right
+after the ``n``-th time (default 1) step ``<step>`` completes — see ``crash_point``.  The variable is
+read once at import, so the hook costs one ``is None`` test when unset.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+TMP_PREFIX = "."
+TMP_SUFFIX = ".tmp"
+STEPS = ("mkdir", "partial", "write", "fsync", "rename", "dirsync", "checkpoint")
+"""Crash points, in protocol order.  ``partial`` is in the middle of step 2 (the first bytes written);
+``checkpoint`` is after the flusher stored its checkpoint (step 6).  ``mkdir`` fires only when a
+directory was created."""
+
+KILL_ENV = "STREAMINGNODE_FLUSHER_KILL_AT"
+
+
+def _parse_kill(raw: str | None) -> tuple[str, int] | None:
+    if not raw:
+        return None
+    step, _, count = raw.partition(":")
+    if step not in STEPS:
+        raise ValueError(f"{KILL_ENV}={raw!r}: step must be one of {STEPS}")
+    return step, int(count or "1")
+
+
+_kill_at = _parse_kill(os.environ.get(KILL_ENV))
+_seen: dict[str, int] = {}
+
+
+def crash_point(step: str) -> None:
+    """Kill this process here if the crash-test hook names ``step`` (a no-op otherwise)."""
+    if _kill_at is None or _kill_at[0] != step:
+        return
+    _seen[step] = _seen.get(step, 0) + 1
+    if _seen[step] >= _kill_at[1]:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of directory ``path`` (creations, renames) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_dirs(directory: Path) -> None:
+    """Create ``directory`` and missing parents, fsyncing the parent of each one created."""
+    missing: list[Path] = []
+    d = directory
+    while not d.exists():
+        missing.append(d)
+        d = d.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue
+        fsync_dir(d.parent)
+    if missing:
+        crash_point("mkdir")
+
+
+def temporary_name(name: str) -> str:
+    return f"{TMP_PREFIX}{name}{TMP_SUFFIX}"
+
+
+class _HalfKill:
+    """A file wrapper that fires the ``partial`` crash point after the first bytes went out.
+
+    Parquet is written in several ``write`` calls; the wrapper lets the crash test cut the temporary
+    file short, which is what a crash during a large write leaves behind.  Only used when the hook is
+    armed.
+    """
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+        self._written = 0
+        self._fired = False
+
+    def write(self, data: bytes | memoryview) -> int:
+        n = self._f.write(data)
+        self._written += n
+        if not self._fired and self._written > 0:
+            self._fired = True
+            self._f.flush()
+            crash_point("partial")
+        return n
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._f, name)
+
+
+def commit_file(directory: Path, name: str, write: Callable[[BinaryIO], None]) -> Path:
+    """Steps 1-5 of the protocol: ``write`` fills the file; returns its final path once durable.
+
+    A file already under ``name`` (a crash between rename and checkpoint) is replaced by the same
+    content, which is what a deterministic name makes safe.
+    """
+    if name.startswith(TMP_PREFIX) or "/" in name:
+        raise ValueError(f"invalid file name {name!r}")
+    make_dirs(directory)
+    tmp = directory / temporary_name(name)
+    final = directory / name
+    with open(tmp, "wb") as f:
+        write(f if _kill_at is None else _HalfKill(f))  # type: ignore[arg-type]
+        f.flush()
+        crash_point("write")
+        os.fsync(f.fileno())
+    crash_point("fsync")
+    os.replace(tmp, final)
+    crash_point("rename")
+    fsync_dir(directory)
+    crash_point("dirsync")
+    return final
+
+
+def remove_temporaries(root: Path) -> int:
+    """Delete temporary files left under ``root`` by a crash; returns how many."""
+    removed = 0
+    if not root.exists():
+        return 0
+    for dirpath, _, filenames in os.walk(root):
+        for fn in filenames:
+            if fn.startswith(TMP_PREFIX) and fn.endswith(TMP_SUFFIX):
+                os.unlink(os.path.join(dirpath, fn))
+                removed += 1
+    return removed
+
+
+__all__ = ["KILL_ENV", "STEPS", "commit_file", "crash_point", "fsync_dir", "make_dirs", "remove_temporaries"]
