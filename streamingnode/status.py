@@ -66,6 +66,9 @@ _CODE_OF_STATUS: dict[grpc.StatusCode, ErrorCode] = {
 }
 
 
+_LOCAL_CORE_FAILURE = "Internal error from Core"
+
+
 def _classes() -> dict[ErrorCode, type[StreamingError]]:
     """The canonical exception class of each code: the first class of wal.errors that claims it."""
     found: dict[ErrorCode, type[StreamingError]] = {}
@@ -131,6 +134,10 @@ def from_rpc_error(exc: grpc.RpcError) -> StreamingError:
                 if info.domain == DOMAIN and info.reason in ErrorCode.__members__:
                     return make_error(ErrorCode[info.reason], status.message or text, dict(info.metadata))
     code = _CODE_OF_STATUS.get(status_code, ErrorCode.UNKNOWN)
+    if status_code is grpc.StatusCode.INTERNAL and text.startswith(_LOCAL_CORE_FAILURE):
+        # Made by the local gRPC core when an operation hits a call the transport already lost (the
+        # node died mid-stream): a broken connection, so retriable, not a failure of the node.
+        code = ErrorCode.UNAVAILABLE
     return make_error(code, f"{status_code.name}: {text}", {"grpc_status": status_code.name})
 
 
