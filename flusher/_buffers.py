@@ -1,0 +1,95 @@
+"""In-memory buffers of rows (one per segment directory) and deletes (one per collection), and the
+Arrow table each becomes in a file.
+
+A buffer holds the decoded record batches exactly as they came out of the messages (zero-copy views
+of the payloads) plus one timestamp per batch; the system columns are built only when the file is
+written.  Its size is counted as the payload bytes it keeps alive, which is what the memory cap is
+about.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from flusher._layout import FIRST_KEY, LAST_KEY, PCHANNEL, DeliveryKey, encode_key
+from wal.message import Position
+
+TS_COLUMN = "_ts"
+SEGMENT_COLUMN = "_segment"
+
+
+@dataclass(slots=True, eq=False)
+class Buffer:
+    """Rows waiting for one output directory (a segment's, or a collection's ``_deletes``)."""
+
+    directory: str
+    """Relative to the root (``_layout.segment_dir`` / ``deletes_dir``)."""
+    collection: str
+    schema: pa.Schema
+    """The user columns of the file (for deletes: the primary key field)."""
+    segment: int | None
+    """None for a delete buffer."""
+    resume: Position
+    """Where a reader must resume to get this buffer's first message again (its pack's start)."""
+    created: float = field(default_factory=time.monotonic)
+    vchannels: set[str] = field(default_factory=set)
+    batches: list[pa.RecordBatch] = field(default_factory=list)
+    stamps: list[int] = field(default_factory=list)
+    rows: int = 0
+    nbytes: int = 0
+    first_id: int = -1
+    last_id: int = -1
+    first_key: DeliveryKey = (0, 0)
+    last_key: DeliveryKey = (0, 0)
+    late: bool = False
+    """Rows for a segment whose FLUSH was already seen (a transaction committed after the seal)."""
+
+    def add(self, batch: pa.RecordBatch, ts: int, key: DeliveryKey, vchannel: str, size: int) -> None:
+        if not self.batches:
+            self.first_id = key[1]
+            self.first_key = key
+        self.batches.append(batch)
+        self.stamps.append(ts)
+        self.rows += batch.num_rows
+        self.nbytes += size
+        self.last_id = key[1]
+        self.last_key = key
+        self.vchannels.add(vchannel)
+
+    def to_table(self, pchannel: str) -> pa.Table:
+        """The file's content: user columns conformed to the schema, then ``_ts`` (and ``_segment``)."""
+        fields = list(self.schema)
+        fields.append(pa.field(TS_COLUMN, pa.int64(), nullable=False))
+        if self.segment is not None:
+            fields.append(pa.field(SEGMENT_COLUMN, pa.int64(), nullable=False))
+        out_schema = pa.schema(fields, metadata={
+            FIRST_KEY: encode_key(self.first_key),
+            LAST_KEY: encode_key(self.last_key),
+            PCHANNEL: pchannel.encode(),
+        })
+        out = []
+        for batch, ts in zip(self.batches, self.stamps, strict=True):
+            n = batch.num_rows
+            arrays = [_conform(batch.column(i), f.type) for i, f in enumerate(self.schema)]
+            arrays.append(_constant(ts, n))
+            if self.segment is not None:
+                arrays.append(_constant(self.segment, n))
+            out.append(pa.RecordBatch.from_arrays(arrays, schema=out_schema))
+        return pa.Table.from_batches(out, out_schema)
+
+
+def _conform(array: pa.Array, t: pa.DataType) -> pa.Array:
+    # Inserts may differ from the schema only where RowCheck allows it (a vector's child name,
+    # string vs large_string delete keys); a cast makes every batch of one file the same type.
+    return array if array.type == t else array.cast(t)
+
+
+def _constant(value: int, n: int) -> pa.Array:
+    # Built in C++ (no numpy here): an all-null int64 array filled with the value.
+    return pa.nulls(n, pa.int64()).fill_null(value)
+
+
+__all__ = ["SEGMENT_COLUMN", "TS_COLUMN", "Buffer"]

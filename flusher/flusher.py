@@ -1,0 +1,509 @@
+"""The flusher of one pchannel: a durable reader of the WAL that writes Parquet files, exactly once.
+
+Lifecycle: ``Flusher(stream, root, config)`` → ``await start()`` (recover, then a background task
+reads the WAL) → ``await aclose()``.  States go starting → running → draining → closed.
+
+What it does with each message (in the scanner's delivery order, transactions whole at commit):
+
+- CREATE_COLLECTION registers the schema; DROP_COLLECTION writes the collection's remaining buffers,
+  then a ``_dropped`` marker, and ignores the collection's later messages.
+- INSERT rows buffer per segment directory, DELETE keys per collection; a file is written on the
+  segment's FLUSH, on a MANUAL_FLUSH of its vchannel (and collection), when a buffer reaches
+  ``max_rows``/``max_bytes``/``max_age_seconds``, and — largest buffer first — whenever all buffers
+  together exceed ``memory_cap_bytes``.
+
+Exactly once.  The truth is the set of committed files (``commit.py``).  Each file records the
+delivery key ``(visible ts, id)`` of its last message; on start ``scan_committed`` gives each
+directory's largest one, and messages at or below it are skipped.  The reader resumes from the
+stored checkpoint: the start of the oldest pack that holds a message not yet in a committed file
+(or, with nothing buffered, where the reader is).  The checkpoint is stored only after the files it
+steps over are durable, together with the collection registry (in one ``put_meta`` value, so a
+crash cannot separate them; a replay that repeats DDL just re-applies it).  A crash anywhere
+therefore re-reads at least everything not committed, and skips everything committed, even when
+limits cut the replayed files at other boundaries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import contextlib
+import enum
+import functools
+import json
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import structlog
+
+from flusher import _layout
+from flusher._buffers import Buffer
+from flusher.commit import commit_file, crash_point, remove_temporaries
+from interceptors.streaming import StreamingWAL
+from wal import bodies
+from wal.errors import InvalidArgumentError, OnShutdownError
+from wal.message import Message, MessageType, Position
+from wal.options import DeliverFilter, DeliverPolicy, ReadOption
+from wal.scanner import MsgPack, Scanner
+from wal.wal import WAL
+
+log = structlog.get_logger(__name__)
+
+CHECKPOINT_META = "flusher_checkpoint"
+"""The default ``FlusherConfig.checkpoint_name``."""
+_LOGICAL_BITS = 18
+_KEEP_FLUSH_RESULTS = 1024
+_T = TypeVar("_T")
+_MT = MessageType
+
+
+@dataclass(frozen=True, slots=True)
+class FlusherConfig:
+    """Limits of one flusher.  A buffer is written when any of its limits is reached."""
+
+    max_rows: int = 1_000_000
+    max_bytes: int = 64 << 20
+    """Per buffer, counted as the payload bytes it holds."""
+    max_age_seconds: float = 600.0
+    """Since the buffer's first row arrived (checked at every TimeTick)."""
+    memory_cap_bytes: int = 256 << 20
+    """All buffers together; above it the largest buffer is written first."""
+    compression: str = "zstd"
+    checkpoint_interval_seconds: float = 1.0
+    """How often the checkpoint moves when no file was written (after a write it moves at once)."""
+    read_batch_bytes: int = 1 << 20
+    checkpoint_name: str = CHECKPOINT_META
+    """The WAL meta key of the checkpoint: one per (pchannel, root); a second flusher of the same
+    pchannel writing elsewhere needs its own."""
+
+    def __post_init__(self) -> None:
+        if self.max_rows < 1 or self.max_bytes < 1 or self.memory_cap_bytes < 1 or not self.max_age_seconds > 0:
+            raise InvalidArgumentError("flusher limits must be positive")
+
+
+class FlusherState(enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class FlusherStats:
+    """A snapshot of ``Flusher.stats()``."""
+
+    rows_written: int
+    delete_rows_written: int
+    bytes_written: int
+    files_written: int
+    buffered_bytes: int
+    buffered_rows: int
+    peak_buffered_bytes: int
+    buffers: int
+    processed_timetick: int
+    lag_ms: int
+    """Physical milliseconds between the WAL's last timestamp and the last one processed."""
+    checkpoint: Position
+
+
+@dataclass(slots=True)
+class _Collection:
+    vchannel: str
+    name: str
+    schema: pa.Schema
+    primary_key: str
+    dropped: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"vchannel": self.vchannel, "name": self.name, "primary_key": self.primary_key,
+                "dropped": self.dropped, "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode()}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> _Collection:
+        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(raw["schema"])))
+        return cls(raw["vchannel"], raw["name"], schema, raw["primary_key"], bool(raw["dropped"]))
+
+
+class Flusher:
+    """Writes the collections of one pchannel as Parquet under ``root``.  See the module docstring.
+
+    ``stream`` is the pchannel's ``StreamingWAL`` (needed by ``flush``) or a bare ``WAL`` (read only).
+    Use one root per pchannel: segment ids are unique only within a pchannel.
+    """
+
+    def __init__(self, stream: StreamingWAL | WAL, root: Path | str, config: FlusherConfig | None = None) -> None:
+        self._stream = stream if isinstance(stream, StreamingWAL) else None
+        self._wal: WAL = stream.wal if isinstance(stream, StreamingWAL) else stream
+        self._root = Path(root)
+        self._cfg = config or FlusherConfig()
+        self._state = FlusherState.STARTING
+        self._collections: dict[tuple[str, str], _Collection] = {}
+        self._buffers: dict[str, Buffer] = {}
+        self._flushed: dict[str, _layout.DeliveryKey] = {}
+        self._sealed: set[int] = set()
+        self._buffered = 0
+        self._peak = 0
+        self._position = Position(self._wal.pchannel, self._wal.first_id, 0)
+        self._pack_start = self._position
+        self._saved: tuple[int, int] | None = None
+        self._saved_at = 0.0
+        self._registry_dirty = False
+        self._wrote = False
+        self._processed = 0
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._flush_files: collections.OrderedDict[int, list[str]] = collections.OrderedDict()
+        self._current_files: list[str] | None = None
+        self._error: BaseException | None = None
+        self._scanner: Scanner | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"flusher-{self._wal.pchannel}")
+        self._rows_written = 0
+        self._delete_rows_written = 0
+        self._bytes_written = 0
+        self._files_written = 0
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    @property
+    def state(self) -> FlusherState:
+        return self._state
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    @property
+    def checkpoint(self) -> Position:
+        """The stored checkpoint: every message before its id is in committed files (or needs none),
+        so the WAL may be truncated below it."""
+        if self._saved is None:
+            return Position(self._wal.pchannel, self._wal.first_id, 0)
+        return Position(self._wal.pchannel, self._saved[0], self._saved[1])
+
+    async def start(self) -> None:
+        """Recover from the committed files and the stored checkpoint, then start reading."""
+        if self._state is not FlusherState.STARTING:
+            raise InvalidArgumentError(f"flusher of {self._wal.pchannel!r} was already started")
+        removed = await self._in_thread(remove_temporaries, self._root)
+        self._flushed = await self._in_thread(_layout.scan_committed, self._root)
+        raw = await self._wal.get_meta(self._cfg.checkpoint_name)
+        option = ReadOption(read_batch_bytes=self._cfg.read_batch_bytes)
+        if raw is not None:
+            saved = json.loads(raw)
+            for c in saved["collections"]:
+                coll = _Collection.from_json(c)
+                self._collections[(coll.vchannel, coll.name)] = coll
+            self._saved = (int(saved["message_id"]), int(saved["timetick"]))
+            self._position = self._pack_start = self.checkpoint
+            self._processed = self._saved[1]
+            option = ReadOption(
+                deliver_policy=DeliverPolicy.start_from(self._saved[0]),
+                deliver_filters=(DeliverFilter.timetick_gt(self._saved[1]),),
+                read_batch_bytes=self._cfg.read_batch_bytes,
+            )
+        self._scanner = self._wal.read(option)
+        self._task = asyncio.get_running_loop().create_task(self._run(self._scanner),
+                                                            name=f"flusher-{self._wal.pchannel}")
+        self._task.add_done_callback(self._on_done)
+        self._state = FlusherState.RUNNING
+        log.info("flusher started", pchannel=self._wal.pchannel, root=str(self._root), checkpoint=self._saved,
+                 committed_dirs=len(self._flushed), removed_temporaries=removed)
+
+    async def aclose(self) -> None:
+        """Stop reading; buffered rows are not written (the checkpoint replays them).  Idempotent."""
+        if self._state is FlusherState.CLOSED:
+            return
+        self._state = FlusherState.DRAINING
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._scanner is not None:
+            await self._scanner.aclose()
+        self._fail_waiters(OnShutdownError(f"flusher of {self._wal.pchannel!r} is closed", channel=self._wal.pchannel))
+        self._executor.shutdown(wait=True)
+        self._buffers.clear()
+        self._buffered = 0
+        self._state = FlusherState.CLOSED
+
+    async def __aenter__(self) -> Flusher:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _on_done(self, task: asyncio.Task[None]) -> None:
+        # Nobody may wait forever on a flusher that died: fail every waiter with its error.
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:  # the scanner ended (closed under us)
+            exc = OnShutdownError(f"flusher of {self._wal.pchannel!r} stopped reading", channel=self._wal.pchannel)
+        else:
+            log.error("flusher stopped", pchannel=self._wal.pchannel, error=repr(exc))
+        self._error = exc
+        self._fail_waiters(exc)
+
+    def _fail_waiters(self, exc: BaseException) -> None:
+        waiters, self._waiters = self._waiters, []
+        for _, fut in waiters:
+            if not fut.done():
+                fut.set_exception(exc)
+
+    async def _in_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run blocking file work on the flusher's own thread; a cancel waits for it to finish, so
+        a close never leaves a commit half done behind it."""
+        fut = asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            await asyncio.wait([fut])
+            raise
+
+    # --- the public API --------------------------------------------------------------------------
+    async def wait_flushed(self, timetick: int) -> list[str]:
+        """Return once every message with a timestamp <= ``timetick`` is processed (files durable).
+
+        The result lists the files (relative to the root) written for the MANUAL_FLUSH at exactly
+        ``timetick``, if there is one.
+        """
+        if self._error is not None:
+            raise self._error
+        if self._state in (FlusherState.DRAINING, FlusherState.CLOSED):
+            raise OnShutdownError(f"flusher of {self._wal.pchannel!r} is closed", channel=self._wal.pchannel)
+        if self._processed < timetick:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append((timetick, fut))
+            await fut
+        return self._flush_files.pop(timetick, [])
+
+    async def flush(self, vchannel: str, collection: str | None = None, *, deadline: float | None = None) -> list[str]:
+        """Append a MANUAL_FLUSH through the chain and return the files it wrote, once durable."""
+        if self._stream is None:
+            raise InvalidArgumentError("flush needs the pchannel's StreamingWAL, not a bare WAL")
+        result = await self._stream.append(bodies.manual_flush(vchannel, collection), deadline=deadline)
+        return await self.wait_flushed(result.timetick)
+
+    def stats(self) -> FlusherStats:
+        last = self._wal.last_timetick
+        lag = max(0, (last >> _LOGICAL_BITS) - (self._processed >> _LOGICAL_BITS)) if last else 0
+        return FlusherStats(
+            rows_written=self._rows_written, delete_rows_written=self._delete_rows_written,
+            bytes_written=self._bytes_written, files_written=self._files_written,
+            buffered_bytes=self._buffered, buffered_rows=sum(b.rows for b in self._buffers.values()),
+            peak_buffered_bytes=self._peak, buffers=len(self._buffers), processed_timetick=self._processed,
+            lag_ms=lag, checkpoint=self.checkpoint,
+        )
+
+    # --- the reader loop -------------------------------------------------------------------------
+    async def _run(self, scanner: Scanner) -> None:
+        async for pack in scanner:
+            await self._process(pack)
+
+    async def _process(self, pack: MsgPack) -> None:
+        msgs = pack.messages
+        commits = {m.txn.txn_id: m.timetick for m in msgs if m.message_type is _MT.COMMIT_TXN and m.txn is not None}
+        self._pack_start = pack.start_position
+        # Popped one by one so each payload is released as soon as it is handled (or buffered):
+        # a pack can be large while catching up, and the memory cap is about what stays.
+        msgs.reverse()
+        while msgs:
+            m = msgs.pop()
+            handler = _HANDLERS.get(m.message_type)
+            if handler is not None:
+                ts = m.timetick if m.txn is None else commits.get(m.txn.txn_id, m.timetick)
+                await handler(self, m, ts)
+        for b in [b for b in self._buffers.values() if b.late]:
+            await self._write(b)
+        now = time.monotonic()
+        for b in [b for b in self._buffers.values() if now - b.created >= self._cfg.max_age_seconds]:
+            await self._write(b)
+        self._position = pack.end_position
+        self._processed = max(self._processed, pack.end_ts)
+        await self._maybe_checkpoint(now)
+        self._wake(self._processed)
+
+    def _wake(self, processed: int) -> None:
+        if not self._waiters:
+            return
+        keep = []
+        for ts, fut in self._waiters:
+            if ts <= processed:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                keep.append((ts, fut))
+        self._waiters = keep
+
+    async def _maybe_checkpoint(self, now: float) -> None:
+        if self._buffers:
+            pos = min((b.resume for b in self._buffers.values()), key=lambda p: (p.message_id, p.timetick))
+        else:
+            pos = self._position
+        target = (pos.message_id, pos.timetick)
+        if self._saved is not None and target <= self._saved and not self._registry_dirty:
+            return
+        if not self._wrote and now - self._saved_at < self._cfg.checkpoint_interval_seconds:
+            return
+        value = {"version": 1, "message_id": target[0], "timetick": target[1],
+                 "collections": [c.to_json() for c in self._collections.values()]}
+        await self._wal.put_meta(self._cfg.checkpoint_name, json.dumps(value).encode())
+        crash_point("checkpoint")
+        self._saved = max(target, self._saved) if self._saved is not None else target
+        self._saved_at = now
+        self._wrote = False
+        self._registry_dirty = False
+
+    # --- message handlers ------------------------------------------------------------------------
+    def _live(self, m: Message) -> _Collection | None:
+        c = self._collections.get((m.vchannel, m.properties.get(bodies.PROP_COLLECTION, "")))
+        return None if c is None or c.dropped else c
+
+    async def _on_create_collection(self, m: Message, ts: int) -> None:
+        name = m.properties[bodies.PROP_COLLECTION]
+        self._collections[(m.vchannel, name)] = _Collection(
+            m.vchannel, name, bodies.read_schema(m), m.properties[bodies.PROP_PRIMARY_KEY])
+        self._registry_dirty = True
+
+    async def _on_drop_collection(self, m: Message, ts: int) -> None:
+        c = self._live(m)
+        if c is None:
+            return
+        # The shard step sealed the collection's segments just before the drop, so their rows are
+        # written already; what can remain are deletes (and rows of transactions after a seal).
+        for b in [b for b in self._buffers.values() if b.collection == c.name and m.vchannel in b.vchannels]:
+            await self._write(b)
+        marker = json.dumps({"collection": c.name, "vchannel": m.vchannel, "timetick": ts,
+                             "message_id": m.message_id}).encode()
+        await self._in_thread(commit_file, self._root / c.name, _layout.DROPPED_MARKER,
+                              lambda f: f.write(marker))
+        c.dropped = True
+        self._registry_dirty = True
+        self._wrote = True
+
+    async def _on_insert(self, m: Message, ts: int) -> None:
+        c = self._live(m)
+        if c is None:
+            return
+        segment = bodies.read_segment(m)
+        partition = m.properties.get(bodies.PROP_PARTITION, bodies.DEFAULT_PARTITION)
+        directory = _layout.segment_dir(c.name, partition, segment)
+        key = _key(m, ts)
+        if key <= self._flushed.get(directory, _NOTHING):
+            return  # already in a committed file (a replay after a restart)
+        batch = bodies.read_insert(m)
+        b = self._buffers.get(directory)
+        if b is None:
+            b = self._buffers[directory] = Buffer(directory, c.name, c.schema, segment, self._pack_start)
+        if segment in self._sealed:
+            b.late = True
+        await self._add(b, batch, ts, key, m)
+
+    async def _on_delete(self, m: Message, ts: int) -> None:
+        c = self._live(m)
+        if c is None:
+            return
+        directory = _layout.deletes_dir(c.name)
+        key = _key(m, ts)
+        if key <= self._flushed.get(directory, _NOTHING):
+            return
+        keys = bodies.read_delete(m)
+        pk = c.schema.field(c.primary_key)
+        b = self._buffers.get(directory)
+        if b is None:
+            b = self._buffers[directory] = Buffer(directory, c.name, pa.schema([pk]), None, self._pack_start)
+        await self._add(b, pa.RecordBatch.from_arrays([keys], names=[pk.name]), ts, key, m)
+
+    async def _add(self, b: Buffer, batch: pa.RecordBatch, ts: int, key: _layout.DeliveryKey, m: Message) -> None:
+        # The payload stays alive as long as the zero-copy batch does: count whichever is larger.
+        size = max(len(m.payload), batch.nbytes)
+        b.add(batch, ts, key, m.vchannel, size)
+        self._buffered += size
+        self._peak = max(self._peak, self._buffered)
+        if b.rows >= self._cfg.max_rows or b.nbytes >= self._cfg.max_bytes:
+            await self._write(b)
+        while self._buffered > self._cfg.memory_cap_bytes and self._buffers:
+            await self._write(max(self._buffers.values(), key=lambda x: x.nbytes))
+
+    async def _on_flush(self, m: Message, ts: int) -> None:
+        segment = bodies.read_segment(m)
+        self._sealed.add(segment)
+        directory = _layout.segment_dir(m.properties.get(bodies.PROP_COLLECTION, ""),
+                                        m.properties.get(bodies.PROP_PARTITION, bodies.DEFAULT_PARTITION), segment)
+        b = self._buffers.get(directory)
+        if b is not None:
+            await self._write(b)
+
+    async def _on_manual_flush(self, m: Message, ts: int) -> None:
+        collection = m.properties.get(bodies.PROP_COLLECTION)
+        vchannel = m.vchannel
+        chosen = [b for b in self._buffers.values()
+                  if (collection is None or b.collection == collection)
+                  and (vchannel == "" or vchannel in b.vchannels)]
+        files: list[str] = []
+        self._current_files = files
+        try:
+            for b in chosen:
+                await self._write(b)
+        finally:
+            self._current_files = None
+        self._flush_files[ts] = files
+        while len(self._flush_files) > _KEEP_FLUSH_RESULTS:
+            self._flush_files.popitem(last=False)
+
+    # --- writing ---------------------------------------------------------------------------------
+    async def _write(self, b: Buffer) -> None:
+        """Commit ``b`` as one file, then forget it.  Returns once the file is durable."""
+        if self._buffers.get(b.directory) is not b:
+            return
+        table = b.to_table(self._wal.pchannel)
+        name = _layout.file_name(b.first_id, b.last_id)
+        compression = self._cfg.compression
+
+        def write(f: Any) -> None:
+            pq.write_table(table, f, compression=compression, coerce_timestamps="us",
+                           allow_truncated_timestamps=True)
+
+        path = await self._in_thread(commit_file, self._root / b.directory, name, write)
+        size = path.stat().st_size
+        del self._buffers[b.directory]
+        self._buffered -= b.nbytes
+        self._flushed[b.directory] = b.last_key
+        self._wrote = True
+        self._files_written += 1
+        self._bytes_written += size
+        if b.segment is None:
+            self._delete_rows_written += b.rows
+        else:
+            self._rows_written += b.rows
+        rel = f"{b.directory}/{name}"
+        if self._current_files is not None:
+            self._current_files.append(rel)
+        log.debug("flusher wrote", pchannel=self._wal.pchannel, file=rel, rows=b.rows, bytes=size)
+
+
+def _key(m: Message, ts: int) -> _layout.DeliveryKey:
+    mid = m.message_id
+    assert mid is not None  # read from the WAL
+    return ts, mid
+
+
+_NOTHING: _layout.DeliveryKey = (-1, -1)
+_Handler = Callable[[Flusher, Message, int], Awaitable[None]]
+_HANDLERS: dict[MessageType, _Handler] = {
+    _MT.CREATE_COLLECTION: Flusher._on_create_collection,
+    _MT.DROP_COLLECTION: Flusher._on_drop_collection,
+    _MT.INSERT: Flusher._on_insert,
+    _MT.DELETE: Flusher._on_delete,
+    _MT.FLUSH: Flusher._on_flush,
+    _MT.MANUAL_FLUSH: Flusher._on_manual_flush,
+}
+
+__all__ = ["CHECKPOINT_META", "Flusher", "FlusherConfig", "FlusherState", "FlusherStats"]
