@@ -203,12 +203,12 @@ class GroupCommitter:
         taken, self._queue = queue[:n], queue[n:]
         reqs: list[_Request] = []
         for req in taken:
+            if req.future.done():  # the caller was cancelled before the write: skip it entirely
+                continue
             wal = req.wal
             err = wal._write_refusal()
             if err is not None:
                 req.future.set_exception(err)
-                continue
-            if req.future.done():  # the caller was cancelled before the write: skip it entirely
                 continue
             req.first_id = wal._next_alloc
             wal._next_alloc += len(req.messages)
