@@ -16,6 +16,7 @@ manager; ``msgstream`` is the Milvus MsgStream shape.  Every failure raises the 
 
 from streamingnode.client._async import DEFAULT_ADDR, AsyncClient
 from streamingnode.client._consumer import Consumer, resume_read
+from streamingnode.client._data import DataClient
 from streamingnode.client._msgstream import (
     HASH_KEY_PROPERTY,
     MsgStream,
@@ -36,6 +37,7 @@ __all__ = [
     "ChannelDescription",
     "Client",
     "Consumer",
+    "DataClient",
     "GroupDescription",
     "GroupProgress",
     "MsgStream",

@@ -11,6 +11,7 @@ import grpc
 from streamingnode import convert
 from streamingnode.client._calls import unary
 from streamingnode.client._consumer import Consumer
+from streamingnode.client._data import DataClient
 from streamingnode.client._msgstream import MsgStream
 from streamingnode.client._producer import Producer
 from streamingnode.client._txn import Transaction
@@ -23,7 +24,7 @@ from wal.message import AppendResult, Position
 from wal.options import DeliverFilter, DeliverPolicy
 
 DEFAULT_ADDR = "localhost:19530"
-T = TypeVar("T", Producer, Consumer, MsgStream)
+T = TypeVar("T", Producer, Consumer, MsgStream, DataClient)
 
 
 class AsyncClient:
@@ -54,7 +55,7 @@ class AsyncClient:
             *options,
         ])
         self._stub = sgrpc.StreamingNodeStub(self._channel)
-        self._owned: list[Producer | Consumer | MsgStream] = []
+        self._owned: list[Producer | Consumer | MsgStream | DataClient] = []
         self._closed = False
 
     async def __aenter__(self) -> AsyncClient:
@@ -224,6 +225,10 @@ class AsyncClient:
             self._stub, pchannel, vchannel, policy=policy, filters=filters, group=group,
             max_pack_messages=max_pack_messages, max_buffered_packs=max_buffered_packs,
             reconnect_timeout=self.reconnect_timeout, timeout=self.timeout))
+
+    def data(self, pchannel: str) -> DataClient:
+        """Collections, inserts, deletes and flush on ``pchannel`` (see ``DataClient``)."""
+        return self._own(DataClient(self, pchannel))
 
     def msgstream(self) -> MsgStream:
         """The Milvus MsgStream shape over this client (as_producer / as_consumer, produce, consume)."""

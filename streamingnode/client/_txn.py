@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
 
 from streamingnode.client._producer import Producer
 from streamingnode.client._types import TxnInfo
+from wal import bodies
 from wal.errors import InvalidTxnStateError
 from wal.message import AppendResult, MessageType
 
@@ -48,6 +52,18 @@ class Transaction:
     ) -> AppendResult:
         """Append a body message and wait until it is durable (still invisible to readers)."""
         return await self.send_nowait(payload, properties=properties, type=type)
+
+    async def insert(
+        self, collection: str, data: pa.RecordBatch | pa.Table, partition: str = bodies.DEFAULT_PARTITION,
+    ) -> AppendResult:
+        """Insert rows as part of the transaction: visible (and flushed) only once it commits."""
+        m = bodies.insert(self.info.vchannel, collection, data, partition)
+        return await self.send(m.payload, properties=dict(m.properties), type=m.message_type)
+
+    async def delete(self, collection: str, keys: pa.Array | pa.ChunkedArray | Sequence[Any]) -> AppendResult:
+        """Delete by primary key as part of the transaction."""
+        m = bodies.delete(self.info.vchannel, collection, keys)
+        return await self.send(m.payload, properties=dict(m.properties), type=m.message_type)
 
     async def commit(self) -> AppendResult:
         """Wait for every body message, then commit.  If a body message failed, the transaction is
