@@ -57,19 +57,16 @@ class _Batch:
         self.request_id = 0
 
     def fail(self, exc: BaseException) -> None:
-        for fut in self.futures:
-            if not fut.done():
-                fut.set_exception(exc)
+        _fail_futures(self.futures, exc)
 
 
-def _retrieved(fut: asyncio.Future[AppendResult]) -> None:
-    # A send_nowait caller may drop its future; its error must not be logged as "never retrieved".
-    if not fut.cancelled():
-        fut.exception()
-
-
-def _message_size(m: pb.Message) -> int:
-    return len(m.payload) + len(m.vchannel) + sum(len(k) + len(v) for k, v in m.properties.items())
+def _fail_futures(futures: list[asyncio.Future[AppendResult]], exc: BaseException) -> None:
+    for fut in futures:
+        if not fut.done():
+            fut.set_exception(exc)
+            # A send_nowait caller may drop its future: its error must not be logged as "never
+            # retrieved".  Marked here, once per failure, instead of a callback on every future.
+            fut.exception()
 
 
 class Producer:
@@ -155,12 +152,17 @@ class Producer:
         the StreamingError the node gave its batch."""
         if self._state is not _State.RUNNING:
             raise OnShutdownError(f"producer on {self.pchannel!r} is closed", channel=self.pchannel)
-        message = pb.Message(type=cast(Any, int(type)), vchannel=vchannel, payload=payload, properties=properties or {})
-        size = _message_size(message)
+        # The per-message path of every producer: no empty properties map, no generator, no callback.
+        size = len(payload) + len(vchannel)
+        if properties:
+            message = pb.Message(type=cast(Any, int(type)), vchannel=vchannel, payload=payload, properties=properties)
+            for k, v in properties.items():
+                size += len(k) + len(v)
+        else:
+            message = pb.Message(type=cast(Any, int(type)), vchannel=vchannel, payload=payload)
         if self._open_messages and self._open_bytes + size > self._max_bytes:
             self._seal()
         fut: asyncio.Future[AppendResult] = self._loop.create_future()
-        fut.add_done_callback(_retrieved)
         self._open_messages.append(message)
         self._open_futures.append(fut)
         self._open_bytes += size
@@ -256,9 +258,7 @@ class Producer:
             batch.fail(exc)
         self._in_flight.clear()
         self._sealed.clear()
-        for fut in self._open_futures:
-            if not fut.done():
-                fut.set_exception(exc)
+        _fail_futures(self._open_futures, exc)
         self._open_messages, self._open_futures, self._open_bytes = [], [], 0
         self._space.set()
 

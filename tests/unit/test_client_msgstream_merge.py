@@ -84,7 +84,7 @@ def test_default_repack_is_stable_and_uses_the_hash_key_property() -> None:
 
 def test_exported_surface() -> None:
     assert set(sdk.__all__) == {
-        "DEFAULT_ADDR", "HASH_KEY_PROPERTY", "AsyncClient", "ChannelDescription", "Client", "Consumer",
+        "DEFAULT_ADDR", "HASH_KEY_PROPERTY", "AsyncClient", "ChannelDescription", "Client", "Consumer", "DataClient",
         "GroupDescription", "GroupProgress", "MsgStream", "MsgStreamPack", "Owner", "Producer", "Repack",
         "SyncConsumer", "SyncMsgStream", "SyncProducer", "SyncTransaction", "Transaction", "TxnInfo",
         "default_repack", "hash_key", "resume_read",
