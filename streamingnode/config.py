@@ -51,6 +51,15 @@ class NodeConfig:
     """How long SIGTERM waits for in-flight calls before closing the WALs."""
     channels: tuple[str, ...] = ()
     """pchannels created at start when missing (so a fresh node can take produce at once)."""
+    flusher: bool = True
+    """Run a flusher per pchannel, writing its collections as Parquet under ``parquet_dir``."""
+    parquet_dir: Path | None = None
+    """Root of the Parquet files, one directory per pchannel (default: ``<data_dir>/parquet``)."""
+    flush_max_rows: int = 1_000_000
+    flush_max_bytes: int = 64 << 20
+    flush_max_age_seconds: float = 600.0
+    flush_memory_cap_bytes: int = 256 << 20
+    """All buffers of one pchannel's flusher together; above it the largest is written first."""
 
     def __post_init__(self) -> None:
         if self.durability not in ("sync", "relaxed"):
@@ -63,6 +72,10 @@ class NodeConfig:
             raise InvalidArgumentError("max_message_bytes must not exceed max_request_bytes")
         if self.tick_interval <= 0 or self.drain_seconds < 0 or self.txn_keepalive_ms < 0:
             raise InvalidArgumentError("tick_interval must be > 0, drain_seconds and txn_keepalive_ms >= 0")
+
+    @property
+    def parquet_root(self) -> Path:
+        return self.parquet_dir if self.parquet_dir is not None else self.data_dir / "parquet"
 
     @property
     def wal_durability(self) -> Durability:
@@ -99,8 +112,11 @@ def _convert(default: Any, value: Any) -> Any:
 
 def _coerce(name: str, value: Any, source: str) -> Any:
     """Turn a TOML, env or flag value into the field's type, or refuse it naming the key."""
+    default = getattr(NodeConfig(), name)
+    if default is None:  # optional paths: None means "derived from another setting"
+        default = Path()
     try:
-        return _convert(getattr(NodeConfig(), name), value)
+        return _convert(default, value)
     except (TypeError, ValueError):
         raise InvalidArgumentError(f"{source}: {name} has a value of the wrong type: {value!r}") from None
 

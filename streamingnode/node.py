@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from dataclasses import dataclass
 
 import structlog
 
+from flusher.flusher import Flusher, FlusherConfig
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from streamingnode.config import NodeConfig
 from streamingnode.groups import ConsumerGroups
@@ -52,10 +54,17 @@ class Owner:
 
 @dataclass(slots=True)
 class Channel:
-    """A pchannel the node serves: its streaming WAL and its consumer groups."""
+    """A pchannel the node serves: its streaming WAL, its consumer groups and its flusher."""
 
     stream: StreamingWAL
     groups: ConsumerGroups
+    flusher: Flusher | None = None
+
+    async def aclose(self) -> None:
+        # The flusher first: it reads the WAL, and whatever it buffered is replayed from its checkpoint.
+        if self.flusher is not None:
+            await self.flusher.aclose()
+        await self.stream.aclose()
 
 
 class Node:
@@ -92,13 +101,21 @@ class Node:
 
     async def _open(self, name: str) -> Channel:
         stream = await open_streaming_wal(self.manager, name, self.chain_config)
+        channel = Channel(stream, None)  # type: ignore[arg-type]  # groups set below
         try:
             await stream.ready()
-            groups = await ConsumerGroups.load(stream.wal)
+            channel.groups = await ConsumerGroups.load(stream.wal)
+            if self.config.flusher:
+                cfg = self.config
+                channel.flusher = Flusher(stream, cfg.parquet_root / name, FlusherConfig(
+                    max_rows=cfg.flush_max_rows, max_bytes=cfg.flush_max_bytes,
+                    max_age_seconds=cfg.flush_max_age_seconds, memory_cap_bytes=cfg.flush_memory_cap_bytes,
+                ))
+                await channel.flusher.start()
         except BaseException:
-            await stream.aclose()
+            await channel.aclose()
             raise
-        channel = self._channels[name] = Channel(stream, groups)
+        self._channels[name] = channel
         return channel
 
     # --- lookup ----------------------------------------------------------------------------------
@@ -167,8 +184,16 @@ class Node:
     async def _destroy(self, name: str) -> None:
         channel = self._channels.pop(name, None)
         if channel is not None:
-            await channel.stream.aclose()
+            await channel.aclose()
+        info = await self.manager.describe_channel(name)
         await self.manager.destroy_channel(name)
+        # Its Parquet files are user data: kept, but moved aside (a dot directory no reader lists), so a
+        # new channel of the same name, whose ids start again, never mistakes them for its own.
+        root = self.config.parquet_root / name
+        if root.exists():
+            graveyard = self.config.parquet_root / ".destroyed"
+            graveyard.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(root.rename, graveyard / f"{name}-{info.key}-{int(time.time())}")
 
     async def describe_channels(self, names: list[str]) -> list[ChannelInfo]:
         if not names:
@@ -182,7 +207,7 @@ class Node:
         async with self._admin:
             for name, channel in list(self._channels.items()):
                 try:
-                    await channel.stream.aclose()
+                    await channel.aclose()
                 except Exception as exc:  # noqa: BLE001  (close the rest and the database regardless)
                     log.warning("closing pchannel failed", pchannel=name, error=repr(exc))
             self._channels.clear()

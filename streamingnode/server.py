@@ -569,10 +569,14 @@ class StreamingNodeService(sgrpc.StreamingNodeServicer):  # type: ignore[misc]
         channel = self.node.channel(_require(request.pchannel, "pchannel"))
         vchannel = _require(request.vchannel, "vchannel")
         props = {PROP_COLLECTION: request.collection} if request.HasField("collection") else {}
-        # No flusher runs yet: the flush returns once the seal is durable in the log.
         result = await channel.stream.append(
             Message(MessageType.MANUAL_FLUSH, vchannel, b"", props), deadline=_deadline(context))
-        return spb.FlushResponse(files=[], flush_timetick=result.timetick)
+        if channel.flusher is None:  # no flusher: the flush is done once the seal is durable in the log
+            return spb.FlushResponse(files=[], flush_timetick=result.timetick)
+        deadline = _deadline(context)
+        async with asyncio.timeout_at(deadline):
+            files = await channel.flusher.wait_flushed(result.timetick)
+        return spb.FlushResponse(files=files, flush_timetick=result.timetick)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -61,3 +61,32 @@ async def test_collection_insert_delete_and_refusals(server: str) -> None:
         await data.drop_collection("v", "users")
         with pytest.raises(CollectionNotExistError):
             await data.insert("v", "users", rows(5))
+
+
+async def test_flush_writes_exactly_the_committed_rows_to_parquet(server_thread) -> None:
+    import pyarrow.dataset as ds  # noqa: PLC0415
+
+    async with AsyncClient(server_thread.address) as client:
+        await client.create_channels(["p"])
+        data = client.data("p")
+        await data.create_collection("v", "users", SCHEMA, primary_key="pk")
+        await data.insert("v", "users", rows(1, 2, 3))
+        async with client.txn("p", "v") as tx:
+            await tx.insert("users", rows(10, 11))
+        with pytest.raises(RuntimeError):
+            async with client.txn("p", "v") as tx:
+                await tx.insert("users", rows(20))
+                raise RuntimeError("abandon")
+        await data.delete("v", "users", [2])
+        files, ts = await data.flush("v", "users")
+        assert ts > 0 and files, "a flush of buffered rows names the files it wrote"
+        root = server_thread.node.config.parquet_root / "p"
+        for f in files:
+            assert (root / f).is_file()
+        table = ds.dataset(root / "users", format="parquet", partitioning="hive",
+                           exclude_invalid_files=True).to_table()
+        data_rows = table.filter(ds.field("_ts").is_valid())
+        assert sorted(data_rows.column("pk").to_pylist()) == [1, 2, 3, 10, 11]
+        assert (root / "users" / "_deletes").is_dir()
+        again, _ = await data.flush("v", "users")
+        assert again == [], "nothing buffered, nothing written"
