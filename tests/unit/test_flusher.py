@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import flusher as flusher_package
 from flusher import CHECKPOINT_META, Flusher, FlusherConfig
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from tests.conftest import ManagerFactory
@@ -361,3 +362,50 @@ async def test_wait_flushed_fails_when_the_flusher_is_closed(swal: StreamingWAL,
     with pytest.raises(Exception, match="closed"):
         await waiter
     await f.aclose()  # idempotent
+
+
+async def test_rows_of_a_transaction_committed_after_its_segment_sealed_are_written_without_a_flush(
+    manager: WALManager, tmp_path: Path
+) -> None:
+    swal = await open_stream(manager, ChainConfig(tick_interval=0.01, segment_max_rows=10))
+    f = await start(swal, tmp_path)
+    await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
+    ctx, _ = await swal.begin_txn("v", keepalive_ms=10_000)
+    await swal.append(bodies.insert("v", "c", rows(0, 3)).with_txn(ctx))
+    await swal.append(bodies.insert("v", "c", rows(10, 7)))  # the segment reaches 10 rows: sealed
+    await settle(f, swal)
+    assert pks(tmp_path) == list(range(10, 17))
+    commit = await swal.commit_txn(ctx.txn_id)
+    await f.wait_flushed(commit.timetick)
+    files = data_files(tmp_path)
+    assert len(files) == 2 and files[0].parent == files[1].parent  # the same segment, a second file
+    assert pks(tmp_path) == [0, 1, 2, *range(10, 17)]
+    await f.aclose()
+    await swal.aclose()
+
+
+async def test_stats_and_checkpoint_follow_the_log(swal: StreamingWAL, tmp_path: Path) -> None:
+    f = await start(swal, tmp_path, checkpoint_interval_seconds=0.01)
+    assert f.checkpoint.message_id == swal.wal.first_id
+    await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
+    ins = await swal.append(bodies.insert("v", "c", rows(0, 5)))
+    await settle(f, swal)
+    s = f.stats()
+    assert (s.buffers, s.buffered_rows, s.rows_written) == (1, 5, 0)
+    for _ in range(3):
+        await asyncio.sleep(0.05)
+        await settle(f, swal)
+        assert f.checkpoint.message_id <= ins.message_id  # buffered rows hold the checkpoint back
+    await f.flush("v")
+    await asyncio.sleep(0.05)
+    ts = await settle(f, swal)
+    assert f.checkpoint.message_id > ins.message_id  # written: the checkpoint moves past the rows
+    assert f.stats().lag_ms >= 0 and f.stats().processed_timetick >= ts
+    await f.aclose()
+
+
+def test_the_package_exports_what_the_node_needs() -> None:
+    assert set(flusher_package.__all__) == {
+        "CHECKPOINT_META", "Flusher", "FlusherConfig", "FlusherState", "FlusherStats", "commit_file",
+        "remove_temporaries",
+    }
