@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -409,3 +411,12 @@ def test_the_package_exports_what_the_node_needs() -> None:
         "CHECKPOINT_META", "Flusher", "FlusherConfig", "FlusherState", "FlusherStats", "commit_file",
         "remove_temporaries",
     }
+
+
+def test_importing_the_package_stays_light_for_spark_submit() -> None:
+    code = ("import sys, flusher, flusher.spark; "
+            "heavy = sorted(m for m in ('rocksdict', 'interceptors', 'wal', 'grpc') if m in sys.modules); "
+            "print(heavy); assert flusher.Flusher.__name__ == 'Flusher'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "[]"
