@@ -17,6 +17,8 @@ import pyarrow as pa
 from flusher._layout import FIRST_KEY, LAST_KEY, PCHANNEL, DeliveryKey, encode_key
 from wal.message import Position
 
+PRIMARY_KEY = b"streamingnode.primary_key"
+"""The key ``flusher.spark`` looks up (PRIMARY_KEY_METADATA there)."""
 TS_COLUMN = "_ts"
 SEGMENT_COLUMN = "_segment"
 
@@ -46,6 +48,8 @@ class Buffer:
     last_key: DeliveryKey = (0, 0)
     late: bool = False
     """Rows for a segment whose FLUSH was already seen (a transaction committed after the seal)."""
+    primary_key: str = ""
+    """Written into every file's metadata, so readers apply deletes without being told the key."""
 
     def add(self, batch: pa.RecordBatch, ts: int, key: DeliveryKey, vchannel: str, size: int) -> None:
         if not self.batches:
@@ -69,6 +73,7 @@ class Buffer:
             FIRST_KEY: encode_key(self.first_key),
             LAST_KEY: encode_key(self.last_key),
             PCHANNEL: pchannel.encode(),
+            PRIMARY_KEY: self.primary_key.encode(),
         })
         out = []
         for batch, ts in zip(self.batches, self.stamps, strict=True):

@@ -401,7 +401,8 @@ class Flusher:
         batch = bodies.read_insert(m)
         b = self._buffers.get(directory)
         if b is None:
-            b = self._buffers[directory] = Buffer(directory, c.name, c.schema, segment, self._pack_start)
+            b = self._buffers[directory] = Buffer(directory, c.name, c.schema, segment, self._pack_start,
+                                                  primary_key=c.primary_key)
         if segment in self._sealed:
             b.late = True
         await self._add(b, batch, ts, key, m)
@@ -418,7 +419,8 @@ class Flusher:
         pk = c.schema.field(c.primary_key)
         b = self._buffers.get(directory)
         if b is None:
-            b = self._buffers[directory] = Buffer(directory, c.name, pa.schema([pk]), None, self._pack_start)
+            b = self._buffers[directory] = Buffer(directory, c.name, pa.schema([pk]), None, self._pack_start,
+                                                  primary_key=c.primary_key)
         await self._add(b, pa.RecordBatch.from_arrays([keys], names=[pk.name]), ts, key, m)
 
     async def _add(self, b: Buffer, batch: pa.RecordBatch, ts: int, key: _layout.DeliveryKey, m: Message) -> None:

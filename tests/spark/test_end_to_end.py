@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from flusher.spark import read_collection
@@ -69,6 +70,9 @@ def test_produce_flush_and_read_as_of_with_spark(tmp_path: Path, spark) -> None:
         files, t1, t2, t3 = asyncio.run(scenario())
         assert files
         root = str(srv.node.config.parquet_root / "p")
+        for f in files:
+            meta = pq.read_schema(f"{root}/{f}").metadata
+            assert meta[b"streamingnode.primary_key"] == b"pk", f
 
     def pks(as_of: int | None) -> list[int]:
         df = read_collection(spark, root, "items", as_of_ts=as_of, primary_key="pk")
@@ -79,6 +83,8 @@ def test_produce_flush_and_read_as_of_with_spark(tmp_path: Path, spark) -> None:
     assert pks(t2) == [1, 3]
     assert pks(t3 - 1) == [1, 3, 10, 11]
 
+    # The key comes from the files' metadata when it is not given.
+    assert sorted(r["pk"] for r in read_collection(spark, root, "items", as_of_ts=t2).collect()) == [1, 3]
     row = read_collection(spark, root, "items", primary_key="pk").where("pk = 11").collect()[0]
     assert row["f"] == pytest.approx(5.5) and row["d"] == pytest.approx(13.75) and row["b"] is False
     assert row["s"] == "name-11" and bytes(row["raw"]) == bytes([11]) * 3
