@@ -32,6 +32,7 @@ bench: $(VENV_STAMP)
 	$(PY) bench/wal_append.py
 	$(PY) bench/append_chain.py
 	$(PY) bench/produce_consume.py
+	$(PY) bench/flush.py
 
 clean:
 	rm -rf .venv .mypy_cache .ruff_cache .pytest_cache .hypothesis
