@@ -11,7 +11,8 @@ Every run, each in a fresh temporary directory, in one process:
   Timed: ``Flusher(swal, root).start()`` (default ``FlusherConfig``: zstd) until ``await flusher.flush("v", "c")``
   returns, i.e. catch-up read of the WAL + decode + buffering + Parquet encode + the commit protocol (tmp
   file, fsync, rename, directory fsync) + checkpoint, for every row.  The rows are checked afterwards
-  (``stats().rows_written``).  The shard step seals segments at 64 MiB, so there are several files.
+  (``stats().rows_written``).  The shard step seals a segment at 64 MiB of payload (~90 B a row here),
+  so up to ~700,000 rows it is one file; more rows give several.
 * throughput, pyarrow: the same rows (the inserted batches concatenated, plus the ``_ts`` and ``_segment``
   int64 columns the flusher adds) cut into files of exactly the row counts the flusher wrote; each one
   ``pq.write_table(slice, f, compression="zstd")`` into an open file, then ``os.fsync``.  Built untimed.
@@ -24,8 +25,8 @@ Every run, each in a fresh temporary directory, in one process:
   - ``max_rows``: ``FlusherConfig(max_rows=--fresh-rows)``, so each insert fills a buffer and is written on
     its own, no flush message; the sample is from just before the append until
     ``flusher.wait_flushed(insert.timetick)`` returned (the flusher processed the pack holding the insert,
-    and the file was durable before that).  This includes waiting for the TimeTick that closes the pack
-    (``ChainConfig.tick_interval``, 0.2 s by default).
+    and the file was durable before that), so it includes whatever the scanner waits for before it hands
+    over the pack holding the insert (measured: milliseconds, not ``ChainConfig.tick_interval``).
   p50/p99 are over the samples of all runs.
 
 The table shows medians over ``--runs``; the ratio is the median of the per-run ours/pyarrow ratios.
