@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,3 +66,28 @@ async def open_manager(harness: BackendHarness) -> AsyncIterator[ManagerFactory]
 @pytest.fixture
 async def manager(open_manager: ManagerFactory) -> WALManager:
     return await open_manager()
+
+
+# One local SparkSession for the whole run (a cold start costs ~10 s, a read on a warm session well under
+# one), shared by the Spark tests and the flusher crash test; pyspark is imported only when asked for.
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    from pyspark.sql import SparkSession  # noqa: PLC0415  (only the tests that ask pay for it)
+
+    # Spark binds the machine's external interface unless told otherwise; tests stay on loopback.
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("streamingnode-tests")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -19,6 +19,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -158,11 +159,26 @@ async def _verify(data_dir: Path, root: Path, logs: list[bytes]) -> tuple[int, i
     present = {(c, k) for c, k, _ in got_rows}
     assert set(acked_rows) <= present, f"acknowledged rows lost: {list(set(acked_rows) - present)[:10]}"
     assert acked_deletes <= {k for k, _ in got_deletes}
+    _LAST_EXPECTED["rows"], _LAST_EXPECTED["deletes"] = expected_rows, expected_deletes
     return sum(got_rows.values()), sum(got_deletes.values())
 
 
+_LAST_EXPECTED: dict[str, Counter[Any]] = {}
+
+
+def _visible(
+    rows: Counter[tuple[str, int, int]], deletes: Counter[tuple[int, int]], coll: str,
+) -> Counter[tuple[int, int]]:
+    """The rows a reader sees now: a row stays unless its key was deleted after it was written."""
+    last_delete: dict[int, int] = {}
+    for k, ts in deletes:
+        last_delete[k] = max(ts, last_delete.get(k, -1))
+    return Counter({(k, ts): n for (c, k, ts), n in rows.items() if c == coll and last_delete.get(k, -1) <= ts})
+
+
+@pytest.mark.spark
 async def test_sigkill_at_every_commit_step_and_during_ingestion_leaves_exactly_the_committed_rows(
-    tmp_path: Path,
+    tmp_path: Path, spark: Any,
 ) -> None:
     data_dir, root = tmp_path / "db", tmp_path / "parquet"
     rng = random.Random(20261123)
@@ -186,3 +202,11 @@ async def test_sigkill_at_every_commit_step_and_during_ingestion_leaves_exactly_
     assert rows > 100 and deletes > 0
     # And once more after a clean restart: nothing changes.
     assert await _verify(data_dir, root, logs) == (rows, deletes)
+    # What Spark reads after all the kills: exactly the visible rows, each once.
+    from flusher.spark import read_collection  # noqa: PLC0415
+
+    for coll in ("c", "d"):
+        df = read_collection(spark, str(root), coll, primary_key="pk")
+        got = Counter((r["pk"], r["_ts"]) for r in df.select("pk", "_ts").collect())
+        want = _visible(_LAST_EXPECTED["rows"], _LAST_EXPECTED["deletes"] if coll == "c" else Counter(), coll)
+        assert df.count() == sum(want.values()) and got == want, f"Spark differs for {coll!r}"
