@@ -150,6 +150,7 @@ class _ProduceStream:
         self.pending: collections.deque[tuple[int, asyncio.Future[list[AppendResult]]]] = collections.deque()
         self.wake = asyncio.Event()
         self.failed: StreamingError | None = None
+        self.reader: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
         ctx = self.context
@@ -165,10 +166,18 @@ class _ProduceStream:
             raise InvalidArgumentError("open.producer_id must not be empty when set", field="producer_id")
         await ctx.write(spb.ProduceResponse(opened=spb.ProduceOpened(
             pchannel=channel.stream.pchannel, term=channel.stream.term, producer_id=producer_id or "")))
-        writer = asyncio.get_running_loop().create_task(self._write_results())
+        loop = asyncio.get_running_loop()
+        writer = loop.create_task(self._write_results())
+        # The reader runs as its own task so that a stream-ending failure seen by the writer can stop
+        # it: otherwise the call would hang in ctx.read() until the client happened to send again.
+        self.reader = loop.create_task(self._read_batches(channel, producer_id))
         try:
-            await self._read_batches(channel, producer_id)
+            await self.reader
+        except asyncio.CancelledError:
+            if self.failed is None:  # the call itself was cancelled, not stopped by a failure
+                raise
         finally:
+            self.reader.cancel()
             self.pending.append((-1, None))  # type: ignore[arg-type]  # end marker for the writer
             self.wake.set()
             await writer
@@ -259,6 +268,8 @@ class _ProduceStream:
                 response = spb.ProduceBatchResult(request_id=rid, error=to_error_detail(exc))
                 if exc.code in _STREAM_ENDING and self.failed is None:
                     self.failed = exc
+                    if self.reader is not None:
+                        self.reader.cancel()
             except Exception as exc:  # noqa: BLE001  (a bug fails its batch, not the node)
                 response = spb.ProduceBatchResult(request_id=rid, error=to_error_detail(_internal(exc)))
             else:

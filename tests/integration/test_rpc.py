@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 from google.protobuf.empty_pb2 import Empty
@@ -176,6 +178,23 @@ async def test_produce_stream_ending_errors(stub) -> None:
             pass
     assert status_of(err.value) == (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_ARGUMENT")
     assert "first request" in err.value.details()
+
+
+async def test_a_destroyed_channel_ends_an_open_produce_stream(stub) -> None:
+    # The stream is idle on the client side: the node must end it on its own, with the status.
+    await _create(stub, "p")
+    call = stub.Produce()
+    await call.write(spb.ProduceRequest(open=spb.ProduceOpen(pchannel="p")))
+    assert (await call.read()).WhichOneof("response") == "opened"
+    await call.write(spb.ProduceRequest(batch=spb.ProduceBatch(request_id=1, messages=[data("v", b"a")])))
+    assert (await call.read()).result.HasField("appended")
+    await stub.DestroyChannels(spb.DestroyChannelsRequest(channel_names=["p"]))
+    await call.write(spb.ProduceRequest(batch=spb.ProduceBatch(request_id=2, messages=[data("v", b"b")])))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async with asyncio.timeout(10):
+            while await call.read() is not grpc.aio.EOF:
+                pass
+    assert status_of(err.value)[0] in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
 
 
 async def test_idempotent_produce_never_duplicates(stub) -> None:
