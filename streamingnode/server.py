@@ -515,6 +515,8 @@ class StreamingNodeService(sgrpc.StreamingNodeServicer):  # type: ignore[misc]
         for name in names:
             channel = self.node.channel(name)
             wanted = list(request.groups) or channel.groups.names()
+            if not request.pchannel:  # across every pchannel: a named group is listed where it exists
+                wanted = [g for g in wanted if channel.groups.exists(g)]
             wal = channel.stream.wal
             now_ms = channel.stream.mvcc_timetick() >> 18
             for group in wanted:

@@ -297,6 +297,9 @@ async def test_consumer_group_commit_resume_describe_seek(stub) -> None:
     resumed = await consume(stub, spb.ConsumeOpen(pchannel="p", vchannel="v", consumer_group="g"), until=2)
     assert payloads(resumed) == [b"m5", b"m6"], "the group resumes after its committed position"
 
+    await _create(stub, "other")  # a pchannel without the group: asking across all must not fail on it
+    everywhere = await stub.DescribeConsumerGroups(spb.DescribeConsumerGroupsRequest(groups=["g"]))
+    assert [(d.pchannel, d.group) for d in everywhere.groups] == [("p", "g")]
     described = await stub.DescribeConsumerGroups(spb.DescribeConsumerGroupsRequest(pchannel="p"))
     (g,) = described.groups
     (progress,) = g.vchannels
