@@ -78,6 +78,8 @@ class Node:
         self._admin = asyncio.Lock()
         self._closing = False
         self.ready = asyncio.Event()
+        self.draining = asyncio.Event()
+        """Set when the node starts to drain: open reads end so that the shutdown is not held up."""
 
     @classmethod
     async def start(cls, config: NodeConfig) -> Node:

@@ -42,6 +42,7 @@ from wal.errors import (
     ErrorCode,
     InvalidArgumentError,
     InvalidTxnStateError,
+    OnShutdownError,
     StreamingError,
     UnavailableError,
 )
@@ -332,16 +333,26 @@ class _ConsumeStream:
         try:
             await self._write(spb.ConsumeResponse(opened=spb.ConsumeOpened(
                 consumer_id=self.consumer_id, term=channel.stream.term)))
-            sender = asyncio.get_running_loop().create_task(self._send_packs(scanner, vchannel, limit))
-            receiver = asyncio.get_running_loop().create_task(self._receive(channel, group, vchannel))
-            done, _ = await asyncio.wait((sender, receiver), return_when=asyncio.FIRST_COMPLETED)
-            for task in (sender, receiver):
-                if task not in done:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-            for task in done:
-                task.result()  # a stream-ending error of either side ends the call with its status
+            loop = asyncio.get_running_loop()
+            sender = loop.create_task(self._send_packs(scanner, vchannel, limit))
+            receiver = loop.create_task(self._receive(channel, group, vchannel))
+            # A tailing read never ends by itself: when the node drains, end it at once with ON_SHUTDOWN
+            # (clients reconnect and resume) rather than hold the shutdown for the whole grace period.
+            draining = loop.create_task(self.node.draining.wait())
+            tasks: tuple[asyncio.Task[Any], ...] = (sender, receiver, draining)
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in tasks:
+                    if not task.done():
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await task
+            if draining in done:
+                raise OnShutdownError("the node is shutting down; reconnect to resume",
+                                      channel=channel.stream.pchannel)
+            for finished in done:
+                finished.result()  # a stream-ending error of either side ends the call with its status
             await self._write(spb.ConsumeResponse(closed=spb.ConsumeClosed()))
         finally:
             await scanner.aclose()
@@ -610,6 +621,7 @@ class RunningServer:
             return
         grace = self.node.config.drain_seconds if grace is None else grace
         await self.health.enter_graceful_shutdown()
+        self.node.draining.set()
         await self.server.stop(grace)
         await self.node.aclose()
         self._stopped.set()

@@ -12,8 +12,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from streamingnode.client import AsyncClient
+from streamingnode.status import from_rpc_error
+from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.v1 import streaming_pb2_grpc as sgrpc
 from tests.node_process import NodeProcess
-from wal.errors import MessageTooLargeError
+from wal.errors import ErrorCode, MessageTooLargeError
 from wal.message import MessageType
 
 pytestmark = pytest.mark.integration
@@ -28,6 +31,10 @@ async def test_sigterm_drains_reports_not_serving_and_exits_zero(tmp_path: Path)
             watch = health.Watch(health_pb2.HealthCheckRequest(service="streamingnode.v1.StreamingNode"))
             first = await watch.read()
             assert first.status == health_pb2.HealthCheckResponse.SERVING
+            # A tailing read: draining must end it at once with ON_SHUTDOWN, not hold the shutdown.
+            tail = sgrpc.StreamingNodeStub(channel).Consume()
+            await tail.write(spb.ConsumeRequest(open=spb.ConsumeOpen(pchannel="ch")))
+            assert (await tail.read()).WhichOneof("response") == "opened"
 
             producer = client.producer("ch", linger=0.001)
             futures = [producer.send_nowait("v", f"m{i:05}".encode()) for i in range(3000)]
@@ -36,6 +43,10 @@ async def test_sigterm_drains_reports_not_serving_and_exits_zero(tmp_path: Path)
             node.proc.send_signal(15)  # SIGTERM while most of the batches are still in flight
             update = await watch.read()
             assert update.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as ended:
+                while await tail.read() is not grpc.aio.EOF:
+                    pass
+            assert from_rpc_error(ended.value).code is ErrorCode.ON_SHUTDOWN
             results = await asyncio.gather(*futures, return_exceptions=True)
             acked = {f"m{i:05}".encode() for i, r in enumerate(results) if not isinstance(r, BaseException)}
             with contextlib.suppress(Exception):  # the node is gone: closing may or may not complain
