@@ -103,21 +103,23 @@ class Node:
 
     async def _open(self, name: str) -> Channel:
         stream = await open_streaming_wal(self.manager, name, self.chain_config)
-        channel = Channel(stream, None)  # type: ignore[arg-type]  # groups set below
+        flusher: Flusher | None = None
         try:
             await stream.ready()
-            channel.groups = await ConsumerGroups.load(stream.wal)
+            groups = await ConsumerGroups.load(stream.wal)
             if self.config.flusher:
                 cfg = self.config
-                channel.flusher = Flusher(stream, cfg.parquet_root / name, FlusherConfig(
+                flusher = Flusher(stream, cfg.parquet_root / name, FlusherConfig(
                     max_rows=cfg.flush_max_rows, max_bytes=cfg.flush_max_bytes,
                     max_age_seconds=cfg.flush_max_age_seconds, memory_cap_bytes=cfg.flush_memory_cap_bytes,
                 ))
-                await channel.flusher.start()
+                await flusher.start()
         except BaseException:
-            await channel.aclose()
+            if flusher is not None:
+                await flusher.aclose()
+            await stream.aclose()
             raise
-        self._channels[name] = channel
+        channel = self._channels[name] = Channel(stream, groups, flusher)
         return channel
 
     # --- lookup ----------------------------------------------------------------------------------

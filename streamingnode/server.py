@@ -29,6 +29,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from interceptors._clock import physical_ms
 from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE
 from streamingnode import convert
 from streamingnode.config import NodeConfig
@@ -39,6 +40,7 @@ from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
 from wal.bodies import PROP_COLLECTION
 from wal.errors import (
+    DeadlineExceededError,
     ErrorCode,
     InvalidArgumentError,
     InvalidTxnStateError,
@@ -77,6 +79,10 @@ def _unary(
             return await fn(self, request, context)
         except StreamingError as exc:
             err = exc
+        except TimeoutError:
+            # The caller's deadline (asyncio.timeout_at in a handler) ran out: say so, do not log a bug.
+            err = DeadlineExceededError(f"{fn.__name__}: the call's deadline ran out; it may or may not have "
+                                        "taken effect")
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as exc:  # noqa: BLE001  (a bug must not take the node down; it is logged)
@@ -495,8 +501,8 @@ class StreamingNodeService(sgrpc.StreamingNodeServicer):  # type: ignore[misc]
                                           description_text=owner.description_text),
             )
             if info.last_id is not None:
-                d.first_id.id = info.first_id.to_bytes(8, "big")
-                d.last_id.id = info.last_id.to_bytes(8, "big")
+                d.first_id.CopyFrom(convert.message_id_to_pb(info.first_id))
+                d.last_id.CopyFrom(convert.message_id_to_pb(info.last_id))
             out.append(d)
         return spb.DescribeChannelsResponse(descriptions=out)
 
@@ -529,7 +535,7 @@ class StreamingNodeService(sgrpc.StreamingNodeServicer):  # type: ignore[misc]
             if not request.pchannel:  # across every pchannel: a named group is listed where it exists
                 wanted = [g for g in wanted if channel.groups.exists(g)]
             wal = channel.stream.wal
-            now_ms = channel.stream.mvcc_timetick() >> 18
+            now_ms = physical_ms(channel.stream.mvcc_timetick())
             for group in wanted:
                 progress = []
                 for vchannel, (mid, ts) in sorted(channel.groups.require(group).items()):
@@ -537,7 +543,7 @@ class StreamingNodeService(sgrpc.StreamingNodeServicer):  # type: ignore[misc]
                         vchannel=vchannel,
                         committed=convert.position_to_pb(Position(name, mid, ts), vchannel),
                         lag_messages=max(wal.next_id - mid, 0),
-                        lag_ms=max(now_ms - (ts >> 18), 0),
+                        lag_ms=max(now_ms - physical_ms(ts), 0),
                     ))
                 out.append(spb.ConsumerGroupDescription(pchannel=name, group=group, vchannels=progress))
         return spb.DescribeConsumerGroupsResponse(groups=out)
@@ -593,11 +599,11 @@ class StreamingNodeService(sgrpc.StreamingNodeServicer):  # type: ignore[misc]
         channel = self.node.channel(_require(request.pchannel, "pchannel"))
         vchannel = _require(request.vchannel, "vchannel")
         props = {PROP_COLLECTION: request.collection} if request.HasField("collection") else {}
+        deadline = _deadline(context)
         result = await channel.stream.append(
-            Message(MessageType.MANUAL_FLUSH, vchannel, b"", props), deadline=_deadline(context))
+            Message(MessageType.MANUAL_FLUSH, vchannel, b"", props), deadline=deadline)
         if channel.flusher is None:  # no flusher: the flush is done once the seal is durable in the log
             return spb.FlushResponse(files=[], flush_timetick=result.timetick)
-        deadline = _deadline(context)
         async with asyncio.timeout_at(deadline):
             files = await channel.flusher.wait_flushed(result.timetick)
         return spb.FlushResponse(files=files, flush_timetick=result.timetick)

@@ -76,6 +76,8 @@ def _classes() -> dict[ErrorCode, type[StreamingError]]:
         cls = getattr(werr, name)
         if isinstance(cls, type) and issubclass(cls, StreamingError) and cls is not StreamingError:
             found.setdefault(cls.default_code, cls)
+    # Several classes carry INVALID_ARGUMENT (ImmutableMessageError sorts first); the general one is
+    # what a client should catch.
     found[ErrorCode.INVALID_ARGUMENT] = werr.InvalidArgumentError
     return found
 
