@@ -48,9 +48,6 @@ class ConsumerGroups:
                 ) from None
         return cls(wal, groups)
 
-    def set_wal(self, wal: WAL) -> None:
-        self._wal = wal
-
     async def _store(self, groups: dict[str, dict[str, tuple[MessageID, int]]]) -> None:
         doc = {g: {v: [p[0], p[1]] for v, p in vs.items()} for g, vs in groups.items()}
         await self._wal.put_meta(META_KEY, json.dumps(doc, separators=(",", ":"), sort_keys=True).encode())
@@ -111,9 +108,6 @@ class ConsumerGroups:
             for vchannel, pos in positions:
                 groups[group][vchannel] = (pos.message_id, pos.timetick)
             await self._store(groups)
-
-    def snapshot(self) -> dict[str, dict[str, tuple[MessageID, int]]]:
-        return self._copy()
 
 
 __all__ = ["ConsumerGroups", "GroupExistError", "GroupNotExistError", "check_group_name"]
