@@ -154,7 +154,7 @@ def _node(data_dir: str, log_dir: str, channels: str, profile: str | None = None
     if profile:
         argv += ["-m", "cProfile", "-o", profile]
     argv += ["-m", "streamingnode", "serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0",
-             "--channels", channels, "--log-level", "warning"]
+             "--metrics-listen", "127.0.0.1:0", "--channels", channels, "--log-level", "warning"]
     p = _Proc(argv, log_dir, "node", r"streamingnode serving on (\S+)")
     try:
         yield p

@@ -46,6 +46,8 @@ import asyncio
 import enum
 import heapq
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
 
 from interceptors._clock import physical_ms
 from interceptors.base import AppendNext
@@ -225,6 +227,8 @@ class TxnManager:
         self._orphans: list[TxnSession] = []
         self._max_finished = max_finished
         self._max_allocated = max_allocated
+        self.on_finish: Callable[[TxnSession], None] | None = None
+        """Told of each open session as it ends (committed, rolled back or expired): for metrics."""
 
     # --- sessions --------------------------------------------------------------------------------
     @property
@@ -317,6 +321,8 @@ class TxnManager:
         return out
 
     def _finish(self, s: TxnSession) -> None:
+        if self.on_finish is not None and s.txn_id in self._open:
+            self.on_finish(s)
         self._open.pop(s.txn_id, None)
         fin = self._finished
         fin[s.txn_id] = s
@@ -365,6 +371,22 @@ class TxnManager:
             else:
                 s.last_ts = max(s.last_ts, ts)
                 s.max_body_ts = max(s.max_body_ts, ts)
+
+    def export_state(self) -> dict[str, Any]:
+        """What recovery needs that replay would rebuild: the next id (ids are never reused).
+
+        Only at a point that no open transaction spans: a session's BeginTxn must stay replayable, so
+        its state never has to be carried over (the retention step cuts below the oldest BeginTxn).
+        """
+        if self._open:
+            raise InvalidArgumentError(
+                f"cannot snapshot transaction state with {len(self._open)} transaction(s) open",
+                txn_id=min(self._open),
+            )
+        return {"next_txn_id": self._next_id}
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        self._next_id = max(self._next_id, int(state["next_txn_id"]))
 
     def finish_recovery(self) -> None:
         """Expire every session still open after replay and keep it for ``take_orphans``."""
@@ -646,6 +668,13 @@ class TxnInterceptor:
     def replay(self, batch: list[Message]) -> None:
         """Rebuild sessions from stored messages (see ``TxnManager.replay``)."""
         self.manager.replay(batch)
+
+    def export_state(self) -> dict[str, Any]:
+        """See ``TxnManager.export_state``."""
+        return self.manager.export_state()
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        self.manager.import_state(state)
 
     async def recovered(self) -> None:
         """Expire what replay left open; the owner collects them with ``take_orphans``."""

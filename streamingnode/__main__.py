@@ -79,14 +79,17 @@ def _serve(args: argparse.Namespace) -> None:
     from streamingnode.server import RunningServer, serve  # noqa: PLC0415
 
     config = load_config(args.config, overrides={
-        "data_dir": args.data_dir, "listen": args.listen, "durability": args.durability,
+        "data_dir": args.data_dir, "listen": args.listen, "metrics_listen": args.metrics_listen,
+        "durability": args.durability,
         "max_message_bytes": args.max_message_bytes, "channels": args.channels,
         "tick_interval": args.tick_interval, "drain_seconds": args.drain_seconds,
     })
 
     def ready(running: RunningServer) -> None:
         # One line on stdout that scripts (and tests) wait for; logs go to stderr.
-        print(f"streamingnode serving on {running.address} (data dir {config.data_dir.resolve()})", flush=True)
+        metrics = f"http://{running.metrics_address}/metrics" if running.metrics_address else "off"
+        print(f"streamingnode serving on {running.address} (data dir {config.data_dir.resolve()}, metrics {metrics})",
+              flush=True)
 
     asyncio.run(serve(config, on_ready=ready))
 
@@ -100,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS,
                        help="data directory (default $STREAMINGNODE_DATA_DIR or ./data)")
     serve.add_argument("--listen", help="gRPC listen address (default 0.0.0.0:19530; port 0 = any free port)")
+    serve.add_argument("--metrics-listen", help="Prometheus /metrics address (default 0.0.0.0:9091; "
+                       "port 0 = any free port; '' = off)")
     serve.add_argument("--durability", choices=["sync", "relaxed"])
     serve.add_argument("--max-message-bytes", type=int)
     serve.add_argument("--channels", help="comma-separated pchannels to create at start when missing")

@@ -30,6 +30,8 @@ class NodeConfig:
     """Where the RocksDB database lives (created if missing)."""
     listen: str = "0.0.0.0:19530"
     """gRPC listen address; port 0 picks a free port (the bound one is logged and reported)."""
+    metrics_listen: str = "0.0.0.0:9091"
+    """Address of the Prometheus ``/metrics`` endpoint; port 0 picks a free port, empty turns it off."""
     durability: str = "sync"
     """``sync``: acknowledged after fsync.  ``relaxed``: after write(2); see wal.backend.Durability."""
     max_message_bytes: int = 4 << 20

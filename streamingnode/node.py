@@ -19,6 +19,7 @@ from flusher.flusher import Flusher, FlusherConfig
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from streamingnode.config import NodeConfig
 from streamingnode.groups import ConsumerGroups
+from streamingnode.metrics import NodeMetrics
 from wal.backend import ChannelInfo
 from wal.errors import (
     ChannelExistError,
@@ -75,6 +76,7 @@ class Node:
         self.config = config
         self.chain_config = ChainConfig(tick_interval=config.tick_interval)
         self._channels: dict[str, Channel] = {}
+        self.metrics = NodeMetrics(config.data_dir)
         self._admin = asyncio.Lock()
         self._closing = False
         self.ready = asyncio.Event()
@@ -120,6 +122,7 @@ class Node:
             await stream.aclose()
             raise
         channel = self._channels[name] = Channel(stream, groups, flusher)
+        self.metrics.open_channel(name, channel)
         return channel
 
     # --- lookup ----------------------------------------------------------------------------------
@@ -188,6 +191,7 @@ class Node:
     async def _destroy(self, name: str) -> None:
         channel = self._channels.pop(name, None)
         if channel is not None:
+            self.metrics.close_channel(name)
             await channel.aclose()
         info = await self.manager.describe_channel(name)
         await self.manager.destroy_channel(name)
@@ -210,11 +214,13 @@ class Node:
         self._closing = True
         async with self._admin:
             for name, channel in list(self._channels.items()):
+                self.metrics.close_channel(name)
                 try:
                     await channel.aclose()
                 except Exception as exc:  # noqa: BLE001  (close the rest and the database regardless)
                     log.warning("closing pchannel failed", pchannel=name, error=repr(exc))
             self._channels.clear()
+            await self.metrics.aclose()
             await self.manager.aclose()
 
 

@@ -33,6 +33,7 @@ from interceptors._clock import physical_ms
 from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE
 from streamingnode import convert
 from streamingnode.config import NodeConfig
+from streamingnode.metrics import ChannelMetrics
 from streamingnode.node import Channel, Node, Owner
 from streamingnode.status import to_error_detail, to_grpc_status
 from streamingnode.v1 import common_pb2 as pb
@@ -178,12 +179,17 @@ class _ProduceStream:
         # The reader runs as its own task so that a stream-ending failure seen by the writer can stop
         # it: otherwise the call would hang in ctx.read() until the client happened to send again.
         self.reader = loop.create_task(self._read_batches(channel, producer_id))
+        streams = self.node.metrics.channel(channel.stream.pchannel)
+        if streams is not None:
+            streams.producer_streams.inc()
         try:
             await self.reader
         except asyncio.CancelledError:
             if self.failed is None:  # the call itself was cancelled, not stopped by a failure
                 raise
         finally:
+            if streams is not None:
+                streams.producer_streams.dec()
             self.reader.cancel()
             self.pending.append((-1, None))  # type: ignore[arg-type]  # end marker for the writer
             self.wake.set()
@@ -336,11 +342,14 @@ class _ConsumeStream:
                 filters = (*filters, DeliverFilter.timetick_gt(committed.timetick))
         limit = opened.max_pack_messages or self.node.config.consume_max_pack_messages
         scanner = channel.stream.read(ReadOption(vchannel or None, policy, filters))
+        metrics = self.node.metrics.channel(channel.stream.pchannel)
+        if metrics is not None:
+            metrics.consumer_streams.inc()
         try:
             await self._write(spb.ConsumeResponse(opened=spb.ConsumeOpened(
                 consumer_id=self.consumer_id, term=channel.stream.term)))
             loop = asyncio.get_running_loop()
-            sender = loop.create_task(self._send_packs(scanner, vchannel, limit))
+            sender = loop.create_task(self._send_packs(scanner, vchannel, limit, metrics))
             receiver = loop.create_task(self._receive(channel, group, vchannel))
             # A tailing read never ends by itself: when the node drains, end it at once with ON_SHUTDOWN
             # (clients reconnect and resume) rather than hold the shutdown for the whole grace period.
@@ -361,13 +370,18 @@ class _ConsumeStream:
                 finished.result()  # a stream-ending error of either side ends the call with its status
             await self._write(spb.ConsumeResponse(closed=spb.ConsumeClosed()))
         finally:
+            if metrics is not None:
+                metrics.consumer_streams.dec()
             await scanner.aclose()
 
-    async def _send_packs(self, scanner: Any, vchannel: str, limit: int) -> None:
+    async def _send_packs(self, scanner: Any, vchannel: str, limit: int, metrics: ChannelMetrics | None) -> None:
         max_bytes = self.node.config.consume_max_pack_bytes
         async for pack in scanner:
             for part in _split_pack(pack, limit, max_bytes):
                 await self._write(spb.ConsumeResponse(pack=convert.msgpack_to_pb(part, vchannel)))
+                if metrics is not None:
+                    msgs = part.messages
+                    metrics.observe_pack(len(msgs), sum(len(m.payload) for m in msgs))
 
     async def _receive(self, channel: Channel, group: str | None, vchannel: str) -> None:
         while True:
@@ -613,11 +627,16 @@ class StreamingNodeService(sgrpc.StreamingNodeServicer):  # type: ignore[misc]
 class RunningServer:
     """A started node and its gRPC server.  ``address`` is the bound host:port."""
 
-    def __init__(self, node: Node, server: grpc.aio.Server, health: health_aio.HealthServicer, address: str) -> None:
+    def __init__(
+        self, node: Node, server: grpc.aio.Server, health: health_aio.HealthServicer, address: str,
+        metrics_address: str | None = None,
+    ) -> None:
         self.node = node
         self.server = server
         self.health = health
         self.address = address
+        self.metrics_address = metrics_address
+        """host:port of ``/metrics``, or None when it is turned off."""
         self._stopped = asyncio.Event()
 
     async def stop(self, grace: float | None = None) -> None:
@@ -656,8 +675,10 @@ async def start_server(config: NodeConfig) -> RunningServer:
         for name in ("", SERVICE_NAME):
             await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         address = _listen(server, config.listen)
+        # Metrics come up before recovery, so a long recovery is visible while it runs.
+        metrics_address = await node.metrics.serve(config.metrics_listen) if config.metrics_listen else None
         await server.start()
-        running = RunningServer(node, server, health, address)
+        running = RunningServer(node, server, health, address, metrics_address)
         try:
             await node.open_all()
         except BaseException:
@@ -668,7 +689,8 @@ async def start_server(config: NodeConfig) -> RunningServer:
     except BaseException:
         await node.aclose()
         raise
-    log.info("serving", address=address, data_dir=str(config.data_dir), durability=config.durability)
+    log.info("serving", address=address, metrics=metrics_address, data_dir=str(config.data_dir),
+             durability=config.durability)
     return running
 
 

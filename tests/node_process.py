@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -31,6 +32,8 @@ class NodeProcess:
         self.proc: subprocess.Popen[str] | None = None
         self._threads: list[threading.Thread] = []
         self.stderr: list[str] = []
+        self.metrics_url: str | None = None
+        """``http://host:port/metrics`` of the running node (None when turned off)."""
 
     @property
     def address(self) -> str:
@@ -43,7 +46,7 @@ class NodeProcess:
         env.setdefault("GRPC_VERBOSITY", "ERROR")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streamingnode", "serve", "--data-dir", str(self.data_dir),
-             "--listen", self.address, "--tick-interval", "0.05", *self.extra],
+             "--listen", self.address, "--metrics-listen", "127.0.0.1:0", "--tick-interval", "0.05", *self.extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
         )
         # Keep draining stderr (logs) so the child never blocks on a full pipe.
@@ -67,6 +70,8 @@ class NodeProcess:
         if not ready.wait(timeout) or not line_box:
             self.kill()
             raise AssertionError(f"node did not start; stderr:\n{''.join(self.stderr[-40:])}")
+        found = re.search(r"metrics (http://\S+/metrics)", line_box[0])
+        self.metrics_url = found.group(1) if found else None
         return self
 
     def _drain(self, stream: object) -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from wal._committer import fenced_error
@@ -34,12 +35,17 @@ class AppendChain(Protocol):
     async def __call__(self, batch: list[Message]) -> list[AppendResult]: ...
 
 
+AppendObserver = Callable[[list[Message], float, BaseException | None], None]
+"""Told of every batch that entered the chain: the batch, seconds until it ended, and its error."""
+
+
 class WALAdaptor:
     """A WAL with its interceptor chain.  Reads go straight to the WAL's scanners."""
 
     def __init__(self, wal: WAL, chain: AppendChain) -> None:
         self.wal = wal
         self._chain = chain
+        self.observer: AppendObserver | None = None
         self._closing = False
         self._running: set[asyncio.Future[list[AppendResult]]] = set()  # batches inside the chain
         self._ready_task = asyncio.ensure_future(chain.ready())
@@ -96,6 +102,14 @@ class WALAdaptor:
             inner = asyncio.ensure_future(self._chain(batch))
             self._running.add(inner)
             inner.add_done_callback(self._batch_done)
+            observer = self.observer
+            if observer is not None:
+                # Observed when the batch ends, not when the caller returns: a caller that was
+                # cancelled still has its batch run to the end, and that end is what happened.
+                t0 = time.perf_counter()
+                inner.add_done_callback(
+                    lambda f: observer(batch, time.perf_counter() - t0,
+                                       asyncio.CancelledError() if f.cancelled() else f.exception()))
             return await asyncio.shield(inner)
         finally:
             append_deadline.reset(token)
@@ -122,4 +136,4 @@ class WALAdaptor:
         await self.wal.aclose()
 
 
-__all__ = ["AppendChain", "WALAdaptor", "append_deadline"]
+__all__ = ["AppendChain", "AppendObserver", "WALAdaptor", "append_deadline"]

@@ -342,9 +342,15 @@ class Scanner:
         """Where to resume to get exactly what this scanner has not delivered yet."""
         return self._position
 
+    @property
+    def backlog(self) -> int:
+        """Messages written to the WAL that this scanner has not processed yet."""
+        return max(self._wal.next_id - self._cursor, 0)
+
     async def aclose(self) -> None:
         """Stop; later iteration ends.  Idempotent."""
         self._closed = True
+        self._wal.scanners.discard(self)
         if self._read_ahead is not None:
             self._read_ahead[1].cancel()
             self._read_ahead = None

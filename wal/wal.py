@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -65,6 +66,8 @@ class WAL:
         # The latest not-persisted TimeTick and the id it follows: tailing scanners that have read
         # everything below that id may release by it (it was made once every earlier append was acked).
         self._volatile_tick: tuple[MessageID, Message] | None = None
+        # Open scanners, for metrics read at scrape time (weak: one dropped without aclose goes away).
+        self.scanners: weakref.WeakSet[Scanner] = weakref.WeakSet()
 
     # --- state -----------------------------------------------------------------------------------
     @property
@@ -189,7 +192,9 @@ class WAL:
         err = self._read_refusal()
         if err is not None:
             raise err
-        return Scanner(self, option or ReadOption())
+        scanner = Scanner(self, option or ReadOption())
+        self.scanners.add(scanner)
+        return scanner
 
     async def _read_storage(self, from_id: MessageID, max_bytes: int) -> list[tuple[MessageID, bytes]]:
         err = self._read_refusal()
@@ -250,7 +255,20 @@ class WAL:
             return self._first_id
         return max(min(entry.resume_id, entry.message_id), self._first_id)
 
+    async def seek_time(self, timetick: int) -> MessageID:
+        """An id from which a reader finds every retained message with a timestamp above ``timetick``:
+        the resume id of the last persisted TimeTick at or before it (the first retained id if none)."""
+        return await self._seek_time(timetick)
+
     # --- maintenance -----------------------------------------------------------------------------
+    async def block_start(self, message_id: MessageID) -> MessageID:
+        """The first id of the stored block holding ``message_id`` (which must be retained).
+
+        ``truncate`` drops whole blocks, so truncating before this id leaves it as the first id exactly.
+        """
+        blocks = await self._read_storage(message_id, 1)
+        return blocks[0][0] if blocks else message_id
+
     async def truncate(self, before_id: MessageID) -> MessageID:
         """Drop stored messages with ids < ``before_id`` (whole blocks); return the new first id."""
         if before_id > self._next_id:

@@ -1,0 +1,376 @@
+"""Prometheus metrics of the node, labelled by pchannel, served on ``/metrics``.
+
+Values come in two kinds, priced differently:
+
+- **Events** the append and consume paths observe as they happen (appends, transaction ends, packs
+  delivered, streams opened): each pchannel binds its labelled children once (``ChannelMetrics``),
+  so an observation is a dict lookup and a locked add, once per batch or pack, never per message.
+- **State** read when Prometheus scrapes (per-interceptor time, time tick, open transactions,
+  scanners, consumer-group lag, flusher progress, disk): ``_StateCollector`` walks the open channels
+  then, so the hot path pays nothing for them.
+
+When a pchannel closes, its label sets are removed, so a destroyed channel does not linger as a
+flat line.  No label carries a message id, a transaction id or user data; the label values are
+pchannel and consumer-group names (operator-made, few), message types, error codes, interceptor
+names, scanner modes and transaction outcomes.
+
+``/metrics`` is served by a small asyncio HTTP server on the node's own event loop: the scrape-time
+reads then happen on the thread that owns the state (no torn reads of dicts being changed, no locks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from interceptors._clock import physical_ms
+from wal.errors import StreamingError, UnavailableError
+from wal.message import Message, MessageType
+
+if TYPE_CHECKING:
+    from interceptors.txn import TxnSession
+    from streamingnode.node import Channel
+
+log = structlog.get_logger(__name__)
+
+NAMESPACE = "streamingnode"
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+TXN_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
+_TYPE_NAMES = {t: t.name.lower() for t in MessageType}
+_MAX_REQUEST_LINE = 8192
+
+
+class ChannelMetrics:
+    """One pchannel's event metrics, children bound once; ``close`` removes every label set."""
+
+    def __init__(self, node: NodeMetrics, pchannel: str) -> None:
+        self._node = node
+        self.pchannel = pchannel
+        self._messages: dict[tuple[MessageType, str], Counter] = {}
+        self._bytes: dict[MessageType, Counter] = {}
+        self._latency: dict[str, Histogram] = {}
+        self._txn: dict[str, Histogram] = {}
+        self.producer_streams = node.producer_streams.labels(pchannel)
+        self.consumer_streams = node.consumer_streams.labels(pchannel)
+        self.consume_messages = node.consume_messages.labels(pchannel)
+        self.consume_bytes = node.consume_bytes.labels(pchannel)
+        self.consume_packs = node.consume_packs.labels(pchannel)
+
+    def observe_append(self, batch: list[Message], seconds: float, error: BaseException | None) -> None:
+        """One batch through the chain (all-or-nothing, so one outcome for all of it)."""
+        status = "ok" if error is None else _status(error)
+        latency = self._latency.get(status)
+        if latency is None:
+            latency = self._latency[status] = self._node.append_latency.labels(self.pchannel, status)
+        latency.observe(seconds)
+        first = batch[0]._type
+        if all(m._type is first for m in batch):  # the usual case: one type, no per-type dict
+            self._count(first, status, len(batch), sum(len(m._payload) for m in batch))
+            return
+        counts: dict[MessageType, list[int]] = {}
+        for m in batch:
+            c = counts.get(m._type)
+            if c is None:
+                c = counts[m._type] = [0, 0]
+            c[0] += 1
+            c[1] += len(m._payload)
+        for t, (n, nbytes) in counts.items():
+            self._count(t, status, n, nbytes)
+
+    def _count(self, t: MessageType, status: str, n: int, nbytes: int) -> None:
+        key = (t, status)
+        counter = self._messages.get(key)
+        if counter is None:
+            counter = self._messages[key] = self._node.append_messages.labels(self.pchannel, _TYPE_NAMES[t], status)
+        counter.inc(n)
+        if status == "ok":
+            b = self._bytes.get(t)
+            if b is None:
+                b = self._bytes[t] = self._node.append_bytes.labels(self.pchannel, _TYPE_NAMES[t])
+            b.inc(nbytes)
+
+    def observe_txn(self, session: TxnSession) -> None:
+        """A transaction ended: how long it lived, by outcome (committed, rolled_back, expired)."""
+        outcome = session.state.name.lower()
+        h = self._txn.get(outcome)
+        if h is None:
+            h = self._txn[outcome] = self._node.txn_duration.labels(self.pchannel, outcome)
+        h.observe(max(time.time() * 1000 - physical_ms(session.begin_ts), 0) / 1000)
+
+    def observe_pack(self, messages: int, nbytes: int) -> None:
+        self.consume_packs.inc()
+        self.consume_messages.inc(messages)
+        self.consume_bytes.inc(nbytes)
+
+    def close(self) -> None:
+        node, p = self._node, self.pchannel
+        with contextlib.suppress(KeyError):
+            for t, status in self._messages:
+                node.append_messages.remove(p, _TYPE_NAMES[t], status)
+            for t in self._bytes:
+                node.append_bytes.remove(p, _TYPE_NAMES[t])
+            for status in self._latency:
+                node.append_latency.remove(p, status)
+            for outcome in self._txn:
+                node.txn_duration.remove(p, outcome)
+            for family in (node.producer_streams, node.consumer_streams, node.consume_messages, node.consume_bytes,
+                           node.consume_packs):
+                family.remove(p)
+        self._messages.clear()
+        self._bytes.clear()
+        self._latency.clear()
+        self._txn.clear()
+
+
+def _status(error: BaseException) -> str:
+    if isinstance(error, StreamingError):
+        return error.code.name.lower()
+    if isinstance(error, TimeoutError):
+        return "deadline_exceeded"
+    if isinstance(error, asyncio.CancelledError):
+        return "cancelled"
+    return "unknown"
+
+
+class NodeMetrics:
+    """Every metric of one node, in a registry of its own (tests run several nodes per process)."""
+
+    def __init__(self, data_dir: str | os.PathLike[str] | None = None) -> None:
+        self.registry = CollectorRegistry()
+        self.data_dir = data_dir
+        self.channels: dict[str, tuple[Channel, ChannelMetrics]] = {}
+        r = self.registry
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        ns = NAMESPACE
+        self.append_messages = Counter(
+            "append_messages", "Messages appended through the interceptor chain, by type and outcome "
+            "(ok or the lower-case error code).", ["pchannel", "message_type", "status"], namespace=ns, registry=r)
+        self.append_bytes = Counter(
+            "append_bytes", "Payload bytes of messages appended durably.", ["pchannel", "message_type"],
+            namespace=ns, registry=r)
+        self.append_latency = Histogram(
+            "append_latency_seconds", "Time from a batch entering the chain to its durable acknowledgement "
+            "(or failure), per batch.", ["pchannel", "status"], namespace=ns, registry=r, buckets=LATENCY_BUCKETS)
+        self.txn_duration = Histogram(
+            "txn_duration_seconds", "Life of a transaction from BeginTxn to its end, by outcome.",
+            ["pchannel", "outcome"], namespace=ns, registry=r, buckets=TXN_BUCKETS)
+        self.producer_streams = Gauge(
+            "producer_streams", "Open Produce streams.", ["pchannel"], namespace=ns, registry=r)
+        self.consumer_streams = Gauge(
+            "consumer_streams", "Open Consume streams.", ["pchannel"], namespace=ns, registry=r)
+        self.consume_messages = Counter(
+            "consume_messages", "Messages delivered to Consume streams.", ["pchannel"], namespace=ns, registry=r)
+        self.consume_bytes = Counter(
+            "consume_bytes", "Payload bytes delivered to Consume streams.", ["pchannel"], namespace=ns, registry=r)
+        self.consume_packs = Counter(
+            "consume_packs", "MsgPacks delivered to Consume streams.", ["pchannel"], namespace=ns, registry=r)
+        r.register(_StateCollector(self))
+        self._http: asyncio.Server | None = None
+
+    # --- channels --------------------------------------------------------------------------------
+    def open_channel(self, name: str, channel: Channel) -> ChannelMetrics:
+        """Bind a pchannel: its appends and transaction ends are observed from now on."""
+        old = self.channels.pop(name, None)
+        if old is not None:
+            old[1].close()
+        cm = ChannelMetrics(self, name)
+        self.channels[name] = (channel, cm)
+        stream = channel.stream
+        stream.adaptor.observer = cm.observe_append
+        stream.txns.on_finish = cm.observe_txn
+        return cm
+
+    def close_channel(self, name: str) -> None:
+        entry = self.channels.pop(name, None)
+        if entry is not None:
+            channel, cm = entry
+            channel.stream.adaptor.observer = None
+            channel.stream.txns.on_finish = None
+            cm.close()
+
+    def channel(self, name: str) -> ChannelMetrics | None:
+        entry = self.channels.get(name)
+        return entry[1] if entry is not None else None
+
+    # --- the /metrics endpoint -------------------------------------------------------------------
+    async def serve(self, listen: str) -> str:
+        """Serve ``/metrics`` on ``listen`` (host:port; port 0 = any); return a connectable address."""
+        host, _, port_s = listen.rpartition(":")
+        host = host.strip("[]") or "0.0.0.0"  # noqa: S104  (an empty host means every interface)
+        try:
+            port = int(port_s)
+            self._http = await asyncio.start_server(self._handle, host, port)
+        except (ValueError, OSError) as exc:
+            raise UnavailableError(f"cannot serve metrics on {listen!r}: {exc}", address=listen) from None
+        bound = self._http.sockets[0].getsockname()[1]
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104  (a connectable form)
+        return f"{shown}:{bound}"
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            with contextlib.suppress(Exception):
+                await self._http.wait_closed()
+            self._http = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with asyncio.timeout(10):
+                request = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
+            writer.close()
+            return
+        try:
+            head = request.decode("latin-1").split("\r\n")
+            method, target, _ = head[0].split(" ", 2)
+            headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in head[1:] if h)}
+            path = target.split("?", 1)[0]
+            if method not in ("GET", "HEAD"):
+                status, ctype, body = "405 Method Not Allowed", "text/plain", b"only GET is served\n"
+            elif path == "/metrics":
+                encoder, ctype = choose_encoder(headers.get("accept", ""))
+                status, body = "200 OK", encoder(self.registry)
+            elif path == "/":
+                status, ctype, body = "200 OK", "text/plain", b"streamingnode: metrics at /metrics\n"
+            else:
+                status, ctype, body = "404 Not Found", "text/plain", b"not found; metrics are at /metrics\n"
+        except ValueError:
+            status, ctype, body = "400 Bad Request", "text/plain", b"malformed request\n"
+            method = "GET"
+        except Exception:  # a bug in a collector must not take the endpoint (or the node) down
+            log.exception("metrics scrape failed")
+            status, ctype, body = "500 Internal Server Error", "text/plain", b"scrape failed; see the node log\n"
+            method = "GET"
+        writer.write(
+            f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n".encode("latin-1")
+        )
+        if method != "HEAD":
+            writer.write(body)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        writer.close()
+
+
+def _wal_disk_bytes(data_dir: str | os.PathLike[str]) -> int:
+    """The RocksDB files sit at the top of the data directory; sub-directories (Parquet) are not the WAL."""
+    total = 0
+    with contextlib.suppress(OSError), os.scandir(data_dir) as entries:
+        for e in entries:
+            with contextlib.suppress(OSError):
+                if e.is_file(follow_symlinks=False):
+                    total += e.stat(follow_symlinks=False).st_size
+    return total
+
+
+class _StateCollector(Collector):
+    """State read at scrape time, from every open pchannel."""
+
+    def __init__(self, metrics: NodeMetrics) -> None:
+        self._m = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # the families depend on what is open; nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        ns = NAMESPACE
+        now_ms = time.time() * 1000
+        by_p = ["pchannel"]
+        channels = list(self._m.channels.items())
+        yield GaugeMetricFamily(f"{ns}_pchannels", "pchannels open on this node.", value=len(channels))
+
+        step_s = CounterMetricFamily(f"{ns}_interceptor_seconds", "Own time of each interceptor (time in it "
+                                     "minus time in the steps it called).", labels=["pchannel", "interceptor"])
+        step_b = CounterMetricFamily(f"{ns}_interceptor_batches", "Batches through each interceptor.",
+                                     labels=["pchannel", "interceptor"])
+        step_m = CounterMetricFamily(f"{ns}_interceptor_messages", "Messages through each interceptor.",
+                                     labels=["pchannel", "interceptor"])
+        allocated = GaugeMetricFamily(f"{ns}_timetick_last_allocated_timestamp_seconds",
+                                      "Physical time of the last timestamp handed out.", labels=by_p)
+        confirmed = GaugeMetricFamily(f"{ns}_timetick_last_confirmed_timestamp_seconds",
+                                      "Physical time below which every append is acknowledged (MVCC time).",
+                                      labels=by_p)
+        tick_lag = GaugeMetricFamily(f"{ns}_timetick_lag_seconds",
+                                     "Wall clock minus the confirmed time: how stale a reader's view is.", labels=by_p)
+        txns = GaugeMetricFamily(f"{ns}_txn_in_flight", "Open transactions.", labels=by_p)
+        scanners = GaugeMetricFamily(f"{ns}_scanners", "Open scanners by mode (catch-up reads storage, tailing "
+                                     "reads the in-memory tail).", labels=["pchannel", "mode"])
+        backlog = GaugeMetricFamily(f"{ns}_scanner_backlog_messages",
+                                    "Messages written but not yet read, summed over open scanners.", labels=by_p)
+        wal_msgs = GaugeMetricFamily(f"{ns}_wal_messages", "Messages kept in the WAL (ids not truncated).", labels=by_p)
+        g_lag = GaugeMetricFamily(f"{ns}_consumer_group_lag_messages", "Messages after a consumer group's "
+                                  "committed position (its furthest-behind vchannel).", labels=["pchannel", "group"])
+        g_lag_s = GaugeMetricFamily(f"{ns}_consumer_group_lag_seconds", "Confirmed time minus the time of a "
+                                    "consumer group's committed position (furthest-behind vchannel).",
+                                    labels=["pchannel", "group"])
+        f_rows = CounterMetricFamily(f"{ns}_flusher_rows", "Rows written to Parquet (inserts).", labels=by_p)
+        f_del = CounterMetricFamily(f"{ns}_flusher_delete_rows", "Delete keys written to Parquet.", labels=by_p)
+        f_bytes = CounterMetricFamily(f"{ns}_flusher_bytes", "Bytes of Parquet files written.", labels=by_p)
+        f_files = CounterMetricFamily(f"{ns}_flusher_files", "Parquet files written.", labels=by_p)
+        f_buf = GaugeMetricFamily(f"{ns}_flusher_buffered_bytes", "Bytes buffered, not yet in Parquet.", labels=by_p)
+        f_lag = GaugeMetricFamily(f"{ns}_flusher_lag_seconds",
+                                  "WAL's last timestamp minus the last one the flusher processed.", labels=by_p)
+        f_ckpt = GaugeMetricFamily(f"{ns}_flusher_checkpoint_timestamp_seconds",
+                                   "Physical time of the flusher's checkpoint (all before it is in Parquet).",
+                                   labels=by_p)
+        for name, (channel, _) in channels:
+            stream = channel.stream
+            for t in stream.chain.timings:
+                step_s.add_metric([name, t.name], t.seconds)
+                step_b.add_metric([name, t.name], t.batches)
+                step_m.add_metric([name, t.name], t.messages)
+            clock_last = stream.timetick.clock.last if stream.timetick._clock is not None else 0
+            mvcc = stream.mvcc_timetick()
+            allocated.add_metric([name], physical_ms(clock_last) / 1000)
+            confirmed.add_metric([name], physical_ms(mvcc) / 1000)
+            tick_lag.add_metric([name], max(now_ms - physical_ms(mvcc), 0) / 1000 if mvcc else 0.0)
+            txns.add_metric([name], len(stream.txns.open_sessions()))
+            wal = stream.wal
+            modes = {"catchup": 0, "tailing": 0}
+            behind = 0
+            for sc in list(wal.scanners):
+                modes["tailing" if sc.tailing else "catchup"] += 1
+                behind += sc.backlog
+            for mode, n in modes.items():
+                scanners.add_metric([name, mode], n)
+            backlog.add_metric([name], behind)
+            wal_msgs.add_metric([name], max(wal.next_id - wal.first_id, 0))
+            mvcc_ms = physical_ms(mvcc)
+            for group in channel.groups.names():
+                progress = channel.groups.require(group)
+                lag_n = max((max(wal.next_id - mid, 0) for mid, _ in progress.values()), default=wal.next_id)
+                lag_t = max((max(mvcc_ms - physical_ms(ts), 0) for _, ts in progress.values()), default=0)
+                g_lag.add_metric([name, group], lag_n)
+                g_lag_s.add_metric([name, group], lag_t / 1000)
+            if channel.flusher is not None:
+                st = channel.flusher.stats()
+                f_rows.add_metric([name], st.rows_written)
+                f_del.add_metric([name], st.delete_rows_written)
+                f_bytes.add_metric([name], st.bytes_written)
+                f_files.add_metric([name], st.files_written)
+                f_buf.add_metric([name], st.buffered_bytes)
+                f_lag.add_metric([name], st.lag_ms / 1000)
+                f_ckpt.add_metric([name], physical_ms(st.checkpoint.timetick) / 1000)
+        yield from (step_s, step_b, step_m, allocated, confirmed, tick_lag, txns, scanners, backlog, wal_msgs,
+                    g_lag, g_lag_s, f_rows, f_del, f_bytes, f_files, f_buf, f_lag, f_ckpt)
+        if self._m.data_dir is not None:
+            yield GaugeMetricFamily(f"{ns}_wal_disk_bytes", "Bytes of the WAL database on disk (all pchannels).",
+                                    value=_wal_disk_bytes(self._m.data_dir))
+
+
+__all__ = ["LATENCY_BUCKETS", "ChannelMetrics", "NodeMetrics"]
