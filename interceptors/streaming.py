@@ -15,6 +15,7 @@ import contextlib
 from dataclasses import dataclass
 
 import structlog
+from opentelemetry.trace import Tracer
 
 from interceptors.base import Interceptor, RecoverableInterceptor
 from interceptors.chain import Chain, build_chain
@@ -212,12 +213,15 @@ def default_interceptors(
     return steps, timetick, txns, shard
 
 
-async def open_streaming_wal(manager: WALManager, pchannel: str, config: ChainConfig | None = None) -> StreamingWAL:
-    """Open ``pchannel`` with a new term and its chain; recovery runs in the background."""
+async def open_streaming_wal(
+    manager: WALManager, pchannel: str, config: ChainConfig | None = None, *, tracer: Tracer | None = None
+) -> StreamingWAL:
+    """Open ``pchannel`` with a new term and its chain; recovery runs in the background.  With
+    ``tracer`` every chain step runs in a span (see ``interceptors.chain``)."""
     config = config or ChainConfig()
     wal = await manager.open(pchannel)
     steps, timetick, txns, shard = default_interceptors(wal, config)
-    chain = build_chain(steps, wal.append_batch)
+    chain = build_chain(steps, wal.append_batch, tracer=tracer)
     return StreamingWAL(wal, chain, timetick=timetick, txns=txns, shard=shard, config=config)
 
 
