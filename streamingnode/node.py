@@ -19,7 +19,9 @@ from flusher.flusher import Flusher, FlusherConfig
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from streamingnode.config import NodeConfig
 from streamingnode.groups import ConsumerGroups
+from streamingnode.retention import ChannelRetention, RetentionConfig
 from streamingnode.metrics import NodeMetrics
+from streamingnode.tracing import Tracing
 from wal.backend import ChannelInfo
 from wal.errors import (
     ChannelExistError,
@@ -60,9 +62,13 @@ class Channel:
     stream: StreamingWAL
     groups: ConsumerGroups
     flusher: Flusher | None = None
+    retention: ChannelRetention | None = None
 
     async def aclose(self) -> None:
-        # The flusher first: it reads the WAL, and whatever it buffered is replayed from its checkpoint.
+        # Retention first: it reads the flusher's checkpoint and the groups, and truncates the WAL.
+        if self.retention is not None:
+            await self.retention.aclose()
+        # Then the flusher: it reads the WAL, and whatever it buffered is replayed from its checkpoint.
         if self.flusher is not None:
             await self.flusher.aclose()
         await self.stream.aclose()
@@ -71,9 +77,11 @@ class Channel:
 class Node:
     """Start with ``await Node.start(config)``; close with ``aclose``."""
 
-    def __init__(self, manager: WALManager, config: NodeConfig) -> None:
+    def __init__(self, manager: WALManager, config: NodeConfig, tracing: Tracing | None = None) -> None:
         self.manager = manager
         self.config = config
+        self.tracing = tracing
+        """Spans for produce, the chain's steps and consume; None (the default) traces nothing."""
         self.chain_config = ChainConfig(tick_interval=config.tick_interval)
         self._channels: dict[str, Channel] = {}
         self.metrics = NodeMetrics(config.data_dir)
@@ -84,11 +92,11 @@ class Node:
         """Set when the node starts to drain: open reads end so that the shutdown is not held up."""
 
     @classmethod
-    async def start(cls, config: NodeConfig) -> Node:
+    async def start(cls, config: NodeConfig, tracing: Tracing | None = None) -> Node:
         """Open the database; recovery of the channels runs in ``open_all`` (see the server)."""
         config.data_dir.mkdir(parents=True, exist_ok=True)
         manager = await WALManager.start_rocksdb(config.data_dir, durability=config.wal_durability)
-        return cls(manager, config)
+        return cls(manager, config, tracing)
 
     async def open_all(self) -> None:
         """Open every pchannel (creating the configured ones that are missing), then report ready."""
@@ -104,7 +112,8 @@ class Node:
         log.info("node ready", channels=len(self._channels), data_dir=str(self.config.data_dir))
 
     async def _open(self, name: str) -> Channel:
-        stream = await open_streaming_wal(self.manager, name, self.chain_config)
+        tracer = None if self.tracing is None else self.tracing.tracer
+        stream = await open_streaming_wal(self.manager, name, self.chain_config, tracer=tracer)
         flusher: Flusher | None = None
         try:
             await stream.ready()
@@ -121,7 +130,10 @@ class Node:
                 await flusher.aclose()
             await stream.aclose()
             raise
-        channel = self._channels[name] = Channel(stream, groups, flusher)
+        retention = ChannelRetention(stream, groups, flusher, RetentionConfig(
+            retention_seconds=self.config.retention_seconds, check_seconds=self.config.retention_check_seconds))
+        retention.start()
+        channel = self._channels[name] = Channel(stream, groups, flusher, retention)
         self.metrics.open_channel(name, channel)
         return channel
 

@@ -30,6 +30,7 @@ import grpc
 
 from streamingnode.client._calls import done_writing, reconnectable, translate, with_reconnect, write
 from streamingnode.status import from_error_detail
+from streamingnode.tracing import with_current_context
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
@@ -152,6 +153,9 @@ class Producer:
         the StreamingError the node gave its batch."""
         if self._state is not _State.RUNNING:
             raise OnShutdownError(f"producer on {self.pchannel!r} is closed", channel=self.pchannel)
+        # The caller's span context (W3C traceparent), when a recording span is current: the node's
+        # produce span becomes its child.  Without one this is a context-variable read, nothing more.
+        properties = with_current_context(properties)
         # The per-message path of every producer: no empty properties map, no generator, no callback.
         size = len(payload) + len(vchannel)
         if properties:
