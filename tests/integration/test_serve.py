@@ -91,3 +91,29 @@ async def test_config_file_env_and_flags(tmp_path: Path) -> None:
     broken = NodeProcess(tmp_path / "data2", None, "--config", str(bad))
     with pytest.raises(AssertionError, match="unknown key 'durabilty'"):
         broken.start(timeout=30)
+
+
+async def test_metrics_on_by_default_and_a_taken_port_is_a_clear_error(tmp_path: Path) -> None:
+    import urllib.request  # noqa: PLC0415
+
+    node = NodeProcess(tmp_path / "data", None, "--channels", "ch").start()
+    try:
+        assert node.metrics_url is not None
+        with urllib.request.urlopen(node.metrics_url, timeout=10) as resp:
+            text = resp.read().decode()
+        assert 'streamingnode_wal_messages{pchannel="ch"}' in text
+        assert "process_resident_memory_bytes" in text
+        taken = node.metrics_url.removeprefix("http://").removesuffix("/metrics")
+        # A second node whose metrics port is taken refuses to start, naming the address, and leaves
+        # no half-started node behind (its gRPC port is free again afterwards).
+        second = NodeProcess(tmp_path / "data2", None, "--metrics-listen", taken)
+        with pytest.raises(AssertionError, match=f"cannot serve metrics on '{taken}'"):
+            second.start(timeout=30)
+        assert second.proc is not None and second.proc.returncode not in (None, 0)
+    finally:
+        node.kill()
+    off = NodeProcess(tmp_path / "data3", None, "--metrics-listen", "").start()
+    try:
+        assert off.metrics_url is None
+    finally:
+        off.kill()
