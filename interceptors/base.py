@@ -9,7 +9,7 @@ do per-message work only where it must be done.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from wal.message import AppendResult, Message
 
@@ -51,10 +51,28 @@ class RecoverableInterceptor(Protocol):
 
 
 @runtime_checkable
+class SnapshotInterceptor(Protocol):
+    """Optional: the state ``replay`` rebuilds, as a JSON value, so that recovery can start from a
+    snapshot taken at a message id instead of from the first message ever written (and the log
+    below that id can be truncated).  ``import_state`` of an exported state, then ``replay`` of the
+    messages from that id on, must leave the same state as ``replay`` of every message.
+    """
+
+    name: str
+
+    def export_state(self) -> Any: ...
+
+    def import_state(self, state: Any) -> None: ...
+
+
+@runtime_checkable
 class NamedInterceptor(Protocol):
     """Optional: the name under which the builder reports the interceptor's time."""
 
     name: str
 
 
-__all__ = ["AppendNext", "Interceptor", "NamedInterceptor", "ReadyInterceptor", "RecoverableInterceptor"]
+__all__ = [
+    "AppendNext", "Interceptor", "NamedInterceptor", "ReadyInterceptor", "RecoverableInterceptor",
+    "SnapshotInterceptor",
+]

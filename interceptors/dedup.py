@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from typing import Any
 
 from interceptors.base import AppendNext
 from wal.errors import InvalidArgumentError, OutOfRangeError
@@ -143,6 +144,20 @@ class DedupInterceptor:
                 txn = m.txn
                 self._remember(self._producer(k[0]), k[1],
                                AppendResult(m.message_id, m.timetick, txn.txn_id if txn else None))
+
+    def export_state(self) -> dict[str, Any]:
+        """The remembered results per producer, least recently used first (see SnapshotInterceptor)."""
+        return {"producers": [
+            [pid, p.max_seq, [[seq, r.message_id, r.timetick, r.txn_id] for seq, r in p.results.items()]]
+            for pid, p in self._producers.items()
+        ]}
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        for pid, max_seq, results in state["producers"]:
+            p = self._producer(str(pid))
+            for seq, mid, ts, txn_id in results:
+                self._remember(p, int(seq), AppendResult(int(mid), int(ts), None if txn_id is None else int(txn_id)))
+            p.max_seq = max(p.max_seq, int(max_seq))
 
     async def recovered(self) -> None:
         return None

@@ -24,9 +24,11 @@ DDL relies on the lock step before this one: it runs alone on its vchannel.
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pyarrow as pa
 
@@ -408,6 +410,53 @@ class ShardInterceptor:
             return now
         age = self._wall_clock() - (m.timetick >> LOGICAL_BITS) / 1000.0
         return now - max(0.0, age)
+
+    def export_state(self) -> dict[str, Any]:
+        """The registry (dropped collections too: replay ignores their late DML), the growing segments,
+        the next segment id and the ids sealed so far (see SnapshotInterceptor).
+
+        Sealed ids are kept as ranges: almost every id below ``next_segment_id`` is sealed, so the
+        ranges stay few however many segments were ever written.  A segment's age travels as the wall
+        time it was created at, as replay derives it from the first insert's timestamp.
+        """
+        skew = self._wall_clock() - self._clock()
+        sealed: list[list[int]] = []
+        for sid in sorted(self._replay_sealed):
+            if sealed and sealed[-1][1] == sid:
+                sealed[-1][1] = sid + 1
+            else:
+                sealed.append([sid, sid + 1])
+        return {
+            "next_segment_id": self._segments.next_id,
+            "collections": [
+                {"vchannel": c.info.vchannel, "name": c.info.name, "primary_key": c.info.primary_key,
+                 "partitions": sorted(c.info.partitions), "dropped": c.info.dropped,
+                 "schema": base64.b64encode(c.info.schema.serialize().to_pybytes()).decode()}
+                for by_name in self._registry.values() for c in by_name.values()
+            ],
+            "segments": [
+                {"id": s.segment_id, "vchannel": s.vchannel, "collection": s.collection, "partition": s.partition,
+                 "rows": s.rows, "bytes": s.bytes, "created_wall": s.created_at + skew}
+                for s in self._segments.select()
+            ],
+            "sealed": sealed,
+        }
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        for raw in state["collections"]:
+            schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(raw["schema"])))
+            c = _Collection.new(raw["vchannel"], raw["name"], schema, raw["primary_key"])
+            c = c.with_partitions(frozenset(raw["partitions"]))
+            self._registry.setdefault(c.info.vchannel, {})[c.info.name] = c.as_dropped() if raw["dropped"] else c
+        now, wall = self._clock(), self._wall_clock()
+        for raw in state["segments"]:
+            created = now - max(0.0, wall - float(raw["created_wall"]))
+            seg = self._segments.restore((raw["vchannel"], raw["collection"], raw["partition"]), int(raw["id"]),
+                                         created)
+            seg.rows, seg.bytes = int(raw["rows"]), int(raw["bytes"])
+        for start, end in state["sealed"]:
+            self._replay_sealed.update(range(int(start), int(end)))
+        self._segments.next_id = max(self._segments.next_id, int(state["next_segment_id"]))
 
     async def recovered(self) -> None:
         self._replay_sealed.clear()

@@ -3,9 +3,10 @@ and the fence.
 
 ``open_streaming_wal`` opens the WAL with a new term (fencing any older handle), builds the chain in
 front of it, and starts recovery in the background; appends wait (through the adaptor) until it is
-done.  Recovery replays every stored message, in id order, into the steps that keep state (dedup,
-shard, txn), starts the clock above everything ever handed out, rolls back the transactions the
-previous owner left open, and writes the fence: a persisted TimeTick in the new term.
+done.  Recovery imports the recovery snapshot (if retention stored one; see ``snapshot.py``), replays
+every stored message from there, in id order, into the steps that keep state (dedup, shard, txn),
+starts the clock above everything ever handed out, rolls back the transactions the previous owner
+left open, and writes the fence: a persisted TimeTick in the new term.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from opentelemetry.trace import Tracer
@@ -23,12 +25,13 @@ from interceptors.dedup import DedupInterceptor
 from interceptors.lock import LockInterceptor
 from interceptors.redo import RedoInterceptor
 from interceptors.shard import ShardInterceptor
+from interceptors.snapshot import import_snapshot, load_snapshot
 from interceptors.timetick import TimeTickInterceptor
 from interceptors.txn import TxnInterceptor, TxnManager, TxnSession, TxnState, commit_message, rollback_message
 from wal.adaptor import WALAdaptor
-from wal.errors import InvalidTxnStateError, StreamingError, TxnNotFoundError
+from wal.errors import CorruptedError, InvalidTxnStateError, StreamingError, TxnNotFoundError
 from wal.manager import WALManager
-from wal.message import AppendResult, Message, TxnContext
+from wal.message import AppendResult, Message, MessageID, TxnContext
 from wal.options import ReadOption
 from wal.scanner import Scanner
 from wal.wal import WAL
@@ -166,7 +169,7 @@ class StreamingWAL:
 
     async def _recover(self) -> None:
         recoverable = [i for i in self.chain.interceptors if isinstance(i, RecoverableInterceptor)]
-        nid = self.wal.first_id
+        nid = await self._load_snapshot(recoverable) if recoverable else self.wal.first_id
         replayed = 0
         while recoverable and nid < self.wal.next_id:
             batch = await self.wal.read_stored(nid, _REPLAY_BATCH_BYTES)
@@ -188,6 +191,25 @@ class StreamingWAL:
             "pchannel recovered", pchannel=self.pchannel, term=self.term, replayed=replayed,
             rolled_back=len(orphans), fence_ts=fence,
         )
+
+    async def _load_snapshot(self, steps: list[Any]) -> MessageID:
+        """Import the recovery snapshot, if any; return the id replay starts from."""
+        wal = self.wal
+        snapshot = await load_snapshot(wal)
+        if snapshot is None:
+            return wal.first_id
+        if snapshot.message_id > wal.next_id:
+            raise CorruptedError(
+                f"recovery snapshot of pchannel {self.pchannel!r} is at id {snapshot.message_id}, past the "
+                f"end of the log ({wal.next_id})", channel=self.pchannel, message_id=snapshot.message_id,
+            )
+        import_snapshot(snapshot, steps, self.pchannel)
+        if snapshot.message_id < wal.first_id:
+            # Someone truncated past the snapshot without moving it: what lay between is lost.
+            log.warning("log truncated past the recovery snapshot", pchannel=self.pchannel,
+                        snapshot_id=snapshot.message_id, first_id=wal.first_id)
+            return wal.first_id
+        return snapshot.message_id
 
 
 def default_interceptors(

@@ -83,6 +83,7 @@ def _serve(args: argparse.Namespace) -> None:
         "durability": args.durability,
         "max_message_bytes": args.max_message_bytes, "channels": args.channels,
         "tick_interval": args.tick_interval, "drain_seconds": args.drain_seconds,
+        "retention_seconds": args.retention_seconds, "retention_check_seconds": args.retention_check_seconds,
     })
 
     def ready(running: RunningServer) -> None:
@@ -110,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--channels", help="comma-separated pchannels to create at start when missing")
     serve.add_argument("--tick-interval", type=float, help="seconds between persisted TimeTicks")
     serve.add_argument("--drain-seconds", type=float, help="how long SIGTERM waits for calls in flight")
+    serve.add_argument("--retention-seconds", type=float,
+                       help="keep WAL messages at least this long (default 86400; 0 = no time floor; <0 = forever)")
+    serve.add_argument("--retention-check-seconds", type=float, help="how often truncation is checked (default 60)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     demo = sub.add_parser("demo", help="durable append/read round trip on pchannel 'demo'")
     demo.add_argument("--count", type=int, default=1000)

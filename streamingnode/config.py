@@ -62,6 +62,11 @@ class NodeConfig:
     flush_max_age_seconds: float = 600.0
     flush_memory_cap_bytes: int = 256 << 20
     """All buffers of one pchannel's flusher together; above it the largest is written first."""
+    retention_seconds: float = 86400.0
+    """Keep WAL messages at least this long; older ones are truncated once the flusher, every consumer
+    group and the open transactions are past them.  0: no time floor; negative: never truncate."""
+    retention_check_seconds: float = 60.0
+    """How often each pchannel checks what it may truncate."""
 
     def __post_init__(self) -> None:
         if self.durability not in ("sync", "relaxed"):
@@ -74,6 +79,8 @@ class NodeConfig:
             raise InvalidArgumentError("max_message_bytes must not exceed max_request_bytes")
         if self.tick_interval <= 0 or self.drain_seconds < 0 or self.txn_keepalive_ms < 0:
             raise InvalidArgumentError("tick_interval must be > 0, drain_seconds and txn_keepalive_ms >= 0")
+        if not self.retention_check_seconds > 0:
+            raise InvalidArgumentError(f"retention_check_seconds must be > 0, got {self.retention_check_seconds!r}")
 
     @property
     def parquet_root(self) -> Path:

@@ -19,8 +19,8 @@ from flusher.flusher import Flusher, FlusherConfig
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from streamingnode.config import NodeConfig
 from streamingnode.groups import ConsumerGroups
-from streamingnode.retention import ChannelRetention, RetentionConfig
 from streamingnode.metrics import NodeMetrics
+from streamingnode.retention import ChannelRetention, RetentionConfig
 from streamingnode.tracing import Tracing
 from wal.backend import ChannelInfo
 from wal.errors import (

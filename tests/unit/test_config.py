@@ -47,3 +47,16 @@ def test_bad_settings_are_refused_by_name(tmp_path: Path, text: str, env: dict[s
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError, match="cannot read config file"):
         load_config(tmp_path / "absent.toml", env={})
+
+
+def test_retention_settings_default_and_precedence(tmp_path: Path) -> None:
+    assert NodeConfig().retention_seconds == 86400.0 and NodeConfig().retention_check_seconds == 60.0
+    f = tmp_path / "n.toml"
+    f.write_text("retention_seconds = 3600\nretention_check_seconds = 5\n")
+    config = load_config(f, env={"STREAMINGNODE_RETENTION_SECONDS": "-1"})
+    assert config.retention_seconds == -1.0 and config.retention_check_seconds == 5.0  # env beats file
+    assert load_config(f, env={}, overrides={"retention_seconds": 0}).retention_seconds == 0.0  # flag beats file
+    with pytest.raises(InvalidArgumentError, match="retention_check_seconds must be > 0"):
+        load_config(env={"STREAMINGNODE_RETENTION_CHECK_SECONDS": "0"})
+    with pytest.raises(InvalidArgumentError, match="retention_seconds has a value of the wrong type"):
+        load_config(env={"STREAMINGNODE_RETENTION_SECONDS": "a day"})
