@@ -1,0 +1,210 @@
+"""The files in deploy/ parse and agree with each other and with the node.
+
+No container runtime or cluster runs here, so these checks are what stands between a typo and an
+operator: every YAML and JSON file parses, promtool accepts the Prometheus config, the ports, paths,
+labels and names that one file relies on are the ones another file (or the node's defaults) provides.
+The dashboard's queries themselves are checked against a live Prometheus in
+tests/integration/test_prometheus.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from streamingnode.config import NodeConfig
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+GRPC_PORT = int(NodeConfig().listen.rpartition(":")[2])
+METRICS_PORT = int(NodeConfig().metrics_listen.rpartition(":")[2])
+REQUIRED_ROWS = {"Throughput", "Latency", "Interceptors", "Time tick", "Transactions", "Consumers", "Flusher", "Disk",
+                 "Process"}
+
+
+def load_yaml(relative: str) -> list[Any]:
+    return [doc for doc in yaml.safe_load_all((DEPLOY / relative).read_text()) if doc is not None]
+
+
+def by_kind(relative: str) -> dict[str, list[dict[str, Any]]]:
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for doc in load_yaml(relative):
+        kinds.setdefault(doc["kind"], []).append(doc)
+    return kinds
+
+
+def mounts(service: dict[str, Any]) -> dict[str, str]:
+    """A compose service's short-form volumes ("source:target[:mode]") as {source: target}."""
+    return {v.split(":")[0]: v.split(":")[1] for v in service.get("volumes", [])}
+
+
+def dashboard() -> dict[str, Any]:
+    return dict(json.loads((DEPLOY / "grafana" / "dashboards" / "streamingnode.json").read_text()))
+
+
+def test_every_file_parses() -> None:
+    files = [p for p in DEPLOY.rglob("*") if p.suffix in (".json", ".yml", ".yaml")]
+    assert len(files) >= 9, files
+    for path in files:
+        if path.suffix == ".json":
+            json.loads(path.read_text())
+        else:
+            assert load_yaml(str(path.relative_to(DEPLOY))), f"{path} is empty"
+
+
+def test_promtool_accepts_the_prometheus_config() -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is not installed: `make test` and .ci/run install Debian's prometheus package")
+    checked = subprocess.run([promtool, "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
+                             capture_output=True, text=True, check=False, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_dashboard_shape() -> None:
+    dash = dashboard()
+    assert dash["schemaVersion"] >= 39 and dash["uid"] == "streamingnode"
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert "pchannel" in variables["pchannel"]["query"]["query"] and variables["pchannel"]["includeAll"]
+    rows = [p["title"] for p in dash["panels"] if p["type"] == "row"]
+    assert set(rows) >= REQUIRED_ROWS, f"missing rows: {REQUIRED_ROWS - set(rows)}"
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids repeat"
+    cells: dict[tuple[int, int], str] = {}
+    for panel in dash["panels"]:
+        g = panel["gridPos"]
+        assert g["x"] + g["w"] <= 24, f"{panel['title']!r} is wider than the dashboard"
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{panel['title']!r} overlaps {cells[(x, y)]!r}"
+                cells[(x, y)] = panel["title"]
+        if panel["type"] == "row":
+            continue
+        # Every query goes to the picked data source, and every panel says what it shows.
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        assert panel.get("description"), f"{panel['title']!r} has no description"
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}", panel["title"]
+            assert 'pchannel=~"$pchannel"' in target["expr"] or "pchannel" not in _labels_of(target["expr"]), (
+                f"{panel['title']!r} ignores the pchannel picker: {target['expr']}")
+
+
+def _labels_of(expr: str) -> str:
+    """Node metrics with a pchannel label are all but these; filtering them is what the picker is for."""
+    node_wide = ("streamingnode_pchannels", "streamingnode_wal_disk_bytes", "process_")
+    return "" if any(name in expr for name in node_wide) else "pchannel"
+
+
+def test_grafana_provisioning_matches_the_dashboard_and_compose() -> None:
+    (source,) = load_yaml("grafana/provisioning/datasources/prometheus.yml")[0]["datasources"]
+    assert source["type"] == "prometheus"
+    # The dashboard's default data source is the provisioned one.
+    default = next(v for v in dashboard()["templating"]["list"] if v["name"] == "datasource")
+    assert default["current"]["value"] == source["uid"]
+    (provider,) = load_yaml("grafana/provisioning/dashboards/streamingnode.yml")[0]["providers"]
+
+    compose = load_yaml("compose.yaml")[0]["services"]
+    grafana_mounts = mounts(compose["grafana"])
+    assert grafana_mounts["./grafana/dashboards"] == provider["options"]["path"]
+    assert grafana_mounts["./grafana/provisioning"] == "/etc/grafana/provisioning"
+    # The provisioned data source points at compose's Prometheus service.
+    assert re.fullmatch(r"http://prometheus:9090/?", source["url"]), source["url"]
+    assert any(p.endswith(":9090") for p in compose["prometheus"]["ports"])
+
+
+def test_compose_wires_the_node_to_prometheus() -> None:
+    services = load_yaml("compose.yaml")[0]["services"]
+    node = services["node"]
+    assert (DEPLOY / node["build"]["context"] / node["build"]["dockerfile"]).is_file()
+    assert f"{GRPC_PORT}:{GRPC_PORT}" in node["ports"] and f"{METRICS_PORT}:{METRICS_PORT}" in node["ports"]
+    assert any(v.endswith(":/data") for v in node["volumes"])
+
+    prometheus = services["prometheus"]
+    config_flag = next(a for a in prometheus["command"] if a.startswith("--config.file="))
+    assert {v: k for k, v in mounts(prometheus).items()}[config_flag.split("=", 1)[1]] == "./prometheus/prometheus.yml"
+    for service in services.values():
+        for volume in service.get("volumes", []):
+            if volume.startswith("./"):
+                assert (DEPLOY / volume.split(":")[0]).exists(), volume
+
+    config = load_yaml("prometheus/prometheus.yml")[0]
+    (job,) = config["scrape_configs"]
+    assert job["static_configs"][0]["targets"] == [f"node:{METRICS_PORT}"]
+
+
+def test_dockerfile_builds_what_the_node_needs() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
+    assert re.search(rf"^EXPOSE {GRPC_PORT} {METRICS_PORT}$", text, re.M)
+    assert re.search(r"^VOLUME /data$", text, re.M) and re.search(r"^USER \d+$", text, re.M)
+    assert '"--data-dir", "/data"' in text and "HEALTHCHECK" in text
+    # The build context is the repository root: every COPY source must exist there.
+    for line in re.findall(r"^COPY (.+)$", text, re.M):
+        *sources, _ = line.split()
+        for source in sources:
+            assert (REPO / source).exists(), f"COPY {source}: not in the repository"
+    # Every package that pyproject installs is copied in (a new top-level package would be missing).
+    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    for pattern in include:
+        package = pattern.rstrip("*")
+        assert re.search(rf"^COPY {package} \./{package}$", text, re.M), f"{package} is not copied into the image"
+
+
+def test_kubernetes_manifests_agree() -> None:
+    (sts,) = by_kind("kubernetes/statefulset.yaml")["StatefulSet"]
+    services = by_kind("kubernetes/service.yaml")["Service"]
+    (monitor,) = by_kind("kubernetes/servicemonitor.yaml")["ServiceMonitor"]
+    kustomization = load_yaml("kubernetes/kustomization.yaml")[0]
+    assert sorted(kustomization["resources"]) == sorted(
+        p.name for p in (DEPLOY / "kubernetes").glob("*.yaml") if p.name != "kustomization.yaml")
+
+    pod = sts["spec"]["template"]
+    assert sts["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    (container,) = pod["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"grpc": GRPC_PORT, "metrics": METRICS_PORT}
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert container[probe]["grpc"]["port"] == GRPC_PORT, probe
+    # The data directory is on the claim of each pod.
+    args = container["args"]
+    data_dir = args[args.index("--data-dir") + 1]
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    assert {"name": claim["metadata"]["name"], "mountPath": data_dir} in container["volumeMounts"]
+    assert pod["spec"]["terminationGracePeriodSeconds"] > NodeConfig().drain_seconds
+    assert any(s["metadata"]["name"] == sts["spec"]["serviceName"] and s["spec"].get("clusterIP") == "None"
+               for s in services)
+
+    for service in services:
+        assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in ports, port
+    # The monitor picks exactly one Service (each pod scraped once), through a port named "metrics".
+    selected = [s for s in services if _selects(monitor["spec"]["selector"], s["metadata"]["labels"])]
+    assert len(selected) == 1, [s["metadata"]["name"] for s in selected]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in selected[0]["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels and the Exists / DoesNotExist / In expressions used here)."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op = expr["key"], expr["operator"]
+        if (op == "Exists" and key not in labels) or (op == "DoesNotExist" and key in labels):
+            return False
+        if op == "In" and labels.get(key) not in expr["values"]:
+            return False
+        if op == "NotIn" and labels.get(key) in expr["values"]:
+            return False
+    return True
