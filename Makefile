@@ -1,7 +1,7 @@
 PY ?= .venv/bin/python
 VENV_STAMP := .venv/.installed
 
-.PHONY: install run test lint proto bench clean
+.PHONY: install run test lint tools proto bench clean
 
 # Create the virtualenv and install the project with its dev extra (once per pyproject change).
 $(VENV_STAMP): pyproject.toml
@@ -21,8 +21,18 @@ lint: $(VENV_STAMP)
 	$(PY) -m mypy
 
 # Everything CI runs: lint, types, and the whole test suite (unit, conformance, crash).
-test: lint
+test: lint tools
 	$(PY) -m pytest
+
+# The tests run a real Prometheus and promtool (Debian's prometheus package), installed when missing.
+tools:
+	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then \
+	  if ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "the tests need prometheus and promtool on PATH (Prometheus 2.x)" >&2; exit 1; fi; \
+	  SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
+	fi
 
 # Regenerate streamingnode/v1/ from proto/streamingnode/v1/*.proto (commit the result).
 proto: $(VENV_STAMP)
