@@ -180,9 +180,12 @@ class Tracing:
         with self.tracer.start_as_current_span(
             PRODUCE_SPAN, context=parent_ctx, kind=SpanKind.PRODUCER, attributes=attributes, links=links,
         ) as span:
+            # A span the sampler dropped is not worth a link: its messages stay as they came (which
+            # also keeps them on the codec's fast path for records without properties).
             carrier: dict[str, str] = {}
-            _propagator.inject(carrier, trace.set_span_in_context(span))
-            if carrier:  # empty only for an invalid context (a provider that makes no-op spans)
+            if span.is_recording():
+                _propagator.inject(carrier, trace.set_span_in_context(span))
+            if carrier:
                 for m in messages:
                     props = m.properties
                     if TRACEPARENT not in props:

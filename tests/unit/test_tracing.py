@@ -15,6 +15,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind
 
 from interceptors.chain import STEP_SPAN_PREFIX
@@ -232,3 +233,18 @@ def test_otlp_without_its_package_fails_at_once_naming_it(monkeypatch: pytest.Mo
         Tracing.from_exporter("otlp")
     with pytest.raises(InvalidArgumentError, match="trace_exporter must be one of"):
         Tracing.from_exporter("jaeger")
+
+
+async def test_a_request_the_sampler_drops_costs_no_step_spans_and_no_properties(
+    manager: WALManager, exporter: InMemorySpanExporter,
+) -> None:
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = Tracing(provider)
+    swal = await _open(manager, tracing)
+    results = await tracing.produce("p", 1, [data("v0", b"a")], swal.append_batch)
+    assert exporter.get_finished_spans() == ()
+    stored = await swal.wal.read_stored(results[0].message_id, 1 << 20)
+    assert stored[0].properties == {}
+    await swal.aclose()
+    provider.shutdown()
