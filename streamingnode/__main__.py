@@ -84,6 +84,7 @@ def _serve(args: argparse.Namespace) -> None:
         "max_message_bytes": args.max_message_bytes, "channels": args.channels,
         "tick_interval": args.tick_interval, "drain_seconds": args.drain_seconds,
         "retention_seconds": args.retention_seconds, "retention_check_seconds": args.retention_check_seconds,
+        "trace_exporter": args.trace_exporter,
     })
 
     def ready(running: RunningServer) -> None:
@@ -114,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--retention-seconds", type=float,
                        help="keep WAL messages at least this long (default 86400; 0 = no time floor; <0 = forever)")
     serve.add_argument("--retention-check-seconds", type=float, help="how often truncation is checked (default 60)")
+    serve.add_argument("--trace-exporter", choices=["none", "console", "otlp"],
+                       help="OpenTelemetry spans (default none = off; otlp needs opentelemetry-exporter-otlp)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     demo = sub.add_parser("demo", help="durable append/read round trip on pchannel 'demo'")
     demo.add_argument("--count", type=int, default=1000)

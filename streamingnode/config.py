@@ -67,10 +67,16 @@ class NodeConfig:
     group and the open transactions are past them.  0: no time floor; negative: never truncate."""
     retention_check_seconds: float = 60.0
     """How often each pchannel checks what it may truncate."""
+    trace_exporter: str = "none"
+    """OpenTelemetry spans: ``none`` (off, no cost), ``console`` (stdout) or ``otlp`` (needs the
+    opentelemetry-exporter-otlp package; endpoint from the standard OTEL_EXPORTER_OTLP_* variables)."""
 
     def __post_init__(self) -> None:
         if self.durability not in ("sync", "relaxed"):
             raise InvalidArgumentError(f"durability must be 'sync' or 'relaxed', got {self.durability!r}")
+        if self.trace_exporter not in ("none", "console", "otlp"):
+            raise InvalidArgumentError(
+                f"trace_exporter must be 'none', 'console' or 'otlp', got {self.trace_exporter!r}")
         for name in ("max_message_bytes", "max_request_bytes", "produce_max_in_flight", "consume_max_pack_messages",
                      "consume_max_pack_bytes"):
             if getattr(self, name) <= 0:

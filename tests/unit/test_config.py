@@ -60,3 +60,15 @@ def test_retention_settings_default_and_precedence(tmp_path: Path) -> None:
         load_config(env={"STREAMINGNODE_RETENTION_CHECK_SECONDS": "0"})
     with pytest.raises(InvalidArgumentError, match="retention_seconds has a value of the wrong type"):
         load_config(env={"STREAMINGNODE_RETENTION_SECONDS": "a day"})
+
+
+def test_trace_exporter_is_off_by_default_and_set_like_every_other_setting(tmp_path: Path) -> None:
+    assert NodeConfig().trace_exporter == "none"
+    f = tmp_path / "n.toml"
+    f.write_text('trace_exporter = "console"\n')
+    assert load_config(f, env={}).trace_exporter == "console"
+    assert load_config(f, env={"STREAMINGNODE_TRACE_EXPORTER": "otlp"}).trace_exporter == "otlp"
+    assert load_config(f, env={"STREAMINGNODE_TRACE_EXPORTER": "otlp"},
+                       overrides={"trace_exporter": "none"}).trace_exporter == "none"
+    with pytest.raises(InvalidArgumentError, match="trace_exporter must be 'none', 'console' or 'otlp'"):
+        load_config(env={"STREAMINGNODE_TRACE_EXPORTER": "jaeger"})
