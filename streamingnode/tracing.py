@@ -26,6 +26,7 @@ its own provider with an in-memory exporter, and the process-wide provider can o
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -126,7 +127,8 @@ class Tracing:
 
         span_exporter: SpanExporter
         if exporter == "console":
-            span_exporter = ConsoleSpanExporter(service_name=SERVICE_NAME)
+            # sys.stdout as it is now: the exporter's default is the one of when it was imported.
+            span_exporter = ConsoleSpanExporter(service_name=SERVICE_NAME, out=sys.stdout)
         elif exporter == "otlp":
             span_exporter = _otlp_exporter()
         else:
