@@ -43,6 +43,7 @@ from wal.errors import (
     InvalidArgumentError,
     PartitionExistError,
     PartitionNotExistError,
+    SchemaMismatchError,
     StreamingError,
 )
 from wal.message import BROADCAST_VCHANNEL, AppendResult, Message, MessageType
@@ -201,6 +202,12 @@ class ShardInterceptor:
         c = plan.overlay.get((vchannel, name))
         return c if c is not None else self._registry.get(vchannel, {}).get(name)
 
+    def _same_name(self, plan: _Plan, name: str) -> list[CollectionInfo]:
+        """Every collection called ``name`` on any vchannel, dropped ones included (DDL only: a scan)."""
+        found = {v: c for v, by_name in self._registry.items() if (c := by_name.get(name)) is not None}
+        found.update({v: c for (v, n), c in plan.overlay.items() if n == name})
+        return [c.info for c in found.values()]
+
     def _live(self, plan: _Plan, m: Message) -> _Collection:
         name = _prop(m, PROP_COLLECTION)
         c = self._lookup(plan, m.vchannel, name)
@@ -244,6 +251,17 @@ class ShardInterceptor:
             raise CollectionExistError(f"collection {name!r} already exists on vchannel {m.vchannel!r}",
                                        collection=name, vchannel=m.vchannel)
         assert isinstance(pk, str)
+        # The flusher keeps one table (one directory) per collection name and pchannel: the same name on
+        # several vchannels (its shards), or created again after a drop, adds to that table.  So it must
+        # keep the table's schema and key, or readers would find files that cannot be read together.
+        for other in self._same_name(plan, name):
+            if other.primary_key != pk or not other.schema.equals(schema):
+                was = "was dropped" if other.dropped else "exists"
+                raise SchemaMismatchError(
+                    f"collection {name!r} {was} on vchannel {other.vchannel!r} with another schema or primary key; "
+                    f"a name is one table per pchannel, so a collection of that name must keep its schema and "
+                    f"primary key {other.primary_key!r} (or take another name)",
+                    collection=name, vchannel=m.vchannel)
         plan.overlay[(m.vchannel, name)] = _Collection.new(m.vchannel, name, schema, pk)
 
     def _drop_collection(self, plan: _Plan, m: Message, before: list[Message], after: list[Message]) -> None:

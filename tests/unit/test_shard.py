@@ -190,6 +190,27 @@ async def test_drop_collection_seals_its_segments_before_the_drop_and_allows_rec
     assert shard.collections("v")["c"].partitions == {"_default"}
 
 
+async def test_one_name_is_one_table_across_vchannels_and_re_creations() -> None:
+    shard, rec = ShardInterceptor(), Recorder()
+    other = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("s", pa.string(), nullable=False)])
+    await run(shard, rec, create("c", "v"), create("c", "w"))  # shards of one table: same schema, fine
+    written = len(rec.written)
+    with pytest.raises(SchemaMismatchError, match="'c' exists on vchannel 'v' with another schema"):
+        await run(shard, rec, bodies.create_collection("x", "c", other, "id"))
+    with pytest.raises(SchemaMismatchError, match="primary key 'id'"):
+        await run(shard, rec, bodies.create_collection("x", "c", other, "s"))
+    # Within one batch too: the second create sees the first one's schema.
+    with pytest.raises(SchemaMismatchError):
+        await run(shard, rec, bodies.create_collection("x", "n", SCHEMA, "id"),
+                  bodies.create_collection("y", "n", other, "id"))
+    assert len(rec.written) == written, "nothing of a refused batch is written"
+    await run(shard, rec, bodies.drop_collection("v", "c"), bodies.drop_collection("w", "c"))
+    with pytest.raises(SchemaMismatchError, match="was dropped on vchannel"):
+        await run(shard, rec, bodies.create_collection("v", "c", other, "id"))
+    await run(shard, rec, create("c", "v"), ins(2, "c", vch="v"))  # the same schema again: the table goes on
+    assert_replay_equal(shard, rec.written, ["v", "w", "x"])
+
+
 # --- segments ---------------------------------------------------------------------------------------
 async def test_seal_on_rows_keeps_segments_within_the_limit() -> None:
     shard, rec = ShardInterceptor(max_rows=10), Recorder()
