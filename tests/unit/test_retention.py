@@ -317,3 +317,16 @@ def test_a_damaged_snapshot_is_a_clear_error() -> None:
         RecoverySnapshot.decode(b"{not json", "p")
     with pytest.raises(Exception, match="unknown version"):
         RecoverySnapshot.decode(b'{"version": 99, "message_id": 1, "steps": {}}', "p")
+
+
+async def test_an_abandoned_expired_transaction_does_not_hold_the_cut_forever(opened: Opened) -> None:
+    swal = opened.swal
+    assert swal is not None
+    await data(swal, 5)
+    _, begin = await swal.begin_txn("w", keepalive_ms=20)  # never committed nor rolled back
+    await asyncio.sleep(0.1)  # idle past its keepalive: persisted TimeTicks expire it
+    await data(swal, 10)
+    await asyncio.sleep(0.1)
+    assert swal.txns.min_open_begin_id() is None
+    done = await ChannelRetention(swal, None, None, NOW).check()
+    assert done is not None and swal.wal.first_id > begin.message_id
