@@ -11,7 +11,7 @@ When on:
   request id and the message count.  Every message of the batch gets this span's context as the
   properties ``traceparent`` / ``tracestate`` (W3C trace context), unless the client already put a
   ``traceparent`` there: that value is kept, and the produce span becomes a child of the first such
-  context (and links to the others).
+  context (and links to the others).  A request the sampler drops adds nothing to its messages.
 * ``streamingnode.interceptor.<step>``: one per chain step, nested as the steps call one another
   (dedup > lock > shard > timetick > redo > txn), made only under a recording parent span, so the
   node's own background appends (age seals, recovery) make no orphan spans.
