@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.gc_collector import GCCollector
@@ -63,6 +63,8 @@ class ChannelMetrics:
         self._bytes: dict[MessageType, Counter] = {}
         self._latency: dict[str, Histogram] = {}
         self._txn: dict[str, Histogram] = {}
+        self.last_append_ts = 0
+        """Timestamp of the newest message appended (consumer-group time lag is measured to it)."""
         self.producer_streams = node.producer_streams.labels(pchannel)
         self.consumer_streams = node.consumer_streams.labels(pchannel)
         self.consume_messages = node.consume_messages.labels(pchannel)
@@ -76,6 +78,8 @@ class ChannelMetrics:
         if latency is None:
             latency = self._latency[status] = self._node.append_latency.labels(self.pchannel, status)
         latency.observe(seconds)
+        if error is None and batch[-1]._timetick > self.last_append_ts:  # timestamps rise within a batch
+            self.last_append_ts = batch[-1]._timetick
         first = batch[0]._type
         if all(m._type is first for m in batch):  # the usual case: one type, no per-type dict
             self._count(first, status, len(batch), sum(len(m._payload) for m in batch))
@@ -149,9 +153,13 @@ class NodeMetrics:
     """Every metric of one node, in a registry of its own (tests run several nodes per process)."""
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None) -> None:
+        # A ``*_created`` series beside every counter and histogram doubles their series for a value no
+        # panel uses (process_start_time_seconds says when counting began).  The switch is process-wide.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         self.data_dir = data_dir
         self.channels: dict[str, tuple[Channel, ChannelMetrics]] = {}
+        self._dir_sizes: dict[str, tuple[float, int]] = {}  # Parquet root -> (when measured, bytes)
         r = self.registry
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
@@ -189,6 +197,8 @@ class NodeMetrics:
         if old is not None:
             old[1].close()
         cm = ChannelMetrics(self, name)
+        # Until the first append, the newest stored timestamp stands in (a tick at most shortly after it).
+        cm.last_append_ts = channel.stream.wal.last_timetick
         self.channels[name] = (channel, cm)
         stream = channel.stream
         stream.adaptor.observer = cm.observe_append
@@ -201,7 +211,16 @@ class NodeMetrics:
             channel, cm = entry
             channel.stream.adaptor.observer = None
             channel.stream.txns.on_finish = None
+            if channel.flusher is not None:
+                self._dir_sizes.pop(str(channel.flusher.root), None)
             cm.close()
+
+    def tree_bytes(self, root: str, now: float) -> int:
+        """Bytes under ``root``, walked at most once a minute: a scrape must not walk every file each time."""
+        cached = self._dir_sizes.get(root)
+        if cached is None or now - cached[0] >= _DIR_SIZE_TTL:
+            cached = self._dir_sizes[root] = (now, _tree_bytes(root))
+        return cached[1]
 
     def channel(self, name: str) -> ChannelMetrics | None:
         entry = self.channels.get(name)
@@ -267,6 +286,23 @@ class NodeMetrics:
         writer.close()
 
 
+_DIR_SIZE_TTL = 60.0
+
+
+def _tree_bytes(root: str) -> int:
+    total = 0
+    stack = [root]
+    while stack:
+        with contextlib.suppress(OSError), os.scandir(stack.pop()) as entries:
+            for e in entries:
+                with contextlib.suppress(OSError):
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+                    elif e.is_file(follow_symlinks=False):
+                        total += e.stat(follow_symlinks=False).st_size
+    return total
+
+
 def _wal_disk_bytes(data_dir: str | os.PathLike[str]) -> int:
     """The RocksDB files sit at the top of the data directory; sub-directories (Parquet) are not the WAL."""
     total = 0
@@ -313,11 +349,14 @@ class _StateCollector(Collector):
         backlog = GaugeMetricFamily(f"{ns}_scanner_backlog_messages",
                                     "Messages written but not yet read, summed over open scanners.", labels=by_p)
         wal_msgs = GaugeMetricFamily(f"{ns}_wal_messages", "Messages kept in the WAL (ids not truncated).", labels=by_p)
-        g_lag = GaugeMetricFamily(f"{ns}_consumer_group_lag_messages", "Messages after a consumer group's "
-                                  "committed position (its furthest-behind vchannel).", labels=["pchannel", "group"])
-        g_lag_s = GaugeMetricFamily(f"{ns}_consumer_group_lag_seconds", "Confirmed time minus the time of a "
-                                    "consumer group's committed position (furthest-behind vchannel).",
-                                    labels=["pchannel", "group"])
+        g_lag = GaugeMetricFamily(
+            f"{ns}_consumer_group_lag_messages", "WAL messages after a consumer group's committed position on its "
+            "furthest-behind vchannel: an upper bound (other vchannels' messages and time ticks count too).",
+            labels=["pchannel", "group"])
+        g_lag_s = GaugeMetricFamily(
+            f"{ns}_consumer_group_lag_seconds", "Time of the newest appended message minus the time of a consumer "
+            "group's committed position on its furthest-behind vchannel; 0 once it committed past the newest.",
+            labels=["pchannel", "group"])
         f_rows = CounterMetricFamily(f"{ns}_flusher_rows", "Rows written to Parquet (inserts).", labels=by_p)
         f_del = CounterMetricFamily(f"{ns}_flusher_delete_rows", "Delete keys written to Parquet.", labels=by_p)
         f_bytes = CounterMetricFamily(f"{ns}_flusher_bytes", "Bytes of Parquet files written.", labels=by_p)
@@ -325,10 +364,15 @@ class _StateCollector(Collector):
         f_buf = GaugeMetricFamily(f"{ns}_flusher_buffered_bytes", "Bytes buffered, not yet in Parquet.", labels=by_p)
         f_lag = GaugeMetricFamily(f"{ns}_flusher_lag_seconds",
                                   "WAL's last timestamp minus the last one the flusher processed.", labels=by_p)
+        f_disk = GaugeMetricFamily(f"{ns}_parquet_disk_bytes", "Bytes of the pchannel's Parquet files on disk "
+                                   "(measured at most once a minute).", labels=by_p)
+        r_msgs = CounterMetricFamily(f"{ns}_wal_truncated_messages", "Messages removed by retention.", labels=by_p)
+        r_bytes = CounterMetricFamily(f"{ns}_wal_truncated_bytes", "Payload bytes removed by retention.",
+                                      labels=by_p)
         f_ckpt = GaugeMetricFamily(f"{ns}_flusher_checkpoint_timestamp_seconds",
                                    "Physical time of the flusher's checkpoint (all before it is in Parquet).",
                                    labels=by_p)
-        for name, (channel, _) in channels:
+        for name, (channel, cm) in channels:
             stream = channel.stream
             for t in stream.chain.timings:
                 step_s.add_metric([name, t.name], t.seconds)
@@ -350,11 +394,11 @@ class _StateCollector(Collector):
                 scanners.add_metric([name, mode], n)
             backlog.add_metric([name], behind)
             wal_msgs.add_metric([name], max(wal.next_id - wal.first_id, 0))
-            mvcc_ms = physical_ms(mvcc)
+            newest_ms = physical_ms(cm.last_append_ts)
             for group in channel.groups.names():
                 progress = channel.groups.require(group)
                 lag_n = max((max(wal.next_id - mid, 0) for mid, _ in progress.values()), default=wal.next_id)
-                lag_t = max((max(mvcc_ms - physical_ms(ts), 0) for _, ts in progress.values()), default=0)
+                lag_t = max((max(newest_ms - physical_ms(ts), 0) for _, ts in progress.values()), default=0)
                 g_lag.add_metric([name, group], lag_n)
                 g_lag_s.add_metric([name, group], lag_t / 1000)
             if channel.flusher is not None:
@@ -366,8 +410,13 @@ class _StateCollector(Collector):
                 f_buf.add_metric([name], st.buffered_bytes)
                 f_lag.add_metric([name], st.lag_ms / 1000)
                 f_ckpt.add_metric([name], physical_ms(st.checkpoint.timetick) / 1000)
+                f_disk.add_metric([name], self._m.tree_bytes(str(channel.flusher.root), now_ms / 1000))
+            if channel.retention is not None:
+                rs = channel.retention.stats()
+                r_msgs.add_metric([name], rs.messages_truncated)
+                r_bytes.add_metric([name], rs.bytes_truncated)
         yield from (step_s, step_b, step_m, allocated, confirmed, tick_lag, txns, scanners, backlog, wal_msgs,
-                    g_lag, g_lag_s, f_rows, f_del, f_bytes, f_files, f_buf, f_lag, f_ckpt)
+                    g_lag, g_lag_s, f_rows, f_del, f_bytes, f_files, f_buf, f_lag, f_ckpt, f_disk, r_msgs, r_bytes)
         if self._m.data_dir is not None:
             yield GaugeMetricFamily(f"{ns}_wal_disk_bytes", "Bytes of the WAL database on disk (all pchannels).",
                                     value=_wal_disk_bytes(self._m.data_dir))
