@@ -22,7 +22,8 @@ pytestmark = pytest.mark.integration
 def node_config(data_dir: Path, **overrides: object) -> NodeConfig:
     """Test defaults: a free port, quick ticks (delivery waits for a tick), short drain."""
     base: dict[str, object] = {
-        "data_dir": data_dir, "listen": "127.0.0.1:0", "metrics_listen": "127.0.0.1:0", "tick_interval": 0.05, "drain_seconds": 2.0,
+        "data_dir": data_dir, "listen": "127.0.0.1:0", "metrics_listen": "127.0.0.1:0", "tick_interval": 0.05,
+        "drain_seconds": 2.0,
     }
     base.update(overrides)
     return NodeConfig(**base)  # type: ignore[arg-type]
