@@ -112,8 +112,18 @@ class Node:
         log.info("node ready", channels=len(self._channels), data_dir=str(self.config.data_dir))
 
     async def _open(self, name: str) -> Channel:
+        # Bound while the channel opens, so the tasks started here (recovery, time ticks, flusher,
+        # retention) log with the pchannel and term; the caller's context gets neither.
+        with structlog.contextvars.bound_contextvars(pchannel=name):
+            try:
+                return await self._open_channel(name)
+            finally:
+                structlog.contextvars.unbind_contextvars("term")
+
+    async def _open_channel(self, name: str) -> Channel:
         tracer = None if self.tracing is None else self.tracing.tracer
         stream = await open_streaming_wal(self.manager, name, self.chain_config, tracer=tracer)
+        structlog.contextvars.bind_contextvars(term=stream.term)
         flusher: Flusher | None = None
         try:
             await stream.ready()

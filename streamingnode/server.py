@@ -36,6 +36,7 @@ from streamingnode.config import NodeConfig
 from streamingnode.metrics import ChannelMetrics
 from streamingnode.node import Channel, Node, Owner
 from streamingnode.status import to_error_detail, to_grpc_status
+from streamingnode.tracing import Tracing
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
@@ -77,7 +78,10 @@ def _unary(
     @functools.wraps(fn)
     async def wrapper(self: StreamingNodeService, request: Any, context: grpc.aio.ServicerContext) -> R:
         try:
-            return await fn(self, request, context)
+            with structlog.contextvars.bound_contextvars(
+                rpc=fn.__name__, request_id=_request_id(context), pchannel=getattr(request, "pchannel", None) or None,
+            ):
+                return await fn(self, request, context)
         except StreamingError as exc:
             err = exc
         except TimeoutError:
@@ -92,6 +96,18 @@ def _unary(
         raise AssertionError("abort_with_status returns only by raising")  # pragma: no cover
 
     return wrapper
+
+
+_call_ids = itertools.count(1)
+
+
+def _request_id(context: grpc.aio.ServicerContext) -> str:
+    """The caller's ``x-request-id`` metadata when it sent one (to follow a call across services),
+    else a number unique in this process; bound to every log line of the call."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-request-id" and isinstance(value, str):
+            return value[:128]
+    return str(next(_call_ids))
 
 
 def _deadline(context: grpc.aio.ServicerContext) -> float | None:
@@ -172,6 +188,8 @@ class _ProduceStream:
         producer_id = opened.producer_id if opened.HasField("producer_id") else None
         if producer_id == "":
             raise InvalidArgumentError("open.producer_id must not be empty when set", field="producer_id")
+        structlog.contextvars.bind_contextvars(pchannel=channel.stream.pchannel, term=channel.stream.term,
+                                               producer_id=producer_id)
         await ctx.write(spb.ProduceResponse(opened=spb.ProduceOpened(
             pchannel=channel.stream.pchannel, term=channel.stream.term, producer_id=producer_id or "")))
         loop = asyncio.get_running_loop()
@@ -202,6 +220,7 @@ class _ProduceStream:
         ctx = self.context
         loop = asyncio.get_running_loop()
         seen: set[int] = set()
+        tracing = self.node.tracing  # decided once per node: off means not one extra call per batch
         while self.failed is None:
             await self.slots.acquire()  # backpressure: stop reading while too many batches are pending
             request = await ctx.read()
@@ -226,7 +245,11 @@ class _ProduceStream:
                     fut.set_exception(exc)
                 else:
                     seen.add(rid)
-                    fut = loop.create_task(channel.stream.append_batch(messages))
+                    if tracing is None:
+                        fut = loop.create_task(channel.stream.append_batch(messages))
+                    else:
+                        fut = loop.create_task(tracing.produce(
+                            channel.stream.pchannel, rid, messages, channel.stream.append_batch))
                     fut.add_done_callback(functools.partial(_forget, seen, rid))
             self.pending.append((rid, fut))
             self.wake.set()
@@ -342,6 +365,8 @@ class _ConsumeStream:
                 filters = (*filters, DeliverFilter.timetick_gt(committed.timetick))
         limit = opened.max_pack_messages or self.node.config.consume_max_pack_messages
         scanner = channel.stream.read(ReadOption(vchannel or None, policy, filters))
+        structlog.contextvars.bind_contextvars(pchannel=channel.stream.pchannel, term=channel.stream.term,
+                                               consumer_id=self.consumer_id)
         metrics = self.node.metrics.channel(channel.stream.pchannel)
         if metrics is not None:
             metrics.consumer_streams.inc()
@@ -376,9 +401,14 @@ class _ConsumeStream:
 
     async def _send_packs(self, scanner: Any, vchannel: str, limit: int, metrics: ChannelMetrics | None) -> None:
         max_bytes = self.node.config.consume_max_pack_bytes
+        tracing = self.node.tracing
         async for pack in scanner:
             for part in _split_pack(pack, limit, max_bytes):
-                await self._write(spb.ConsumeResponse(pack=convert.msgpack_to_pb(part, vchannel)))
+                if tracing is not None and part.messages:  # a span per pack with messages, linked to producers
+                    with tracing.consume_span(part.start_position.pchannel, vchannel, part.messages):
+                        await self._write(spb.ConsumeResponse(pack=convert.msgpack_to_pb(part, vchannel)))
+                else:
+                    await self._write(spb.ConsumeResponse(pack=convert.msgpack_to_pb(part, vchannel)))
                 if metrics is not None:
                     msgs = part.messages
                     metrics.observe_pack(len(msgs), sum(len(m.payload) for m in msgs))
@@ -413,6 +443,9 @@ def _stream_errors(
     @functools.wraps(fn)
     async def wrapper(self: StreamingNodeService, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         err: StreamingError | None = None
+        # The handler runs in a task of its own: what it binds (pchannel and term, once open) stays
+        # with this call and the tasks it starts.
+        structlog.contextvars.bind_contextvars(rpc=fn.__name__, request_id=_request_id(context))
         try:
             await fn(self, request_iterator, context)
         except StreamingError as exc:
@@ -637,6 +670,8 @@ class RunningServer:
         self.address = address
         self.metrics_address = metrics_address
         """host:port of ``/metrics``, or None when it is turned off."""
+        self.owned_tracing: Tracing | None = None
+        """The tracing made from ``trace_exporter``: shut down (its spans flushed) when the server stops."""
         self._stopped = asyncio.Event()
 
     async def stop(self, grace: float | None = None) -> None:
@@ -649,6 +684,8 @@ class RunningServer:
         self.node.draining.set()
         await self.server.stop(grace)
         await self.node.aclose()
+        if self.owned_tracing is not None:
+            await asyncio.to_thread(self.owned_tracing.shutdown)  # blocks while it exports what is left
         self._stopped.set()
         log.info("node stopped", address=self.address)
 
@@ -656,9 +693,19 @@ class RunningServer:
         await self._stopped.wait()
 
 
-async def start_server(config: NodeConfig) -> RunningServer:
-    """Open the node, listen, recover every channel, then report SERVING."""
-    node = await Node.start(config)
+async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) -> RunningServer:
+    """Open the node, listen, recover every channel, then report SERVING.
+
+    ``tracing`` (a provider of the caller's, who shuts it down) overrides ``config.trace_exporter``;
+    otherwise the server makes that exporter's provider and shuts it down when it stops.
+    """
+    owned = Tracing.from_exporter(config.trace_exporter) if tracing is None else None
+    try:
+        node = await Node.start(config, tracing if tracing is not None else owned)
+    except BaseException:
+        if owned is not None:
+            owned.shutdown()
+        raise
     try:
         server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", config.max_request_bytes),
@@ -679,6 +726,7 @@ async def start_server(config: NodeConfig) -> RunningServer:
         metrics_address = await node.metrics.serve(config.metrics_listen) if config.metrics_listen else None
         await server.start()
         running = RunningServer(node, server, health, address, metrics_address)
+        running.owned_tracing = owned
         try:
             await node.open_all()
         except BaseException:
@@ -688,6 +736,8 @@ async def start_server(config: NodeConfig) -> RunningServer:
             await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     except BaseException:
         await node.aclose()
+        if owned is not None:
+            owned.shutdown()
         raise
     log.info("serving", address=address, metrics=metrics_address, data_dir=str(config.data_dir),
              durability=config.durability)
@@ -725,17 +775,21 @@ class ServerThread:
     """A node served from a private event loop on a thread: for tests and embedding next to
     synchronous code.  ``with ServerThread(config) as srv: srv.address``."""
 
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, *, tracing: Tracing | None = None) -> None:
         self.config = config
+        self.tracing = tracing
         self.address = ""
+        self.metrics_address: str | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="streamingnode-server", daemon=True)
         self._running: RunningServer | None = None
 
     def start(self) -> ServerThread:
         self._thread.start()
-        self._running = asyncio.run_coroutine_threadsafe(start_server(self.config), self._loop).result()
+        started = start_server(self.config, tracing=self.tracing)
+        self._running = asyncio.run_coroutine_threadsafe(started, self._loop).result()
         self.address = self._running.address
+        self.metrics_address = self._running.metrics_address
         return self
 
     @property
