@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import grpc
 import structlog
+from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
@@ -121,42 +122,52 @@ def _require(value: str, field: str) -> str:
     return value
 
 
-def _split_pack(pack: MsgPack, limit: int, max_bytes: int) -> list[MsgPack]:
+_OVERHEAD = 256  # per message, on top of its payload: headers, properties and framing, roughly
+_BEGIN = MessageType.BEGIN_TXN
+_TXN_END = (MessageType.COMMIT_TXN, MessageType.ROLLBACK_TXN)
+
+
+def _split_pack(pack: MsgPack, limit: int, max_bytes: int) -> list[tuple[MsgPack, int]]:
     """Split a pack of more than ``limit`` messages or ``max_bytes`` of payload at unit boundaries (a
-    transaction stays whole), so every response fits a client's default 4 MiB receive limit.
+    transaction stays whole), so every response fits a client's default 4 MiB receive limit.  Each
+    part comes with its payload bytes (for metrics).
 
     Each part ends at the timetick of its last unit (a transaction's is its commit), and its end
     position resumes there: the pack's start id with ``timetick_gt`` = that timetick delivers exactly
     the rest, by the resume rule of Position.
     """
     messages = pack.messages
-    if len(messages) <= limit and sum(len(m.payload) for m in messages) + 256 * len(messages) <= max_bytes:
-        return [pack]
-    parts: list[MsgPack] = []
+    payload = sum(len(m._payload) for m in messages)
+    if len(messages) <= limit and payload + _OVERHEAD * len(messages) <= max_bytes:
+        return [(pack, payload)]
+    parts: list[tuple[MsgPack, int]] = []
     begin_ts = pack.begin_ts
     start = pack.start_position
     chunk: list[Message] = []
-    size = 0
+    size = payload = 0
     in_txn = False
-    for m in messages:
-        t = m.message_type
-        if t is MessageType.BEGIN_TXN:
+    for m in messages:  # the hot loop of a catch-up read: private fields, no properties
+        t = m._type
+        if t is _BEGIN:
             in_txn = True
-        elif t in (MessageType.COMMIT_TXN, MessageType.ROLLBACK_TXN):
+        elif t in _TXN_END:
             in_txn = False
         chunk.append(m)
-        size += len(m.payload) + 256  # + headers, properties and framing, roughly
-        if (len(chunk) >= limit or size >= max_bytes) and not in_txn:
-            boundary = m.timetick
+        n = len(m._payload)
+        payload += n
+        size += n + _OVERHEAD
+        if (size >= max_bytes or len(chunk) >= limit) and not in_txn:
+            boundary = m._timetick
             end = Position(pack.start_position.pchannel, pack.start_position.message_id, boundary)
-            parts.append(MsgPack(begin_ts, boundary, chunk, start, end))
-            begin_ts, start, chunk, size = boundary, end, [], 0
+            parts.append((MsgPack(begin_ts, boundary, chunk, start, end), payload))
+            begin_ts, start, chunk, size, payload = boundary, end, [], 0, 0
     if chunk or not parts:
-        parts.append(MsgPack(begin_ts, pack.end_ts, chunk, start, pack.end_position))
+        parts.append((MsgPack(begin_ts, pack.end_ts, chunk, start, pack.end_position), payload))
     else:
         # The last unit ended exactly at a cut: that part closes the pack.
-        last = parts[-1]
-        parts[-1] = MsgPack(last.begin_ts, pack.end_ts, last.messages, last.start_position, pack.end_position)
+        last, nbytes = parts[-1]
+        parts[-1] = (MsgPack(last.begin_ts, pack.end_ts, last.messages, last.start_position, pack.end_position),
+                     nbytes)
     return parts
 
 
@@ -335,12 +346,12 @@ class _ConsumeStream:
         self.write_lock = asyncio.Lock()
         self.consumer_id = next(self._ids)
 
-    async def _write(self, response: spb.ConsumeResponse) -> None:
+    async def _write(self, response: spb.ConsumeResponse | bytes) -> None:
         # Shielded: a write cancelled half-way would leave gRPC's send operation pending, and the next
         # write (the closing answer) would then fail.  The lock makes that next write wait for it.
         await asyncio.shield(self._locked_write(response))
 
-    async def _locked_write(self, response: spb.ConsumeResponse) -> None:
+    async def _locked_write(self, response: spb.ConsumeResponse | bytes) -> None:
         async with self.write_lock:
             await self.context.write(response)
 
@@ -403,15 +414,15 @@ class _ConsumeStream:
         max_bytes = self.node.config.consume_max_pack_bytes
         tracing = self.node.tracing
         async for pack in scanner:
-            for part in _split_pack(pack, limit, max_bytes):
+            for part, nbytes in _split_pack(pack, limit, max_bytes):
+                # Written as bytes: encoded fragment by fragment, which upb does faster than one big tree.
                 if tracing is not None and part.messages:  # a span per pack with messages, linked to producers
                     with tracing.consume_span(part.start_position.pchannel, vchannel, part.messages):
-                        await self._write(spb.ConsumeResponse(pack=convert.msgpack_to_pb(part, vchannel)))
+                        await self._write(convert.consume_pack_response(part, vchannel))
                 else:
-                    await self._write(spb.ConsumeResponse(pack=convert.msgpack_to_pb(part, vchannel)))
+                    await self._write(convert.consume_pack_response(part, vchannel))
                 if metrics is not None:
-                    msgs = part.messages
-                    metrics.observe_pack(len(msgs), sum(len(m.payload) for m in msgs))
+                    metrics.observe_pack(len(part.messages), nbytes)
 
     async def _receive(self, channel: Channel, group: str | None, vchannel: str) -> None:
         while True:
@@ -712,7 +723,7 @@ async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) ->
             ("grpc.max_send_message_length", config.max_request_bytes),
             ("grpc.so_reuseport", 0),
         ])
-        sgrpc.add_StreamingNodeServicer_to_server(StreamingNodeService(node), server)
+        _add_service(StreamingNodeService(node), server)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         reflection.enable_server_reflection(
@@ -742,6 +753,30 @@ async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) ->
     log.info("serving", address=address, metrics=metrics_address, data_dir=str(config.data_dir),
              durability=config.durability)
     return running
+
+
+def _serialize_consume(response: spb.ConsumeResponse | bytes) -> bytes:
+    return response if type(response) is bytes else response.SerializeToString()  # type: ignore[union-attr]
+
+
+def _add_service(service: StreamingNodeService, server: grpc.aio.Server) -> None:
+    """Register the service as the generated code does, except that Consume may write ready-made
+    response bytes (packs are encoded by ``convert.consume_pack_response``)."""
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in spb.DESCRIPTOR.services_by_name["StreamingNode"].methods:
+        request = message_factory.GetMessageClass(method.input_type)
+        response = message_factory.GetMessageClass(method.output_type)
+        serialize = _serialize_consume if method.name == "Consume" else response.SerializeToString
+        make = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = make(getattr(service, method.name), request_deserializer=request.FromString,
+                                     response_serializer=serialize)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 def _listen(server: grpc.aio.Server, listen: str) -> str:

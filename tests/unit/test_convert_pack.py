@@ -1,0 +1,57 @@
+"""``convert.consume_pack_response`` encodes a pack in fragments; it must parse to exactly the
+ConsumeResponse that one SerializeToString of the whole would give, whatever the pack holds."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamingnode import convert
+from streamingnode.v1 import streaming_pb2 as spb
+from wal.message import Message, MessageType, Position, TxnContext
+from wal.scanner import MsgPack
+
+
+@st.composite
+def messages(draw: st.DrawFn) -> Message:
+    txn = draw(st.none() | st.builds(TxnContext, st.integers(1, 2**40), st.integers(0, 10**6)))
+    m = Message(
+        draw(st.sampled_from(sorted(MessageType))),
+        draw(st.sampled_from(["v", "", "é-vchannel"])),
+        draw(st.binary(max_size=300)),
+        draw(st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3)),
+        timetick=draw(st.integers(0, 2**63 - 1)),
+        txn=txn,
+    )
+    m._term = draw(st.integers(0, 2**31))
+    m._last_confirmed = draw(st.none() | st.integers(0, 2**63 - 1))
+    m._id = draw(st.none() | st.integers(0, 2**63 - 1))
+    return m
+
+
+def whole(pack: MsgPack, vchannel: str) -> spb.ConsumeResponse:
+    return spb.ConsumeResponse(pack=convert.msgpack_to_pb(pack, vchannel))
+
+
+@settings(max_examples=60, deadline=None)
+@given(msgs=st.lists(messages(), max_size=200), begin=st.integers(0, 2**63), end=st.integers(0, 2**63),
+       vchannel=st.sampled_from(["", "v"]))
+def test_fragments_parse_to_the_whole(msgs: list[Message], begin: int, end: int, vchannel: str) -> None:
+    pack = MsgPack(begin, end, msgs, Position("p", 3, begin), Position("p", 3 + len(msgs), end))
+    got = spb.ConsumeResponse.FromString(convert.consume_pack_response(pack, vchannel))
+    assert got == whole(pack, vchannel)
+    assert got.WhichOneof("response") == "pack"
+
+
+def test_a_pack_of_megabytes_has_a_multi_byte_length() -> None:
+    msgs = []
+    for i in range(2100):  # about 2.1 MiB: the length prefix takes 4 bytes
+        m = Message(MessageType.DATA, "v", bytes([i % 256]) * 1024, timetick=i + 1)
+        m._id = i
+        msgs.append(m)
+    pack = MsgPack(0, 3000, msgs, Position("p", 0, 0), Position("p", 2100, 3000))
+    raw = convert.consume_pack_response(pack, "v")
+    assert len(raw) > 2 << 20
+    got = spb.ConsumeResponse.FromString(raw)
+    assert got == whole(pack, "v")
+    assert [m.payload[0] for m in got.pack.messages] == [i % 256 for i in range(2100)]
