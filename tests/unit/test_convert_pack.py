@@ -55,3 +55,17 @@ def test_a_pack_of_megabytes_has_a_multi_byte_length() -> None:
     got = spb.ConsumeResponse.FromString(raw)
     assert got == whole(pack, "v")
     assert [m.payload[0] for m in got.pack.messages] == [i % 256 for i in range(2100)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(msgs=st.lists(messages(), max_size=50))
+def test_a_delivered_message_reads_back_field_for_field(msgs: list[Message]) -> None:
+    pack = MsgPack(0, 1, msgs, Position("p", 0, 0), Position("p", len(msgs), 1))
+    parsed = spb.ConsumeResponse.FromString(convert.consume_pack_response(pack, "v")).pack
+    for sent, pm in zip(msgs, parsed.messages, strict=True):
+        got = convert.message_from_pb(pm)
+        for slot in Message.__slots__:
+            want = getattr(sent, slot)
+            if slot == "_not_persisted":
+                want = sent._id is None  # on the wire, "not persisted" is "has no id"
+            assert getattr(got, slot) == want, slot
