@@ -74,6 +74,17 @@ async def data(swal: StreamingWAL, n: int, vchannel: str = "v") -> list[int]:
     return [(await swal.append(Message(MessageType.DATA, vchannel, b"x" * 100))).message_id for _ in range(n)]
 
 
+async def persisted_tick(swal: StreamingWAL) -> None:
+    """Wait until a TimeTick is persisted after everything written so far (nothing else appends).
+
+    The time bound of retention comes from persisted ticks (the time index), so a test that expects
+    another bound to hold must first let the time bound move past what it looks at."""
+    before = swal.wal.next_id
+    async with asyncio.timeout(10):
+        while swal.wal.next_id == before:
+            await asyncio.sleep(0.005)
+
+
 async def test_flusher_checkpoint_holds_the_cut(opened: Opened, tmp_path: Path) -> None:
     swal = opened.swal
     assert swal is not None
@@ -138,6 +149,7 @@ async def test_open_transaction_holds_the_cut_and_no_transaction_is_split(opened
     ctx, begin = await swal.begin_txn("w", keepalive_ms=0)
     await swal.append(Message(MessageType.DATA, "w", b"body-1").with_txn(ctx))
     after = await data(swal, 10)
+    await persisted_tick(swal)
     retention = ChannelRetention(swal, None, None, NOW)
 
     done = await retention.check()
@@ -325,13 +337,13 @@ async def test_an_abandoned_expired_transaction_does_not_hold_the_cut_forever(op
     await data(swal, 5)
     _, begin = await swal.begin_txn("w", keepalive_ms=20)  # never committed nor rolled back
     await asyncio.sleep(0.1)  # idle past its keepalive: persisted TimeTicks expire it
-    ids = await data(swal, 10)
-    # The expiry is seen by replay only through a persisted TimeTick after the keepalive, and the cut
-    # stays below the last message: wait for such a tick, then write one more message after it.
-    async with asyncio.timeout(10):
-        while swal.wal.next_id <= ids[-1] + 1:
-            await asyncio.sleep(0.01)
+    await data(swal, 10)
+    # The expiry is seen by replay only through a persisted TimeTick after the keepalive; the tick
+    # made while the transaction was still open keeps its BeginTxn in the time index, so the time
+    # bound passes it only with the tick after the next write.
+    await persisted_tick(swal)
     await data(swal, 1)
+    await persisted_tick(swal)
     assert swal.txns.min_open_begin_id() is None
     done = await ChannelRetention(swal, None, None, NOW).check()
     assert done is not None and swal.wal.first_id > begin.message_id
