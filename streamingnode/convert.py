@@ -94,7 +94,7 @@ def produced_message(m: pb.Message, index: int, max_bytes: int) -> Message:
 
 def fill_message_pb(out: pb.Message, m: Message) -> None:
     """Write ``m`` into ``out`` in place (``pack.messages.add()``): no second copy into the pack."""
-    out.type = m._type.value  # type: ignore[assignment]
+    out.type = m._type  # type: ignore[assignment]  # an IntEnum is an int: no enum descriptor call
     out.vchannel = m._vchannel
     out.timetick = m._timetick
     out.wal_term = m._term

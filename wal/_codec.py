@@ -379,9 +379,21 @@ def _decode_plain_run(
     return prev_ts
 
 
+def block_checksum_ok(block: bytes) -> bool:
+    """Whether ``block``'s header length and CRC match its body (False for anything malformed:
+    ``decode_block`` then says what is wrong).  Meant for the reader thread: zlib releases the GIL
+    on large buffers, so the check runs beside the event loop instead of on it."""
+    if not isinstance(block, bytes) or len(block) < BLOCK_HEADER_SIZE:
+        return False
+    _, _, _, body_len, crc = _BLOCK_HEADER.unpack_from(block, 0)
+    if BLOCK_HEADER_SIZE + int(body_len) != len(block):
+        return False
+    return zlib.crc32(memoryview(block)[BLOCK_HEADER_SIZE:]) == int(crc)
+
+
 def decode_block(
     block: bytes, first_id: MessageID, start: MessageID | None = None, *,
-    marks: list[int] | None = None, mark_base: int = 0,
+    marks: list[int] | None = None, mark_base: int = 0, checksum_verified: bool = False,
 ) -> list[Message]:
     """Decode a block whose first message has id ``first_id``; skip messages with id < ``start``.
 
@@ -393,6 +405,9 @@ def decode_block(
     is appended: the first one, TimeTicks, transaction messages, and any whose timestamp is lower than
     its predecessor's.  Between two marks the messages are plain and in timestamp order, so a scanner
     can take them in one slice.
+
+    ``checksum_verified``: ``block_checksum_ok`` already returned True for this very block, so the
+    CRC is not computed again.
     """
     if not isinstance(block, bytes):
         raise CodecError(f"expected bytes, got {type(block).__name__}")
@@ -407,7 +422,7 @@ def decode_block(
     if end != len(block):
         found = len(block) - BLOCK_HEADER_SIZE
         raise CodecError(f"block length mismatch: header says {body_len} body bytes, found {found}")
-    if zlib.crc32(memoryview(block)[BLOCK_HEADER_SIZE:]) != crc:
+    if not checksum_verified and zlib.crc32(memoryview(block)[BLOCK_HEADER_SIZE:]) != crc:
         raise CodecError("block checksum mismatch")
     skip = 0 if start is None or start <= first_id else min(start - first_id, count)
     pos = BLOCK_HEADER_SIZE

@@ -70,7 +70,7 @@ class _OpenTxn:
         self.keepalive_ms = keepalive_ms
 
 
-def _retrieve(fut: asyncio.Future[list[tuple[MessageID, bytes]]]) -> None:
+def _retrieve(fut: asyncio.Future[list[tuple[MessageID, bytes, bool]]]) -> None:
     # A read-ahead nobody awaits any more (scanner closed, channel gone) must not log its error.
     if not fut.cancelled():
         fut.exception()
@@ -105,7 +105,7 @@ class Scanner:
         self._position = Position(wal.pchannel, self._fetch_id, self._last_tick)
         self.tailing = False
         """True while reading from the tail buffer rather than storage."""
-        self._read_ahead: tuple[MessageID, asyncio.Future[list[tuple[MessageID, bytes]]]] | None = None
+        self._read_ahead: tuple[MessageID, asyncio.Future[list[tuple[MessageID, bytes, bool]]]] | None = None
         self._marks: list[int] | None = None  # for a batch from storage: see decode_block
         self._mark_i = 0
 
@@ -320,7 +320,7 @@ class Scanner:
                 ahead[1].cancel()
             blocks = await wal._read_storage(nid, self._opt.read_batch_bytes)
         if blocks:
-            last_first, last_block = blocks[-1]
+            last_first, last_block, _ = blocks[-1]
             following = last_first + block_count(last_block)
             if nid <= last_first and following < wal.next_id:
                 # Catching up: the next read runs while this batch is decoded and consumed.  At most

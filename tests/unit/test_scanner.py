@@ -169,8 +169,8 @@ async def test_catch_up_starts_the_next_read_before_this_batch_is_used_up(open_m
     run_read = manager._run_read
 
     async def recording(fn, *args):  # type: ignore[no-untyped-def]
-        if fn.__name__ == "read_blocks":
-            started.append(args[1])
+        if fn.__name__ == "_read_checked":  # (backend, channel key, from id, max bytes)
+            started.append(args[2])
         return await run_read(fn, *args)
 
     manager._run_read = recording  # type: ignore[method-assign]

@@ -557,7 +557,7 @@ async def _stored(wal: WAL) -> list[Message]:
     out: list[Message] = []
     nid = wal.first_id
     while nid < wal.next_id:
-        for first, block in await wal._read_storage(nid, 1 << 20):
+        for first, block, _ in await wal._read_storage(nid, 1 << 20):
             msgs = decode_block(block, first, nid)
             out.extend(msgs)
             nid = first + len(msgs) if first >= nid else nid + len(msgs)
