@@ -9,12 +9,12 @@ about.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from flusher._layout import FIRST_KEY, LAST_KEY, PCHANNEL, DeliveryKey, encode_key
+from interceptors._clock import physical_ms
 from wal.message import Position
 
 PRIMARY_KEY = b"streamingnode.primary_key"
@@ -36,7 +36,9 @@ class Buffer:
     """None for a delete buffer."""
     resume: Position
     """Where a reader must resume to get this buffer's first message again (its pack's start)."""
-    created: float = field(default_factory=time.monotonic)
+    born_ms: int = 0
+    """Physical time (ms) of its first row's timestamp: the age limit counts from when the data was
+    written, not from when this process buffered it, so a restart does not restart the clock."""
     vchannels: set[str] = field(default_factory=set)
     batches: list[pa.RecordBatch] = field(default_factory=list)
     stamps: list[int] = field(default_factory=list)
@@ -55,6 +57,7 @@ class Buffer:
         if not self.batches:
             self.first_id = key[1]
             self.first_key = key
+            self.born_ms = physical_ms(ts)
         self.batches.append(batch)
         self.stamps.append(ts)
         self.rows += batch.num_rows

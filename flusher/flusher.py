@@ -323,7 +323,8 @@ class Flusher:
         for b in [b for b in self._buffers.values() if b.late]:
             await self._write(b)
         now = time.monotonic()
-        for b in [b for b in self._buffers.values() if now - b.created >= self._cfg.max_age_seconds]:
+        oldest_ms = time.time() * 1000 - self._cfg.max_age_seconds * 1000
+        for b in [b for b in self._buffers.values() if b.rows and b.born_ms <= oldest_ms]:
             await self._write(b)
         self._position = pack.end_position
         self._processed = max(self._processed, pack.end_ts)

@@ -215,6 +215,25 @@ async def test_the_age_limit_writes_an_idle_buffer(swal: StreamingWAL, tmp_path:
     await f.aclose()
 
 
+async def test_the_age_limit_counts_from_the_data_not_from_a_restart(swal: StreamingWAL, tmp_path: Path) -> None:
+    f = await start(swal, tmp_path, max_age_seconds=2.0)
+    await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
+    await swal.append(bodies.insert("v", "c", rows(0, 3)))
+    await settle(f, swal)
+    await f.aclose()  # a restart before the age limit: the rows were only in memory
+    assert data_files(tmp_path) == []
+    await asyncio.sleep(2.1)
+    loop = asyncio.get_running_loop()
+    restarted = loop.time()
+    g = await start(swal, tmp_path, max_age_seconds=2.0)  # replays the rows from its checkpoint
+    while not data_files(tmp_path) and loop.time() - restarted < 5:
+        await asyncio.sleep(0.02)
+    # Already older than the limit when replayed: written at once, not a whole limit after the restart.
+    assert loop.time() - restarted < 1.0
+    assert pks(tmp_path) == [0, 1, 2]
+    await g.aclose()
+
+
 async def test_the_memory_cap_writes_the_largest_buffer_first(swal: StreamingWAL, tmp_path: Path) -> None:
     small = len(bodies.insert("v", "a", rows(0, 5)).payload)
     big = len(bodies.insert("v", "b", rows(0, 50)).payload)
