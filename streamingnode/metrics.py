@@ -121,18 +121,17 @@ class ChannelMetrics:
 
     def close(self) -> None:
         node, p = self._node, self.pchannel
-        with contextlib.suppress(KeyError):
-            for t, status in self._messages:
-                node.append_messages.remove(p, _TYPE_NAMES[t], status)
-            for t in self._bytes:
-                node.append_bytes.remove(p, _TYPE_NAMES[t])
-            for status in self._latency:
-                node.append_latency.remove(p, status)
-            for outcome in self._txn:
-                node.txn_duration.remove(p, outcome)
-            for family in (node.producer_streams, node.consumer_streams, node.consume_messages, node.consume_bytes,
-                           node.consume_packs):
-                family.remove(p)
+        gone: list[tuple[Counter | Gauge | Histogram, tuple[str, ...]]] = [
+            *((node.append_messages, (p, _TYPE_NAMES[t], status)) for t, status in self._messages),
+            *((node.append_bytes, (p, _TYPE_NAMES[t])) for t in self._bytes),
+            *((node.append_latency, (p, status)) for status in self._latency),
+            *((node.txn_duration, (p, outcome)) for outcome in self._txn),
+            *((family, (p,)) for family in (node.producer_streams, node.consumer_streams, node.consume_messages,
+                                             node.consume_bytes, node.consume_packs)),
+        ]
+        for family, labels in gone:
+            with contextlib.suppress(KeyError):  # one already gone must not keep the others
+                family.remove(*labels)
         self._messages.clear()
         self._bytes.clear()
         self._latency.clear()
