@@ -22,10 +22,11 @@ read once at import, so the hook costs one ``is None`` test when unset.
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+from wal.crashpoints import CrashPoints
 
 TMP_PREFIX = "."
 TMP_SUFFIX = ".tmp"
@@ -37,26 +38,8 @@ directory was created."""
 KILL_ENV = "STREAMINGNODE_FLUSHER_KILL_AT"
 
 
-def _parse_kill(raw: str | None) -> tuple[str, int] | None:
-    if not raw:
-        return None
-    step, _, count = raw.partition(":")
-    if step not in STEPS:
-        raise ValueError(f"{KILL_ENV}={raw!r}: step must be one of {STEPS}")
-    return step, int(count or "1")
-
-
-_kill_at = _parse_kill(os.environ.get(KILL_ENV))
-_seen: dict[str, int] = {}
-
-
-def crash_point(step: str) -> None:
-    """Kill this process here if the crash-test hook names ``step`` (a no-op otherwise)."""
-    if _kill_at is None or _kill_at[0] != step:
-        return
-    _seen[step] = _seen.get(step, 0) + 1
-    if _seen[step] >= _kill_at[1]:
-        os.kill(os.getpid(), signal.SIGKILL)
+crash_point = CrashPoints(KILL_ENV, STEPS)
+"""Called after each step of the protocol (see ``wal.crashpoints``)."""
 
 
 def fsync_dir(path: Path) -> None:
@@ -127,7 +110,7 @@ def commit_file(directory: Path, name: str, write: Callable[[BinaryIO], None]) -
     tmp = directory / temporary_name(name)
     final = directory / name
     with open(tmp, "wb") as f:
-        write(f if _kill_at is None else _HalfKill(f))  # type: ignore[arg-type]
+        write(_HalfKill(f) if crash_point.armed else f)  # type: ignore[arg-type]
         f.flush()
         crash_point("write")
         os.fsync(f.fileno())

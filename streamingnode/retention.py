@@ -31,8 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import os
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +42,7 @@ from interceptors._clock import compose
 from interceptors.snapshot import ShadowReplay, load_snapshot, store_snapshot
 from interceptors.streaming import StreamingWAL, default_interceptors
 from streamingnode.groups import ConsumerGroups
+from wal.crashpoints import CrashPoints
 from wal.errors import InvalidArgumentError, StreamingError
 from wal.message import MessageID
 from wal.wal import WALState
@@ -57,26 +56,8 @@ STEPS = ("snapshot", "truncate")
 _MAX_CUT_TRIES = 8
 
 
-def _parse_kill(raw: str | None) -> tuple[str, int] | None:
-    if not raw:
-        return None
-    step, _, count = raw.partition(":")
-    if step not in STEPS:
-        raise ValueError(f"{KILL_ENV}={raw!r}: step must be one of {STEPS}")
-    return step, int(count or "1")
-
-
-_kill_at = _parse_kill(os.environ.get(KILL_ENV))
-_seen: dict[str, int] = {}
-
-
-def crash_point(step: str) -> None:
-    """Kill this process here if the crash-test hook names ``step`` (a no-op otherwise)."""
-    if _kill_at is None or _kill_at[0] != step:
-        return
-    _seen[step] = _seen.get(step, 0) + 1
-    if _seen[step] >= _kill_at[1]:
-        os.kill(os.getpid(), signal.SIGKILL)
+crash_point = CrashPoints(KILL_ENV, STEPS)
+"""Called after the snapshot and the truncate steps (see ``wal.crashpoints``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,8 +64,8 @@ def test_names_that_would_escape_or_hide_are_refused(tmp_path: Path) -> None:
 
 
 def test_the_crash_hook_names_a_known_step() -> None:
-    assert commit._parse_kill(None) is None
-    assert commit._parse_kill("rename") == ("rename", 1)
-    assert commit._parse_kill("fsync:3") == ("fsync", 3)
-    with pytest.raises(ValueError, match="step must be one of"):
-        commit._parse_kill("nowhere")
+    assert commit.crash_point.parse(None) is None
+    assert commit.crash_point.parse("rename") == ("rename", 1)
+    assert commit.crash_point.parse("fsync:3") == ("fsync", 3)
+    with pytest.raises(ValueError, match="STREAMINGNODE_FLUSHER_KILL_AT='nowhere': step must be one of"):
+        commit.crash_point.parse("nowhere")
