@@ -1,4 +1,5 @@
-"""Shared fixtures: every WAL-level test runs against both backends (the conformance suite)."""
+"""Shared fixtures: every WAL-level test runs against both backends (the conformance suite); one Spark
+session per run; an in-memory tracing provider per test."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from wal import Durability, WALManager
 from wal.backend import Backend
@@ -91,3 +95,17 @@ def spark() -> Iterator[Any]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+# --- tracing: each test its own provider, spans kept in memory (the global provider is never set)
+@pytest.fixture
+def exporter() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+def provider(exporter: InMemorySpanExporter) -> Iterator[TracerProvider]:
+    p = TracerProvider()
+    p.add_span_processor(SimpleSpanProcessor(exporter))
+    yield p
+    p.shutdown()

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from interceptors.chain import STEP_SPAN_PREFIX
@@ -25,19 +24,6 @@ from wal.errors import InvalidArgumentError
 from wal.message import Message, MessageType
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def exporter() -> InMemorySpanExporter:
-    return InMemorySpanExporter()
-
-
-@pytest.fixture
-def provider(exporter: InMemorySpanExporter) -> Iterator[TracerProvider]:
-    p = TracerProvider()
-    p.add_span_processor(SimpleSpanProcessor(exporter))
-    yield p
-    p.shutdown()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ so the tests do not leak spans into one another).
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 
 import pytest
 from opentelemetry import trace
@@ -37,19 +36,6 @@ from wal.errors import InvalidArgumentError
 
 STEPS = ["dedup", "lock", "shard", "timetick", "redo", "txn"]
 FAST = ChainConfig(tick_interval=0.02)
-
-
-@pytest.fixture
-def exporter() -> InMemorySpanExporter:
-    return InMemorySpanExporter()
-
-
-@pytest.fixture
-def provider(exporter: InMemorySpanExporter) -> Iterator[TracerProvider]:
-    p = TracerProvider()
-    p.add_span_processor(SimpleSpanProcessor(exporter))
-    yield p
-    p.shutdown()
 
 
 async def _open(manager: WALManager, tracing: Tracing | None) -> StreamingWAL:
