@@ -16,6 +16,8 @@ names, scanner modes and transaction outcomes.
 
 ``/metrics`` is served by a small asyncio HTTP server on the node's own event loop: the scrape-time
 reads then happen on the thread that owns the state (no torn reads of dicts being changed, no locks).
+Disk sizes are the exception: directory walks run on a worker thread just before each scrape
+(``refresh_disk``), so a large Parquet tree never stalls the loop's appends.
 """
 
 from __future__ import annotations
@@ -159,6 +161,8 @@ class NodeMetrics:
         self.data_dir = data_dir
         self.channels: dict[str, tuple[Channel, ChannelMetrics]] = {}
         self._dir_sizes: dict[str, tuple[float, int]] = {}  # Parquet root -> (when measured, bytes)
+        self.wal_bytes = 0
+        """Bytes of the WAL database on disk, as last measured by ``refresh_disk``."""
         r = self.registry
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
@@ -214,12 +218,26 @@ class NodeMetrics:
                 self._dir_sizes.pop(str(channel.flusher.root), None)
             cm.close()
 
-    def tree_bytes(self, root: str, now: float) -> int:
-        """Bytes under ``root``, walked at most once a minute: a scrape must not walk every file each time."""
+    async def refresh_disk(self) -> None:
+        """Measure what is on disk, on a worker thread (directory walks must not stall the loop's
+        appends): the WAL's files every scrape, each Parquet tree at most once a minute."""
+        now = time.monotonic()
+        stale = [root for root in (str(c.flusher.root) for c, _ in self.channels.values() if c.flusher is not None)
+                 if root not in self._dir_sizes or now - self._dir_sizes[root][0] >= _DIR_SIZE_TTL]
+        data_dir = self.data_dir
+
+        def measure() -> tuple[int, list[int]]:
+            return (_wal_disk_bytes(data_dir) if data_dir is not None else 0), [_tree_bytes(r) for r in stale]
+
+        wal_bytes, sizes = await asyncio.to_thread(measure)
+        self.wal_bytes = wal_bytes
+        for root, size in zip(stale, sizes, strict=True):
+            self._dir_sizes[root] = (now, size)
+
+    def tree_bytes(self, root: str) -> int:
+        """Bytes under ``root`` as last measured by ``refresh_disk`` (0 before the first scrape)."""
         cached = self._dir_sizes.get(root)
-        if cached is None or now - cached[0] >= _DIR_SIZE_TTL:
-            cached = self._dir_sizes[root] = (now, _tree_bytes(root))
-        return cached[1]
+        return cached[1] if cached is not None else 0
 
     def channel(self, name: str) -> ChannelMetrics | None:
         entry = self.channels.get(name)
@@ -262,6 +280,7 @@ class NodeMetrics:
                 status, ctype, body = "405 Method Not Allowed", "text/plain", b"only GET is served\n"
             elif path == "/metrics":
                 encoder, ctype = choose_encoder(headers.get("accept", ""))
+                await self.refresh_disk()
                 status, body = "200 OK", encoder(self.registry)
             elif path == "/":
                 status, ctype, body = "200 OK", "text/plain", b"streamingnode: metrics at /metrics\n"
@@ -409,7 +428,7 @@ class _StateCollector(Collector):
                 f_buf.add_metric([name], st.buffered_bytes)
                 f_lag.add_metric([name], st.lag_ms / 1000)
                 f_ckpt.add_metric([name], physical_ms(st.checkpoint.timetick) / 1000)
-                f_disk.add_metric([name], self._m.tree_bytes(str(channel.flusher.root), now_ms / 1000))
+                f_disk.add_metric([name], self._m.tree_bytes(str(channel.flusher.root)))
             if channel.retention is not None:
                 rs = channel.retention.stats()
                 r_msgs.add_metric([name], rs.messages_truncated)
@@ -418,7 +437,7 @@ class _StateCollector(Collector):
                     g_lag, g_lag_s, f_rows, f_del, f_bytes, f_files, f_buf, f_lag, f_ckpt, f_disk, r_msgs, r_bytes)
         if self._m.data_dir is not None:
             yield GaugeMetricFamily(f"{ns}_wal_disk_bytes", "Bytes of the WAL database on disk (all pchannels).",
-                                    value=_wal_disk_bytes(self._m.data_dir))
+                                    value=self._m.wal_bytes)
 
 
 __all__ = ["LATENCY_BUCKETS", "ChannelMetrics", "NodeMetrics"]

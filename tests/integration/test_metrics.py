@@ -120,6 +120,8 @@ async def test_metrics_count_what_the_load_did(server_thread: ServerThread) -> N
     assert value(s, "streamingnode_flusher_bytes_total", pchannel="p1") > 0
     assert value(s, "streamingnode_timetick_lag_seconds", pchannel="p1") < 60
     assert value(s, "streamingnode_wal_disk_bytes") > 0
+    assert value(s, "streamingnode_parquet_disk_bytes", pchannel="p1") >= value(
+        s, "streamingnode_flusher_bytes_total", pchannel="p1")  # measured off the loop, before the scrape
     assert value(s, "streamingnode_wal_messages", pchannel="p1") >= 60
 
 
