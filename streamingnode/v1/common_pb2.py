@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import empty_pb2 as google_dot_protobuf_dot_empty__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dstreamingnode/v1/common.proto\x12\x10streamingnode.v1\x1a\x1bgoogle/protobuf/empty.proto\"\x17\n\tMessageID\x12\n\n\x02id\x18\x01 \x01(\x0c\"2\n\nTxnContext\x12\x0e\n\x06txn_id\x18\x01 \x01(\x03\x12\x14\n\x0ckeepalive_ms\x18\x02 \x01(\x03\"\xf8\x02\n\x07Message\x12\'\n\x02id\x18\x01 \x01(\x0b\x32\x1b.streamingnode.v1.MessageID\x12+\n\x04type\x18\x02 \x01(\x0e\x32\x1d.streamingnode.v1.MessageType\x12\x10\n\x08vchannel\x18\x03 \x01(\t\x12\x10\n\x08timetick\x18\x04 \x01(\x04\x12\x10\n\x08wal_term\x18\x05 \x01(\x03\x12\x33\n\x0elast_confirmed\x18\x06 \x01(\x0b\x32\x1b.streamingnode.v1.MessageID\x12)\n\x03txn\x18\x07 \x01(\x0b\x32\x1c.streamingnode.v1.TxnContext\x12=\n\nproperties\x18\x08 \x03(\x0b\x32).streamingnode.v1.Message.PropertiesEntry\x12\x0f\n\x07payload\x18\t \x01(\x0c\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"q\n\x08Position\x12\x10\n\x08pchannel\x18\x01 \x01(\t\x12/\n\nmessage_id\x18\x02 \x01(\x0b\x32\x1b.streamingnode.v1.MessageID\x12\x10\n\x08timetick\x18\x03 \x01(\x04\x12\x10\n\x08vchannel\x18\x04 \x01(\t\"\xc0\x01\n\x07MsgPack\x12\x10\n\x08\x62\x65gin_ts\x18\x01 \x01(\x04\x12\x0e\n\x06\x65nd_ts\x18\x02 \x01(\x04\x12+\n\x08messages\x18\x03 \x03(\x0b\x32\x19.streamingnode.v1.Message\x12\x33\n\x0fstart_positions\x18\x04 \x03(\x0b\x32\x1a.streamingnode.v1.Position\x12\x31\n\rend_positions\x18\x05 \x03(\x0b\x32\x1a.streamingnode.v1.Position\"\xea\x01\n\rDeliverPolicy\x12%\n\x03\x61ll\x18\x01 \x01(\x0b\x32\x16.google.protobuf.EmptyH\x00\x12(\n\x06latest\x18\x02 \x01(\x0b\x32\x16.google.protobuf.EmptyH\x00\x12\x31\n\nstart_from\x18\x03 \x01(\x0b\x32\x1b.streamingnode.v1.MessageIDH\x00\x12\x32\n\x0bstart_after\x18\x04 \x01(\x0b\x32\x1b.streamingnode.v1.MessageIDH\x00\x12\x17\n\rstart_at_time\x18\x05 \x01(\x04H\x00\x42\x08\n\x06policy\"\x83\x01\n\rDeliverFilter\x12\x15\n\x0btimetick_gt\x18\x01 \x01(\x04H\x00\x12\x16\n\x0ctimetick_gte\x18\x02 \x01(\x04H\x00\x12\x39\n\rmessage_types\x18\x03 \x01(\x0b\x32 .streamingnode.v1.MessageTypeSetH\x00\x42\x08\n\x06\x66ilter\">\n\x0eMessageTypeSet\x12,\n\x05types\x18\x01 \x03(\x0e\x32\x1d.streamingnode.v1.MessageType\"K\n\x10OwnerDescription\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x18\n\x10\x64\x65scription_text\x18\x03 \x01(\t\"\xdf\x01\n\x12\x43hannelDescription\x12\x14\n\x0c\x63hannel_name\x18\x01 \x01(\t\x12\x31\n\x05owner\x18\x02 \x01(\x0b\x32\".streamingnode.v1.OwnerDescription\x12\x0c\n\x04term\x18\x03 \x01(\x03\x12-\n\x08\x66irst_id\x18\x04 \x01(\x0b\x32\x1b.streamingnode.v1.MessageID\x12,\n\x07last_id\x18\x05 \x01(\x0b\x32\x1b.streamingnode.v1.MessageID\x12\x15\n\rlast_timetick\x18\x06 \x01(\x04\"\xcc\x01\n\x0b\x45rrorDetail\x12)\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x1b.streamingnode.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12=\n\x08metadata\x18\x03 \x03(\x0b\x32+.streamingnode.v1.ErrorDetail.MetadataEntry\x12\x11\n\tretriable\x18\x04 \x01(\x08\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\xa0\x06\n\tErrorCode\x12\x16\n\x12\x45RROR_CODE_UNKNOWN\x10\x00\x12 \n\x1c\x45RROR_CODE_CHANNEL_NOT_EXIST\x10\x01\x12\x1c\n\x18\x45RROR_CODE_CHANNEL_EXIST\x10\x02\x12\x1d\n\x19\x45RROR_CODE_CHANNEL_FENCED\x10\x03\x12\x1a\n\x16\x45RROR_CODE_ON_SHUTDOWN\x10\x04\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x05\x12\x1e\n\x1a\x45RROR_CODE_INVALID_MESSAGE\x10\x06\x12 \n\x1c\x45RROR_CODE_MESSAGE_TOO_LARGE\x10\x07\x12\x1b\n\x17\x45RROR_CODE_OUT_OF_RANGE\x10\x08\x12\x18\n\x14\x45RROR_CODE_CORRUPTED\x10\t\x12\x1c\n\x18\x45RROR_CODE_UNRECOVERABLE\x10\n\x12\x1a\n\x16\x45RROR_CODE_UNAVAILABLE\x10\x0b\x12!\n\x1d\x45RROR_CODE_RESOURCE_EXHAUSTED\x10\x0c\x12\x1c\n\x18\x45RROR_CODE_TXN_NOT_FOUND\x10\r\x12\x1a\n\x16\x45RROR_CODE_TXN_EXPIRED\x10\x0e\x12 \n\x1c\x45RROR_CODE_INVALID_TXN_STATE\x10\x0f\x12#\n\x1f\x45RROR_CODE_COLLECTION_NOT_EXIST\x10\x10\x12\x1f\n\x1b\x45RROR_CODE_COLLECTION_EXIST\x10\x11\x12\"\n\x1e\x45RROR_CODE_PARTITION_NOT_EXIST\x10\x12\x12\x1e\n\x1a\x45RROR_CODE_PARTITION_EXIST\x10\x13\x12\x1e\n\x1a\x45RROR_CODE_SCHEMA_MISMATCH\x10\x14\x12\'\n#ERROR_CODE_CONSUMER_GROUP_NOT_EXIST\x10\x15\x12#\n\x1f\x45RROR_CODE_CONSUMER_GROUP_EXIST\x10\x16\x12 \n\x1c\x45RROR_CODE_DEADLINE_EXCEEDED\x10\x17\x12\x13\n\x0f\x45RROR_CODE_REDO\x10\x18*\xd4\x03\n\x0bMessageType\x12\x1a\n\x16MESSAGE_TYPE_UNDEFINED\x10\x00\x12\"\n\x1eMESSAGE_TYPE_CREATE_COLLECTION\x10\x64\x12 \n\x1cMESSAGE_TYPE_DROP_COLLECTION\x10\x65\x12\"\n\x1dMESSAGE_TYPE_CREATE_PARTITION\x10\xc8\x01\x12 \n\x1bMESSAGE_TYPE_DROP_PARTITION\x10\xc9\x01\x12\x18\n\x13MESSAGE_TYPE_INSERT\x10\x90\x03\x12\x18\n\x13MESSAGE_TYPE_DELETE\x10\x91\x03\x12\x17\n\x12MESSAGE_TYPE_FLUSH\x10\x92\x03\x12\x1e\n\x19MESSAGE_TYPE_MANUAL_FLUSH\x10\x93\x03\x12 \n\x1bMESSAGE_TYPE_CREATE_SEGMENT\x10\x94\x03\x12\x16\n\x11MESSAGE_TYPE_DATA\x10\xe8\x07\x12\x1b\n\x16MESSAGE_TYPE_TIME_TICK\x10\xb0\t\x12\x1b\n\x16MESSAGE_TYPE_BEGIN_TXN\x10\x94\n\x12\x1c\n\x17MESSAGE_TYPE_COMMIT_TXN\x10\x95\n\x12\x1e\n\x19MESSAGE_TYPE_ROLLBACK_TXN\x10\x96\nb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dstreamingnode/v1/common.proto\x12\x10streamingnode.v1\x1a\x1bgoogle/protobuf/empty.proto\"\x17\n\tMessageID\x12\n\n\x02id\x18\x01 \x01(\x0c\"2\n\nTxnContext\x12\x0e\n\x06txn_id\x18\x01 \x01(\x03\x12\x14\n\x0ckeepalive_ms\x18\x02 \x01(\x03\"\xf8\x02\n\x07Message\x12\'\n\x02id\x18\x01 \x01(\x0b\x32\x1b.streamingnode.v1.MessageID\x12+\n\x04type\x18\x02 \x01(\x0e\x32\x1d.streamingnode.v1.MessageType\x12\x10\n\x08vchannel\x18\x03 \x01(\t\x12\x10\n\x08timetick\x18\x04 \x01(\x04\x12\x10\n\x08wal_term\x18\x05 \x01(\x03\x12\x33\n\x0elast_confirmed\x18\x06 \x01(\x0b\x32\x1b.streamingnode.v1.MessageID\x12)\n\x03txn\x18\x07 \x01(\x0b\x32\x1c.streamingnode.v1.TxnContext\x12=\n\nproperties\x18\x08 \x03(\x0b\x32).streamingnode.v1.Message.PropertiesEntry\x12\x0f\n\x07payload\x18\t \x01(\x0c\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc7\x01\n\x0eMessageColumns\x12,\n\x05types\x18\x01 \x03(\x0e\x32\x1d.streamingnode.v1.MessageType\x12\x11\n\tvchannels\x18\x02 \x03(\t\x12\x11\n\ttimeticks\x18\x03 \x03(\x04\x12\x11\n\twal_terms\x18\x04 \x03(\x03\x12\x0b\n\x03ids\x18\x05 \x03(\x06\x12\x10\n\x08payloads\x18\x06 \x03(\x0c\x12/\n\x06\x65xtras\x18\x07 \x03(\x0b\x32\x1f.streamingnode.v1.MessageExtras\"\x85\x02\n\rMessageExtras\x12\r\n\x05index\x18\x01 \x01(\r\x12\x33\n\x0elast_confirmed\x18\x02 \x01(\x0b\x32\x1b.streamingnode.v1.MessageID\x12)\n\x03txn\x18\x03 \x01(\x0b\x32\x1c.streamingnode.v1.TxnContext\x12\x43\n\nproperties\x18\x04 \x03(\x0b\x32/.streamingnode.v1.MessageExtras.PropertiesEntry\x12\r\n\x05no_id\x18\x05 \x01(\x08\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"q\n\x08Position\x12\x10\n\x08pchannel\x18\x01 \x01(\t\x12/\n\nmessage_id\x18\x02 \x01(\x0b\x32\x1b.streamingnode.v1.MessageID\x12\x10\n\x08timetick\x18\x03 \x01(\x04\x12\x10\n\x08vchannel\x18\x04 \x01(\t\"\xf3\x01\n\x07MsgPack\x12\x10\n\x08\x62\x65gin_ts\x18\x01 \x01(\x04\x12\x0e\n\x06\x65nd_ts\x18\x02 \x01(\x04\x12+\n\x08messages\x18\x03 \x03(\x0b\x32\x19.streamingnode.v1.Message\x12\x33\n\x0fstart_positions\x18\x04 \x03(\x0b\x32\x1a.streamingnode.v1.Position\x12\x31\n\rend_positions\x18\x05 \x03(\x0b\x32\x1a.streamingnode.v1.Position\x12\x31\n\x07\x63olumns\x18\x06 \x01(\x0b\x32 .streamingnode.v1.MessageColumns\"\xea\x01\n\rDeliverPolicy\x12%\n\x03\x61ll\x18\x01 \x01(\x0b\x32\x16.google.protobuf.EmptyH\x00\x12(\n\x06latest\x18\x02 \x01(\x0b\x32\x16.google.protobuf.EmptyH\x00\x12\x31\n\nstart_from\x18\x03 \x01(\x0b\x32\x1b.streamingnode.v1.MessageIDH\x00\x12\x32\n\x0bstart_after\x18\x04 \x01(\x0b\x32\x1b.streamingnode.v1.MessageIDH\x00\x12\x17\n\rstart_at_time\x18\x05 \x01(\x04H\x00\x42\x08\n\x06policy\"\x83\x01\n\rDeliverFilter\x12\x15\n\x0btimetick_gt\x18\x01 \x01(\x04H\x00\x12\x16\n\x0ctimetick_gte\x18\x02 \x01(\x04H\x00\x12\x39\n\rmessage_types\x18\x03 \x01(\x0b\x32 .streamingnode.v1.MessageTypeSetH\x00\x42\x08\n\x06\x66ilter\">\n\x0eMessageTypeSet\x12,\n\x05types\x18\x01 \x03(\x0e\x32\x1d.streamingnode.v1.MessageType\"K\n\x10OwnerDescription\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x18\n\x10\x64\x65scription_text\x18\x03 \x01(\t\"\xdf\x01\n\x12\x43hannelDescription\x12\x14\n\x0c\x63hannel_name\x18\x01 \x01(\t\x12\x31\n\x05owner\x18\x02 \x01(\x0b\x32\".streamingnode.v1.OwnerDescription\x12\x0c\n\x04term\x18\x03 \x01(\x03\x12-\n\x08\x66irst_id\x18\x04 \x01(\x0b\x32\x1b.streamingnode.v1.MessageID\x12,\n\x07last_id\x18\x05 \x01(\x0b\x32\x1b.streamingnode.v1.MessageID\x12\x15\n\rlast_timetick\x18\x06 \x01(\x04\"\xcc\x01\n\x0b\x45rrorDetail\x12)\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x1b.streamingnode.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12=\n\x08metadata\x18\x03 \x03(\x0b\x32+.streamingnode.v1.ErrorDetail.MetadataEntry\x12\x11\n\tretriable\x18\x04 \x01(\x08\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\xa0\x06\n\tErrorCode\x12\x16\n\x12\x45RROR_CODE_UNKNOWN\x10\x00\x12 \n\x1c\x45RROR_CODE_CHANNEL_NOT_EXIST\x10\x01\x12\x1c\n\x18\x45RROR_CODE_CHANNEL_EXIST\x10\x02\x12\x1d\n\x19\x45RROR_CODE_CHANNEL_FENCED\x10\x03\x12\x1a\n\x16\x45RROR_CODE_ON_SHUTDOWN\x10\x04\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x05\x12\x1e\n\x1a\x45RROR_CODE_INVALID_MESSAGE\x10\x06\x12 \n\x1c\x45RROR_CODE_MESSAGE_TOO_LARGE\x10\x07\x12\x1b\n\x17\x45RROR_CODE_OUT_OF_RANGE\x10\x08\x12\x18\n\x14\x45RROR_CODE_CORRUPTED\x10\t\x12\x1c\n\x18\x45RROR_CODE_UNRECOVERABLE\x10\n\x12\x1a\n\x16\x45RROR_CODE_UNAVAILABLE\x10\x0b\x12!\n\x1d\x45RROR_CODE_RESOURCE_EXHAUSTED\x10\x0c\x12\x1c\n\x18\x45RROR_CODE_TXN_NOT_FOUND\x10\r\x12\x1a\n\x16\x45RROR_CODE_TXN_EXPIRED\x10\x0e\x12 \n\x1c\x45RROR_CODE_INVALID_TXN_STATE\x10\x0f\x12#\n\x1f\x45RROR_CODE_COLLECTION_NOT_EXIST\x10\x10\x12\x1f\n\x1b\x45RROR_CODE_COLLECTION_EXIST\x10\x11\x12\"\n\x1e\x45RROR_CODE_PARTITION_NOT_EXIST\x10\x12\x12\x1e\n\x1a\x45RROR_CODE_PARTITION_EXIST\x10\x13\x12\x1e\n\x1a\x45RROR_CODE_SCHEMA_MISMATCH\x10\x14\x12\'\n#ERROR_CODE_CONSUMER_GROUP_NOT_EXIST\x10\x15\x12#\n\x1f\x45RROR_CODE_CONSUMER_GROUP_EXIST\x10\x16\x12 \n\x1c\x45RROR_CODE_DEADLINE_EXCEEDED\x10\x17\x12\x13\n\x0f\x45RROR_CODE_REDO\x10\x18*\xd4\x03\n\x0bMessageType\x12\x1a\n\x16MESSAGE_TYPE_UNDEFINED\x10\x00\x12\"\n\x1eMESSAGE_TYPE_CREATE_COLLECTION\x10\x64\x12 \n\x1cMESSAGE_TYPE_DROP_COLLECTION\x10\x65\x12\"\n\x1dMESSAGE_TYPE_CREATE_PARTITION\x10\xc8\x01\x12 \n\x1bMESSAGE_TYPE_DROP_PARTITION\x10\xc9\x01\x12\x18\n\x13MESSAGE_TYPE_INSERT\x10\x90\x03\x12\x18\n\x13MESSAGE_TYPE_DELETE\x10\x91\x03\x12\x17\n\x12MESSAGE_TYPE_FLUSH\x10\x92\x03\x12\x1e\n\x19MESSAGE_TYPE_MANUAL_FLUSH\x10\x93\x03\x12 \n\x1bMESSAGE_TYPE_CREATE_SEGMENT\x10\x94\x03\x12\x16\n\x11MESSAGE_TYPE_DATA\x10\xe8\x07\x12\x1b\n\x16MESSAGE_TYPE_TIME_TICK\x10\xb0\t\x12\x1b\n\x16MESSAGE_TYPE_BEGIN_TXN\x10\x94\n\x12\x1c\n\x17MESSAGE_TYPE_COMMIT_TXN\x10\x95\n\x12\x1e\n\x19MESSAGE_TYPE_ROLLBACK_TXN\x10\x96\nb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,12 +34,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MESSAGE_PROPERTIESENTRY']._loaded_options = None
   _globals['_MESSAGE_PROPERTIESENTRY']._serialized_options = b'8\001'
+  _globals['_MESSAGEEXTRAS_PROPERTIESENTRY']._loaded_options = None
+  _globals['_MESSAGEEXTRAS_PROPERTIESENTRY']._serialized_options = b'8\001'
   _globals['_ERRORDETAIL_METADATAENTRY']._loaded_options = None
   _globals['_ERRORDETAIL_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_ERRORCODE']._serialized_start=1792
-  _globals['_ERRORCODE']._serialized_end=2592
-  _globals['_MESSAGETYPE']._serialized_start=2595
-  _globals['_MESSAGETYPE']._serialized_end=3063
+  _globals['_ERRORCODE']._serialized_start=2309
+  _globals['_ERRORCODE']._serialized_end=3109
+  _globals['_MESSAGETYPE']._serialized_start=3112
+  _globals['_MESSAGETYPE']._serialized_end=3580
   _globals['_MESSAGEID']._serialized_start=80
   _globals['_MESSAGEID']._serialized_end=103
   _globals['_TXNCONTEXT']._serialized_start=105
@@ -48,22 +50,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MESSAGE']._serialized_end=534
   _globals['_MESSAGE_PROPERTIESENTRY']._serialized_start=485
   _globals['_MESSAGE_PROPERTIESENTRY']._serialized_end=534
-  _globals['_POSITION']._serialized_start=536
-  _globals['_POSITION']._serialized_end=649
-  _globals['_MSGPACK']._serialized_start=652
-  _globals['_MSGPACK']._serialized_end=844
-  _globals['_DELIVERPOLICY']._serialized_start=847
-  _globals['_DELIVERPOLICY']._serialized_end=1081
-  _globals['_DELIVERFILTER']._serialized_start=1084
-  _globals['_DELIVERFILTER']._serialized_end=1215
-  _globals['_MESSAGETYPESET']._serialized_start=1217
-  _globals['_MESSAGETYPESET']._serialized_end=1279
-  _globals['_OWNERDESCRIPTION']._serialized_start=1281
-  _globals['_OWNERDESCRIPTION']._serialized_end=1356
-  _globals['_CHANNELDESCRIPTION']._serialized_start=1359
-  _globals['_CHANNELDESCRIPTION']._serialized_end=1582
-  _globals['_ERRORDETAIL']._serialized_start=1585
-  _globals['_ERRORDETAIL']._serialized_end=1789
-  _globals['_ERRORDETAIL_METADATAENTRY']._serialized_start=1742
-  _globals['_ERRORDETAIL_METADATAENTRY']._serialized_end=1789
+  _globals['_MESSAGECOLUMNS']._serialized_start=537
+  _globals['_MESSAGECOLUMNS']._serialized_end=736
+  _globals['_MESSAGEEXTRAS']._serialized_start=739
+  _globals['_MESSAGEEXTRAS']._serialized_end=1000
+  _globals['_MESSAGEEXTRAS_PROPERTIESENTRY']._serialized_start=485
+  _globals['_MESSAGEEXTRAS_PROPERTIESENTRY']._serialized_end=534
+  _globals['_POSITION']._serialized_start=1002
+  _globals['_POSITION']._serialized_end=1115
+  _globals['_MSGPACK']._serialized_start=1118
+  _globals['_MSGPACK']._serialized_end=1361
+  _globals['_DELIVERPOLICY']._serialized_start=1364
+  _globals['_DELIVERPOLICY']._serialized_end=1598
+  _globals['_DELIVERFILTER']._serialized_start=1601
+  _globals['_DELIVERFILTER']._serialized_end=1732
+  _globals['_MESSAGETYPESET']._serialized_start=1734
+  _globals['_MESSAGETYPESET']._serialized_end=1796
+  _globals['_OWNERDESCRIPTION']._serialized_start=1798
+  _globals['_OWNERDESCRIPTION']._serialized_end=1873
+  _globals['_CHANNELDESCRIPTION']._serialized_start=1876
+  _globals['_CHANNELDESCRIPTION']._serialized_end=2099
+  _globals['_ERRORDETAIL']._serialized_start=2102
+  _globals['_ERRORDETAIL']._serialized_end=2306
+  _globals['_ERRORDETAIL_METADATAENTRY']._serialized_start=2259
+  _globals['_ERRORDETAIL_METADATAENTRY']._serialized_end=2306
 # @@protoc_insertion_point(module_scope)

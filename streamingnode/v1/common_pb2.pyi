@@ -137,6 +137,45 @@ class Message(_message.Message):
     payload: bytes
     def __init__(self, id: _Optional[_Union[MessageID, _Mapping]] = ..., type: _Optional[_Union[MessageType, str]] = ..., vchannel: _Optional[str] = ..., timetick: _Optional[int] = ..., wal_term: _Optional[int] = ..., last_confirmed: _Optional[_Union[MessageID, _Mapping]] = ..., txn: _Optional[_Union[TxnContext, _Mapping]] = ..., properties: _Optional[_Mapping[str, str]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
+class MessageColumns(_message.Message):
+    __slots__ = ("types", "vchannels", "timeticks", "wal_terms", "ids", "payloads", "extras")
+    TYPES_FIELD_NUMBER: _ClassVar[int]
+    VCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    TIMETICKS_FIELD_NUMBER: _ClassVar[int]
+    WAL_TERMS_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOADS_FIELD_NUMBER: _ClassVar[int]
+    EXTRAS_FIELD_NUMBER: _ClassVar[int]
+    types: _containers.RepeatedScalarFieldContainer[MessageType]
+    vchannels: _containers.RepeatedScalarFieldContainer[str]
+    timeticks: _containers.RepeatedScalarFieldContainer[int]
+    wal_terms: _containers.RepeatedScalarFieldContainer[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    payloads: _containers.RepeatedScalarFieldContainer[bytes]
+    extras: _containers.RepeatedCompositeFieldContainer[MessageExtras]
+    def __init__(self, types: _Optional[_Iterable[_Union[MessageType, str]]] = ..., vchannels: _Optional[_Iterable[str]] = ..., timeticks: _Optional[_Iterable[int]] = ..., wal_terms: _Optional[_Iterable[int]] = ..., ids: _Optional[_Iterable[int]] = ..., payloads: _Optional[_Iterable[bytes]] = ..., extras: _Optional[_Iterable[_Union[MessageExtras, _Mapping]]] = ...) -> None: ...
+
+class MessageExtras(_message.Message):
+    __slots__ = ("index", "last_confirmed", "txn", "properties", "no_id")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_CONFIRMED_FIELD_NUMBER: _ClassVar[int]
+    TXN_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    NO_ID_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    last_confirmed: MessageID
+    txn: TxnContext
+    properties: _containers.ScalarMap[str, str]
+    no_id: bool
+    def __init__(self, index: _Optional[int] = ..., last_confirmed: _Optional[_Union[MessageID, _Mapping]] = ..., txn: _Optional[_Union[TxnContext, _Mapping]] = ..., properties: _Optional[_Mapping[str, str]] = ..., no_id: _Optional[bool] = ...) -> None: ...
+
 class Position(_message.Message):
     __slots__ = ("pchannel", "message_id", "timetick", "vchannel")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
@@ -150,18 +189,20 @@ class Position(_message.Message):
     def __init__(self, pchannel: _Optional[str] = ..., message_id: _Optional[_Union[MessageID, _Mapping]] = ..., timetick: _Optional[int] = ..., vchannel: _Optional[str] = ...) -> None: ...
 
 class MsgPack(_message.Message):
-    __slots__ = ("begin_ts", "end_ts", "messages", "start_positions", "end_positions")
+    __slots__ = ("begin_ts", "end_ts", "messages", "start_positions", "end_positions", "columns")
     BEGIN_TS_FIELD_NUMBER: _ClassVar[int]
     END_TS_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     START_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     END_POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     begin_ts: int
     end_ts: int
     messages: _containers.RepeatedCompositeFieldContainer[Message]
     start_positions: _containers.RepeatedCompositeFieldContainer[Position]
     end_positions: _containers.RepeatedCompositeFieldContainer[Position]
-    def __init__(self, begin_ts: _Optional[int] = ..., end_ts: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., start_positions: _Optional[_Iterable[_Union[Position, _Mapping]]] = ..., end_positions: _Optional[_Iterable[_Union[Position, _Mapping]]] = ...) -> None: ...
+    columns: MessageColumns
+    def __init__(self, begin_ts: _Optional[int] = ..., end_ts: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., start_positions: _Optional[_Iterable[_Union[Position, _Mapping]]] = ..., end_positions: _Optional[_Iterable[_Union[Position, _Mapping]]] = ..., columns: _Optional[_Union[MessageColumns, _Mapping]] = ...) -> None: ...
 
 class DeliverPolicy(_message.Message):
     __slots__ = ("all", "latest", "start_from", "start_after", "start_at_time")

@@ -26,16 +26,18 @@ class ProduceOpen(_message.Message):
     def __init__(self, pchannel: _Optional[str] = ..., producer_id: _Optional[str] = ...) -> None: ...
 
 class ProduceBatch(_message.Message):
-    __slots__ = ("request_id", "messages", "txn", "first_sequence")
+    __slots__ = ("request_id", "messages", "txn", "first_sequence", "columns")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     TXN_FIELD_NUMBER: _ClassVar[int]
     FIRST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     messages: _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]
     txn: _common_pb2.TxnContext
     first_sequence: int
-    def __init__(self, request_id: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., txn: _Optional[_Union[_common_pb2.TxnContext, _Mapping]] = ..., first_sequence: _Optional[int] = ...) -> None: ...
+    columns: _common_pb2.MessageColumns
+    def __init__(self, request_id: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[_common_pb2.Message, _Mapping]]] = ..., txn: _Optional[_Union[_common_pb2.TxnContext, _Mapping]] = ..., first_sequence: _Optional[int] = ..., columns: _Optional[_Union[_common_pb2.MessageColumns, _Mapping]] = ...) -> None: ...
 
 class ProduceClose(_message.Message):
     __slots__ = ()
@@ -72,10 +74,16 @@ class ProduceBatchResult(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., appended: _Optional[_Union[AppendResults, _Mapping]] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ...) -> None: ...
 
 class AppendResults(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "ids", "timeticks", "txn_ids")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    TIMETICKS_FIELD_NUMBER: _ClassVar[int]
+    TXN_IDS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[AppendResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[AppendResult, _Mapping]]] = ...) -> None: ...
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    timeticks: _containers.RepeatedScalarFieldContainer[int]
+    txn_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, results: _Optional[_Iterable[_Union[AppendResult, _Mapping]]] = ..., ids: _Optional[_Iterable[int]] = ..., timeticks: _Optional[_Iterable[int]] = ..., txn_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AppendResult(_message.Message):
     __slots__ = ("id", "timetick", "txn_id")
@@ -102,20 +110,22 @@ class ConsumeRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[ConsumeOpen, _Mapping]] = ..., ack: _Optional[_Union[ConsumeAck, _Mapping]] = ..., close: _Optional[_Union[ConsumeClose, _Mapping]] = ...) -> None: ...
 
 class ConsumeOpen(_message.Message):
-    __slots__ = ("pchannel", "vchannel", "policy", "filters", "consumer_group", "max_pack_messages")
+    __slots__ = ("pchannel", "vchannel", "policy", "filters", "consumer_group", "max_pack_messages", "columns")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     VCHANNEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     FILTERS_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     MAX_PACK_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
     vchannel: str
     policy: _common_pb2.DeliverPolicy
     filters: _containers.RepeatedCompositeFieldContainer[_common_pb2.DeliverFilter]
     consumer_group: str
     max_pack_messages: int
-    def __init__(self, pchannel: _Optional[str] = ..., vchannel: _Optional[str] = ..., policy: _Optional[_Union[_common_pb2.DeliverPolicy, _Mapping]] = ..., filters: _Optional[_Iterable[_Union[_common_pb2.DeliverFilter, _Mapping]]] = ..., consumer_group: _Optional[str] = ..., max_pack_messages: _Optional[int] = ...) -> None: ...
+    columns: bool
+    def __init__(self, pchannel: _Optional[str] = ..., vchannel: _Optional[str] = ..., policy: _Optional[_Union[_common_pb2.DeliverPolicy, _Mapping]] = ..., filters: _Optional[_Iterable[_Union[_common_pb2.DeliverFilter, _Mapping]]] = ..., consumer_group: _Optional[str] = ..., max_pack_messages: _Optional[int] = ..., columns: _Optional[bool] = ...) -> None: ...
 
 class ConsumeAck(_message.Message):
     __slots__ = ("positions",)
