@@ -92,6 +92,86 @@ def produced_message(m: pb.Message, index: int, max_bytes: int) -> Message:
     return Message(t, vchannel, payload, props)
 
 
+_ASSIGNED_COLUMNS = ("timeticks", "wal_terms", "ids")
+
+
+def produced_columns(cols: pb.MessageColumns, max_bytes: int) -> tuple[list[Message], dict[int, pb.TxnContext]]:
+    """The messages of a batch sent as ``MessageColumns``, checked as ``produced_message`` checks one,
+    and the transaction each message names in its extras (by index).
+
+    This is the per-message path of every SDK producer, so the usual batch (one type, no extras,
+    every message under the size limit) costs one slot-filling loop and no per-message check.
+    """
+    types = cols.types
+    n = len(types)
+    if n == 0:
+        raise InvalidArgumentError("a produce batch needs at least one message", field="columns.types")
+    payloads = list(cols.payloads)
+    vchannels = list(cols.vchannels)
+    if len(payloads) != n or len(vchannels) != n:
+        raise InvalidArgumentError(
+            f"columns has {n} types, {len(vchannels)} vchannels and {len(payloads)} payloads: "
+            "every message needs one of each", field="columns")
+    for name in _ASSIGNED_COLUMNS:
+        if len(getattr(cols, name)):
+            raise InvalidArgumentError(
+                f"columns.{name} is assigned by the node and must be empty in a produce batch", field=f"columns.{name}")
+    by_number: dict[int, MessageType] = {}
+    for number in set(types):
+        t = _PRODUCIBLE_BY_NUMBER.get(number)
+        if t is None:
+            i = list(types).index(number)
+            t = message_type_from_pb(number, f"columns.types[{i}]")
+            raise InvalidArgumentError(
+                f"columns.types[{i}]: type {t.name} is written by the node, not by producers", field="type")
+        by_number[number] = t
+    props_of: dict[int, dict[str, str]] = {}
+    txns: dict[int, pb.TxnContext] = {}
+    last = -1
+    for e in cols.extras:
+        i = e.index
+        if not last < i < n:
+            raise InvalidArgumentError(
+                f"columns.extras: index {i} is out of range or out of order (batch of {n}, previous index {last})",
+                field="columns.extras")
+        last = i
+        if e.no_id or e.HasField("last_confirmed"):
+            raise InvalidArgumentError(
+                f"columns.extras[{i}]: no_id and last_confirmed are assigned by the node", field="columns.extras")
+        if len(e.properties):
+            props_of[i] = dict(e.properties)
+        if e.HasField("txn"):
+            txns[i] = e.txn
+    # One bound for the whole batch first: only a batch that might hold an oversize message is
+    # checked message by message.
+    if props_of or max(map(len, payloads)) + max(map(len, vchannels)) > max_bytes:
+        for i, (vchannel, payload) in enumerate(zip(vchannels, payloads, strict=True)):
+            size = len(payload) + len(vchannel) + sum(len(k) + len(v) for k, v in props_of.get(i, {}).items())
+            if size > max_bytes:
+                raise MessageTooLargeError(
+                    f"messages[{i}] is {size} bytes, over the limit of {max_bytes}", size=size, limit=max_bytes)
+    out: list[Message] = []
+    append = out.append
+    new = _new_message
+    single = next(iter(by_number.values())) if len(by_number) == 1 else None
+    for number, vchannel, payload in zip(types, vchannels, payloads, strict=True):
+        m = new(Message)
+        m._type = single if single is not None else by_number[number]
+        m._vchannel = vchannel
+        m._payload = payload
+        m._properties = {}
+        m._timetick = 0
+        m._term = 0
+        m._last_confirmed = None
+        m._txn = None
+        m._not_persisted = False
+        m._id = None
+        append(m)
+    for i, props in props_of.items():
+        out[i]._properties = props
+    return out, txns
+
+
 def fill_message_pb(out: pb.Message, m: Message) -> None:
     """Write ``m`` into ``out`` in place (``pack.messages.add()``): no second copy into the pack."""
     out.type = m._type  # type: ignore[assignment]  # an IntEnum is an int: no enum descriptor call
@@ -296,5 +376,6 @@ __all__ = [
     "policy_to_pb",
     "position_from_pb",
     "position_to_pb",
+    "produced_columns",
     "produced_message",
 ]

@@ -49,13 +49,18 @@ class _State(enum.Enum):
 
 
 class _Batch:
-    __slots__ = ("first_sequence", "futures", "messages", "request_id")
+    """A sealed batch: its request, built once in column form (a resend after a reconnect reuses it
+    with a new request id), and one future per message."""
 
-    def __init__(self, messages: list[pb.Message], futures: list[asyncio.Future[AppendResult]], first: int) -> None:
-        self.messages = messages
+    __slots__ = ("futures", "request")
+
+    def __init__(self, request: spb.ProduceRequest, futures: list[asyncio.Future[AppendResult]]) -> None:
+        self.request = request
         self.futures = futures
-        self.first_sequence = first
-        self.request_id = 0
+
+    @property
+    def request_id(self) -> int:
+        return self.request.batch.request_id
 
     def fail(self, exc: BaseException) -> None:
         _fail_futures(self.futures, exc)
@@ -68,6 +73,22 @@ def _fail_futures(futures: list[asyncio.Future[AppendResult]], exc: BaseExceptio
             # A send_nowait caller may drop its future: its error must not be logged as "never
             # retrieved".  Marked here, once per failure, instead of a callback on every future.
             fut.exception()
+
+
+def _resolve(futures: list[asyncio.Future[AppendResult]], appended: spb.AppendResults) -> None:
+    """Give each message's future its result; the node answers a column batch in column form."""
+    ids, txn_ids = appended.ids, appended.txn_ids
+    n = len(futures)
+    if len(ids) != n or len(appended.timeticks) != n or len(txn_ids) not in (0, n):
+        raise UnavailableError(f"the node answered a batch of {n} messages with {len(ids)} results")
+    if len(txn_ids):
+        for fut, mid, ts, txn_id in zip(futures, ids, appended.timeticks, txn_ids, strict=True):
+            if not fut.done():
+                fut.set_result(AppendResult(mid, ts, txn_id or None))
+        return
+    for fut, mid, ts in zip(futures, ids, appended.timeticks, strict=True):
+        if not fut.done():
+            fut.set_result(AppendResult(mid, ts, None))
 
 
 class Producer:
@@ -112,8 +133,12 @@ class Producer:
         self._request_ids = itertools.count(1)
         self._loop = asyncio.get_running_loop()
         self._state = _State.RUNNING
-        # The open batch.
-        self._open_messages: list[pb.Message] = []
+        # The open batch, column by column (MessageColumns): one list append per field and message,
+        # and the columns go into the request with one C-level extend each when it is sealed.
+        self._open_types: list[int] = []
+        self._open_vchannels: list[str] = []
+        self._open_payloads: list[bytes] = []
+        self._open_extras: list[pb.MessageExtras] = []
         self._open_futures: list[asyncio.Future[AppendResult]] = []
         self._open_bytes = 0
         self._linger_timer: asyncio.Handle | None = None
@@ -156,21 +181,24 @@ class Producer:
         # The caller's span context (W3C traceparent), when a recording span is current: the node's
         # produce span becomes its child.  Without one this is a context-variable read, nothing more.
         properties = with_current_context(properties)
-        # The per-message path of every producer: no empty properties map, no generator, no callback.
+        # The per-message path of every producer: no message object, no generator, no callback.
         size = len(payload) + len(vchannel)
         if properties:
-            message = pb.Message(type=cast(Any, int(type)), vchannel=vchannel, payload=payload, properties=properties)
             for k, v in properties.items():
                 size += len(k) + len(v)
-        else:
-            message = pb.Message(type=cast(Any, int(type)), vchannel=vchannel, payload=payload)
-        if self._open_messages and self._open_bytes + size > self._max_bytes:
+        futures = self._open_futures
+        if futures and self._open_bytes + size > self._max_bytes:
             self._seal()
+            futures = self._open_futures
+        if properties:
+            self._open_extras.append(pb.MessageExtras(index=len(futures), properties=properties))
         fut: asyncio.Future[AppendResult] = self._loop.create_future()
-        self._open_messages.append(message)
-        self._open_futures.append(fut)
+        self._open_types.append(type)
+        self._open_vchannels.append(vchannel)
+        self._open_payloads.append(payload)
+        futures.append(fut)
         self._open_bytes += size
-        if len(self._open_messages) >= self._max_messages or self._open_bytes >= self._max_bytes:
+        if len(futures) >= self._max_messages or self._open_bytes >= self._max_bytes:
             self._seal()
         elif self._linger_timer is None:
             # linger 0 still waits for the current loop iteration, so a burst of send_nowait calls
@@ -235,13 +263,24 @@ class Producer:
         if self._linger_timer is not None:
             self._linger_timer.cancel()
             self._linger_timer = None
-        if not self._open_messages:
+        futures = self._open_futures
+        if not futures:
             return
-        batch = _Batch(self._open_messages, self._open_futures, self._next_sequence)
+        request = spb.ProduceRequest()
+        body = request.batch
+        body.first_sequence = self._next_sequence
+        if self._txn is not None:
+            body.txn.CopyFrom(self._txn)
+        columns = body.columns
+        columns.types.extend(cast(Any, self._open_types))
+        columns.vchannels.extend(self._open_vchannels)
+        columns.payloads.extend(self._open_payloads)
+        if self._open_extras:
+            columns.extras.extend(self._open_extras)
         if self.producer_id is not None:
-            self._next_sequence += len(batch.messages)
-        self._open_messages, self._open_futures, self._open_bytes = [], [], 0
-        self._sealed.append(batch)
+            self._next_sequence += len(futures)
+        self._sealed.append(_Batch(request, futures))
+        self._reset_open()
         self._wake.set()
         if self._task is None or self._task.done():
             self._task = self._loop.create_task(self._run(), name=f"producer:{self.pchannel}")
@@ -263,8 +302,12 @@ class Producer:
         self._in_flight.clear()
         self._sealed.clear()
         _fail_futures(self._open_futures, exc)
-        self._open_messages, self._open_futures, self._open_bytes = [], [], 0
+        self._reset_open()
         self._space.set()
+
+    def _reset_open(self) -> None:
+        self._open_types, self._open_vchannels, self._open_payloads = [], [], []
+        self._open_extras, self._open_futures, self._open_bytes = [], [], 0
 
     # --- the stream ------------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -341,14 +384,12 @@ class Producer:
                 waiter.cancel()
             batch = self._sealed.popleft()
             self._space.set()
-            batch.request_id = next(self._request_ids)
+            batch.request.batch.request_id = next(self._request_ids)
             # In flight before the write: a write that fails half way leaves the batch's fate unknown.
             self._in_flight.append(batch)
             self.batches_written += 1
-            self.largest_batch = max(self.largest_batch, len(batch.messages))
-            await write(call, spb.ProduceRequest(batch=spb.ProduceBatch(
-                request_id=batch.request_id, messages=batch.messages, txn=self._txn,
-                first_sequence=batch.first_sequence)))
+            self.largest_batch = max(self.largest_batch, len(batch.futures))
+            await write(call, batch.request)
 
     async def _read(self, call: Any) -> None:
         while True:
@@ -377,9 +418,7 @@ class Producer:
                     raise exc
                 batch.fail(exc)
             else:
-                for fut, r in zip(batch.futures, result.appended.results, strict=True):
-                    if not fut.done():
-                        fut.set_result(AppendResult(int.from_bytes(r.id.id, "big"), r.timetick, r.txn_id or None))
+                _resolve(batch.futures, result.appended)
 
     def _stream_broke(self, exc: StreamingError) -> None:
         if not reconnectable(exc):
