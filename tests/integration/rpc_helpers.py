@@ -24,14 +24,45 @@ async def produce(
     producer_id: str | None = None,
     first_sequence: int = 0,
     txn: pb.TxnContext | None = None,
+    as_columns: bool = False,
 ) -> tuple[spb.ProduceOpened, list[spb.ProduceBatchResult]]:
-    """One Produce stream: open, the batches (pipelined), close; the opened answer and every result."""
-    reqs = [spb.ProduceRequest(open=spb.ProduceOpen(pchannel=pchannel, producer_id=producer_id))]
+    """One Produce stream: open, the batches (pipelined), close; the opened answer and every result.
+    ``as_columns`` sends each batch as MessageColumns instead of repeated Message."""
+    out: list[spb.ProduceBatch] = []
     seq = first_sequence
     for i, msgs in enumerate(batches):
-        reqs.append(spb.ProduceRequest(batch=spb.ProduceBatch(
-            request_id=i + 1, messages=list(msgs), txn=txn, first_sequence=seq)))
+        batch = spb.ProduceBatch(request_id=i + 1, txn=txn, first_sequence=seq)
+        if as_columns:
+            batch.columns.CopyFrom(columns(msgs))
+        else:
+            batch.messages.extend(msgs)
+        out.append(batch)
         seq += len(msgs)
+    return await produce_batches(stub, pchannel, out, producer_id=producer_id)
+
+
+def columns(msgs: Sequence[pb.Message]) -> pb.MessageColumns:
+    """The produce-side column form of ``msgs`` (what the node assigns is left out)."""
+    out = pb.MessageColumns(types=[m.type for m in msgs], vchannels=[m.vchannel for m in msgs],
+                            payloads=[m.payload for m in msgs])
+    for i, m in enumerate(msgs):
+        if m.properties or m.HasField("txn"):
+            extra = out.extras.add(index=i, properties=dict(m.properties))
+            if m.HasField("txn"):
+                extra.txn.CopyFrom(m.txn)
+    return out
+
+
+async def produce_batches(
+    stub: sgrpc.StreamingNodeStub,
+    pchannel: str,
+    batches: Sequence[spb.ProduceBatch],
+    *,
+    producer_id: str | None = None,
+) -> tuple[spb.ProduceOpened, list[spb.ProduceBatchResult]]:
+    """``produce`` with the batches as given (request ids included)."""
+    reqs = [spb.ProduceRequest(open=spb.ProduceOpen(pchannel=pchannel, producer_id=producer_id))]
+    reqs += [spb.ProduceRequest(batch=b) for b in batches]
     reqs.append(spb.ProduceRequest(close=spb.ProduceClose()))
     # Wait for 'opened' before sending batches, as a real client does: if the open fails, the node ends
     # the call, and a write racing with that end fails locally with INTERNAL, hiding the real status.
