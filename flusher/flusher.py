@@ -308,7 +308,11 @@ class Flusher:
             await self._process(pack)
 
     async def _process(self, pack: MsgPack) -> None:
-        msgs = pack.messages
+        # Only the types the flusher acts on, picked in one pass: on a log of plain DATA messages
+        # every message would otherwise cost a handler lookup here, on the node's event loop.
+        wanted = _WANTED
+        msgs = [m for m in pack.messages if m._type in wanted]
+        pack.messages.clear()
         commits = {m.txn.txn_id: m.timetick for m in msgs if m.message_type is _MT.COMMIT_TXN and m.txn is not None}
         self._pack_start = pack.start_position
         # Popped one by one so each payload is released as soon as it is handled (or buffered):
@@ -508,5 +512,7 @@ _HANDLERS: dict[MessageType, _Handler] = {
     _MT.FLUSH: Flusher._on_flush,
     _MT.MANUAL_FLUSH: Flusher._on_manual_flush,
 }
+
+_WANTED = frozenset({*_HANDLERS, _MT.COMMIT_TXN})
 
 __all__ = ["CHECKPOINT_META", "Flusher", "FlusherConfig", "FlusherState", "FlusherStats"]
