@@ -403,7 +403,8 @@ class _ConsumeStream:
             await self._write(spb.ConsumeResponse(opened=spb.ConsumeOpened(
                 consumer_id=self.consumer_id, term=channel.stream.term)))
             loop = asyncio.get_running_loop()
-            sender = loop.create_task(self._send_packs(scanner, vchannel, limit, metrics))
+            encode = convert.consume_columns_response if opened.columns else convert.consume_pack_response
+            sender = loop.create_task(self._send_packs(scanner, vchannel, limit, metrics, encode))
             receiver = loop.create_task(self._receive(channel, group, vchannel))
             # A tailing read never ends by itself: when the node drains, end it at once with ON_SHUTDOWN
             # (clients reconnect and resume) rather than hold the shutdown for the whole grace period.
@@ -428,7 +429,10 @@ class _ConsumeStream:
                 metrics.consumer_streams.dec()
             await scanner.aclose()
 
-    async def _send_packs(self, scanner: Any, vchannel: str, limit: int, metrics: ChannelMetrics | None) -> None:
+    async def _send_packs(
+        self, scanner: Any, vchannel: str, limit: int, metrics: ChannelMetrics | None,
+        encode: Callable[[MsgPack, str], bytes],
+    ) -> None:
         max_bytes = self.node.config.consume_max_pack_bytes
         tracing = self.node.tracing
         async for pack in scanner:
@@ -436,9 +440,9 @@ class _ConsumeStream:
                 # Written as bytes: encoded fragment by fragment, which upb does faster than one big tree.
                 if tracing is not None and part.messages:  # a span per pack with messages, linked to producers
                     with tracing.consume_span(part.start_position.pchannel, vchannel, part.messages):
-                        await self._write(convert.consume_pack_response(part, vchannel))
+                        await self._write(encode(part, vchannel))
                 else:
-                    await self._write(convert.consume_pack_response(part, vchannel))
+                    await self._write(encode(part, vchannel))
                 if metrics is not None:
                     metrics.observe_pack(len(part.messages), nbytes)
 
@@ -779,7 +783,8 @@ def _serialize_consume(response: spb.ConsumeResponse | bytes) -> bytes:
 
 def _add_service(service: StreamingNodeService, server: grpc.aio.Server) -> None:
     """Register the service as the generated code does, except that Consume may write ready-made
-    response bytes (packs are encoded by ``convert.consume_pack_response``)."""
+    response bytes (packs are encoded by ``convert.consume_pack_response`` or
+    ``convert.consume_columns_response``)."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in spb.DESCRIPTOR.services_by_name["StreamingNode"].methods:
         request = message_factory.GetMessageClass(method.input_type)

@@ -285,7 +285,9 @@ class Consumer:
         open_ = spb.ConsumeOpen(
             pchannel=self.pchannel, vchannel=self.vchannel, policy=convert.policy_to_pb(policy),
             filters=convert.filters_to_pb(filters), consumer_group=self.group or "",
-            max_pack_messages=self._max_pack_messages)
+            # Column packs cost a fraction per message to encode and decode; msgpack_from_pb reads
+            # both forms, so a node that ignores the flag still works.
+            max_pack_messages=self._max_pack_messages, columns=True)
         call = self._stub.Consume()
         try:
             await write(call, spb.ConsumeRequest(open=open_))

@@ -138,7 +138,7 @@ class Message(_message.Message):
     def __init__(self, id: _Optional[_Union[MessageID, _Mapping]] = ..., type: _Optional[_Union[MessageType, str]] = ..., vchannel: _Optional[str] = ..., timetick: _Optional[int] = ..., wal_term: _Optional[int] = ..., last_confirmed: _Optional[_Union[MessageID, _Mapping]] = ..., txn: _Optional[_Union[TxnContext, _Mapping]] = ..., properties: _Optional[_Mapping[str, str]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class MessageColumns(_message.Message):
-    __slots__ = ("types", "vchannels", "timeticks", "wal_terms", "ids", "payloads", "extras")
+    __slots__ = ("types", "vchannels", "timeticks", "wal_terms", "ids", "payloads", "extras", "last_confirmeds")
     TYPES_FIELD_NUMBER: _ClassVar[int]
     VCHANNELS_FIELD_NUMBER: _ClassVar[int]
     TIMETICKS_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +146,7 @@ class MessageColumns(_message.Message):
     IDS_FIELD_NUMBER: _ClassVar[int]
     PAYLOADS_FIELD_NUMBER: _ClassVar[int]
     EXTRAS_FIELD_NUMBER: _ClassVar[int]
+    LAST_CONFIRMEDS_FIELD_NUMBER: _ClassVar[int]
     types: _containers.RepeatedScalarFieldContainer[MessageType]
     vchannels: _containers.RepeatedScalarFieldContainer[str]
     timeticks: _containers.RepeatedScalarFieldContainer[int]
@@ -153,7 +154,8 @@ class MessageColumns(_message.Message):
     ids: _containers.RepeatedScalarFieldContainer[int]
     payloads: _containers.RepeatedScalarFieldContainer[bytes]
     extras: _containers.RepeatedCompositeFieldContainer[MessageExtras]
-    def __init__(self, types: _Optional[_Iterable[_Union[MessageType, str]]] = ..., vchannels: _Optional[_Iterable[str]] = ..., timeticks: _Optional[_Iterable[int]] = ..., wal_terms: _Optional[_Iterable[int]] = ..., ids: _Optional[_Iterable[int]] = ..., payloads: _Optional[_Iterable[bytes]] = ..., extras: _Optional[_Iterable[_Union[MessageExtras, _Mapping]]] = ...) -> None: ...
+    last_confirmeds: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, types: _Optional[_Iterable[_Union[MessageType, str]]] = ..., vchannels: _Optional[_Iterable[str]] = ..., timeticks: _Optional[_Iterable[int]] = ..., wal_terms: _Optional[_Iterable[int]] = ..., ids: _Optional[_Iterable[int]] = ..., payloads: _Optional[_Iterable[bytes]] = ..., extras: _Optional[_Iterable[_Union[MessageExtras, _Mapping]]] = ..., last_confirmeds: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class MessageExtras(_message.Message):
     __slots__ = ("index", "last_confirmed", "txn", "properties", "no_id")

@@ -95,6 +95,7 @@ def _bad_batches(txn_id: int) -> list[tuple[spb.ProduceBatch, str, str]]:
         (cols(vchannels=[]), "INVALID_ARGUMENT", "one of each"),
         (cols(timeticks=[5]), "INVALID_ARGUMENT", "columns.timeticks"),
         (cols(ids=[5]), "INVALID_ARGUMENT", "columns.ids"),
+        (cols(last_confirmeds=[5]), "INVALID_ARGUMENT", "columns.last_confirmeds"),
         (cols(types=[pb.MESSAGE_TYPE_TIME_TICK]), "INVALID_ARGUMENT", "TIME_TICK"),
         (cols(types=[777]), "INVALID_ARGUMENT", "777"),
         (extras_out_of_range, "INVALID_ARGUMENT", "out of range"),
