@@ -15,6 +15,7 @@ from wal import (
     Message,
     MessageType,
     TxnContext,
+    _codec,
     decode_block,
     decode_message,
     encode_block,
@@ -123,3 +124,36 @@ def test_unknown_version_and_type_are_named() -> None:
 def test_not_bytes_is_refused() -> None:
     with pytest.raises(CodecError, match="expected bytes"):
         decode_message(bytearray(b"abc"))  # type: ignore[arg-type]
+
+
+def _plain(t: MessageType, vc: str, payload: bytes, ts: int, term: int, lc: int | None) -> Message:
+    m = Message(t, vc, payload, timetick=ts)
+    m._term = term
+    m._last_confirmed = lc
+    return m
+
+
+_plain_message = st.builds(
+    _plain,
+    st.sampled_from(list(MessageType)), st.sampled_from(["", "v1", "vchannel-ü", "x" * 300]), st.binary(max_size=40),
+    st.integers(0, 2**64 - 1), st.integers(-(2**63), 2**63 - 1), st.none() | st.integers(0, 2**64 - 1),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_plain_message, min_size=1, max_size=12))
+def test_the_plain_block_path_writes_the_bytes_of_the_general_one(messages: list[Message]) -> None:
+    # Blocks without properties or transactions take the column-wise path; any other block, and every
+    # block written before it existed, the per-message one.  A reader must not tell them apart.
+    assert b"".join(_codec._plain_parts(messages)) == b"".join(_codec._general_parts(messages))
+    decoded = decode_block(encode_block(messages), 0)
+    assert [(m.message_type, m.vchannel, m.payload, m.timetick, m.wal_term, m.last_confirmed) for m in decoded] == [
+        (m.message_type, m.vchannel, m.payload, m.timetick, m.wal_term, m.last_confirmed) for m in messages]
+
+
+def test_an_out_of_range_field_fails_on_either_path() -> None:
+    plain = [_plain(MessageType.DATA, "v", b"x", 2**64, 0, None)]
+    with pytest.raises(CodecError, match="out of range"):
+        encode_block(plain)
+    with pytest.raises(CodecError, match="out of range"):
+        encode_block([*plain, Message(MessageType.DATA, "v", b"y", {"k": "v"})])
