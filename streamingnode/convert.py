@@ -333,7 +333,12 @@ def consume_columns_response(pack: MsgPack, vchannel: str, *, fragment: int = _C
         cols.payloads.extend([m._payload for m in chunk])
         if dense_lc:
             cols.last_confirmeds.extend([m._last_confirmed for m in chunk])
-        extras = [e for j, m in enumerate(chunk, i) if (e := _extras(j, m, dense_lc)) is not None]
+        # A function call per message costs more than all the columns; only the rare ones get one.
+        if dense_lc:
+            rare = [j for j, m in enumerate(chunk, i) if m._properties or m._txn is not None or m._id is None]
+        else:
+            rare = list(range(i, i + len(chunk)))
+        extras = [e for j in rare if (e := _extras(j, msgs[j], dense_lc)) is not None]
         if extras:
             cols.extras.extend(extras)
         parts.append(part.SerializeToString())
