@@ -20,6 +20,7 @@ Lifecycle: running -> draining (``aclose``: everything queued is still sent and 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import collections
 import contextlib
 import enum
@@ -181,6 +182,13 @@ class Producer:
         # The caller's span context (W3C traceparent), when a recording span is current: the node's
         # produce span becomes its child.  Without one this is a context-variable read, nothing more.
         properties = with_current_context(properties)
+        # Checked here, not when the batch is sealed (possibly from a timer, where a TypeError would
+        # strand every future of the batch): the columns take exactly these types.
+        if not isinstance(payload, bytes) or not isinstance(vchannel, str) or not isinstance(type, int):
+            raise InvalidArgumentError(
+                f"a message needs a str vchannel, a bytes payload and a MessageType, got "
+                f"{builtins.type(vchannel).__name__}, {builtins.type(payload).__name__} and "
+                f"{builtins.type(type).__name__}", field="payload")
         # The per-message path of every producer: no message object, no generator, no callback.
         size = len(payload) + len(vchannel)
         if properties:

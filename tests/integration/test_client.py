@@ -151,6 +151,19 @@ async def test_a_failed_batch_fails_only_its_own_messages(client: AsyncClient) -
     assert data_of(got) == [b"ok1", b"ok2", b"ok3"], "a failed batch writes nothing"
 
 
+async def test_a_message_of_the_wrong_type_is_refused_at_once_and_spoils_no_batch(client: AsyncClient) -> None:
+    await client.create_channels(["p"])
+    async with client.producer("p", linger=0.05) as producer:
+        good1 = producer.send_nowait("v", b"ok1")
+        for vchannel, payload, kind in (("v", "text", MessageType.DATA), (b"v", b"x", MessageType.DATA),
+                                        ("v", bytearray(b"x"), MessageType.DATA), ("v", b"x", "DATA")):
+            with pytest.raises(InvalidArgumentError, match="a str vchannel, a bytes payload and a MessageType"):
+                producer.send_nowait(vchannel, payload, type=kind)  # type: ignore[arg-type]
+        good2 = producer.send_nowait("v", b"ok2")
+        await asyncio.wait_for(producer.flush(), 10)
+        assert good1.result().message_id + 1 == good2.result().message_id, "one batch, nothing else in it"
+
+
 async def test_producer_on_a_missing_channel_raises_channel_not_exist(client: AsyncClient) -> None:
     producer = client.producer("nope")
     async with asyncio.timeout(5):
