@@ -7,7 +7,7 @@ on both ends.  Everything that comes from the wire is checked here and refused w
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, cast
 
 from streamingnode.v1 import common_pb2 as pb
@@ -92,6 +92,19 @@ def produced_message(m: pb.Message, index: int, max_bytes: int) -> Message:
     return Message(t, vchannel, payload, props)
 
 
+def _ordered_extras(cols: pb.MessageColumns, n: int) -> Iterator[tuple[int, pb.MessageExtras]]:
+    """``cols.extras`` with their indices, refused unless they increase and stay under ``n``."""
+    last = -1
+    for e in cols.extras:
+        i = e.index
+        if not last < i < n:
+            raise InvalidArgumentError(
+                f"columns.extras: index {i} is out of range or out of order ({n} messages, previous index {last})",
+                field="columns.extras")
+        last = i
+        yield i, e
+
+
 _ASSIGNED_COLUMNS = ("timeticks", "wal_terms", "ids", "last_confirmeds")
 
 
@@ -127,14 +140,7 @@ def produced_columns(cols: pb.MessageColumns, max_bytes: int) -> tuple[list[Mess
         by_number[number] = t
     props_of: dict[int, dict[str, str]] = {}
     txns: dict[int, pb.TxnContext] = {}
-    last = -1
-    for e in cols.extras:
-        i = e.index
-        if not last < i < n:
-            raise InvalidArgumentError(
-                f"columns.extras: index {i} is out of range or out of order (batch of {n}, previous index {last})",
-                field="columns.extras")
-        last = i
+    for i, e in _ordered_extras(cols, n):
         if e.no_id or e.HasField("last_confirmed"):
             raise InvalidArgumentError(
                 f"columns.extras[{i}]: no_id and last_confirmed are assigned by the node", field="columns.extras")
@@ -375,14 +381,7 @@ def messages_from_columns(c: pb.MessageColumns) -> list[Message]:
     else:
         lcs = [None] * n
     rare: list[pb.MessageExtras] = []
-    last = -1
-    for e in c.extras:
-        i = e.index
-        if not last < i < n:
-            raise InvalidArgumentError(
-                f"columns.extras: index {i} is out of range or out of order ({n} messages, previous index {last})",
-                field="columns.extras")
-        last = i
+    for i, e in _ordered_extras(c, n):
         # HasField only when the id is empty: an id present but empty is 0, as in message_from_pb.
         if raw := e.last_confirmed.id:
             lcs[i] = int.from_bytes(raw, "big")
