@@ -5,7 +5,9 @@ CreatePartition, DropPartition and ManualFlush take it exclusive, and so do broa
 vchannel), which lock the whole pchannel.  An exclusive message fails the transactions open on its
 vchannel (their snapshot of the schema would be stale), through ``on_exclusive``.
 
-Waiters are served first come, first served, so a stream of shared holders cannot starve DDL.  The
+Waiters are served first come, first served, so a stream of shared holders cannot starve DDL, and a
+later arrival never overtakes a waiter that was just granted the lock: batches leave this step in
+the order they reached it, so a producer's pipelined batches get their timestamps in order.  The
 uncontended path — the common one — takes no await.
 """
 
@@ -27,12 +29,13 @@ _SYSTEM = frozenset(t for t in MessageType if t.is_system)
 class RWLock:
     """A fair asyncio read/write lock."""
 
-    __slots__ = ("_readers", "_waiters", "_writer")
+    __slots__ = ("_readers", "_resuming", "_waiters", "_writer")
 
     def __init__(self) -> None:
         self._readers = 0
         self._writer = False
         self._waiters: deque[tuple[bool, asyncio.Future[None]]] = deque()
+        self._resuming = 0  # waiters granted the lock that have not run since
 
     @property
     def idle(self) -> bool:
@@ -41,6 +44,15 @@ class RWLock:
     async def acquire(self, exclusive: bool) -> None:
         if not self._waiters and not self._writer and (not exclusive or not self._readers):
             self._grant(exclusive)
+            if self._resuming:
+                # Shared holders granted before this call have not run yet.  Going on now would let
+                # this later arrival reach the clock first, and a producer's pipelined batches would
+                # get timestamps out of order; one pass of the loop lets them go first.
+                try:
+                    await asyncio.sleep(0)
+                except asyncio.CancelledError:
+                    self.release(exclusive)
+                    raise
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((exclusive, fut))
@@ -48,11 +60,13 @@ class RWLock:
             await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
+                self._resuming -= 1
                 self.release(exclusive)  # granted just as we were cancelled: give it back
             else:
                 self._waiters.remove((exclusive, fut))
                 self._wake()
             raise
+        self._resuming -= 1
 
     def _grant(self, exclusive: bool) -> None:
         if exclusive:
@@ -76,6 +90,7 @@ class RWLock:
             if fut.done():
                 continue
             self._grant(exclusive)
+            self._resuming += 1
             fut.set_result(None)
             if exclusive:
                 return

@@ -58,6 +58,8 @@ class TimeTickInterceptor:
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._extender: asyncio.Task[None] | None = None
+        self._clock_queue = asyncio.Lock()  # FIFO: batches waiting for a new allocation window
+        self._clock_waiters = 0
         self.last_tick = wal.last_timetick
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -100,8 +102,18 @@ class TimeTickInterceptor:
     async def _allocate(self, batch: list[Message]) -> Pending:
         clock = self.clock
         n = len(batch)
-        while (first := clock.try_allocate(n)) is None:
-            await clock.extend(n)
+        first = None if self._clock_waiters else clock.try_allocate(n)
+        if first is None:
+            # The window is used up: wait for its extension in arrival order.  While anyone waits,
+            # a later batch queues too instead of taking the new window first, so batches keep the
+            # order in which they reached the clock (a producer's pipelined batches, one vchannel).
+            self._clock_waiters += 1
+            try:
+                async with self._clock_queue:
+                    while (first := clock.try_allocate(n)) is None:
+                        await clock.extend(n)
+            finally:
+                self._clock_waiters -= 1
         if clock.wants_extension() and (self._extender is None or self._extender.done()):
             self._extender = asyncio.get_running_loop().create_task(clock.extend_ahead())
             self._extender.add_done_callback(_log_extend_failure)

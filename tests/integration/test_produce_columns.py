@@ -39,6 +39,19 @@ async def test_column_batches_store_what_message_batches_store(stub) -> None:
     assert answered == delivered, "each answer names the id and timetick the message was stored with"
 
 
+async def test_pipelined_batches_keep_their_order_on_each_vchannel(stub) -> None:
+    # Behind a broadcast (exclusive over the pchannel), the next two batches wait together; the later
+    # one must not take its timestamps first when the broadcast's lock is released.
+    names = [f"p{i}" for i in range(60)]
+    await stub.CreateChannels(spb.CreateChannelsRequest(channel_names=names))
+    batches = [[data("v1", b"a"), data("v2", b"b"), data("", b"all")], [data("v1", b"c")],
+               [data("v2", b"d"), data("v1", b"e")]]
+    for name in names:
+        await produce(stub, name, batches, as_columns=True)
+        packs = await consume(stub, spb.ConsumeOpen(pchannel=name, vchannel="v1"), until=4)
+        assert payloads(packs) == [b"a", b"all", b"c", b"e"], name
+
+
 async def test_column_batches_of_an_idempotent_producer_never_duplicate(stub) -> None:
     await stub.CreateChannels(spb.CreateChannelsRequest(channel_names=["p"]))
     batches = [[data("v", b"a"), data("v", b"b")], [data("v", b"c")]]

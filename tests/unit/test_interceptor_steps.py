@@ -309,3 +309,64 @@ async def test_lock_table_stays_bounded_over_many_vchannels() -> None:
     for i in range(5000):
         await step.do_append([ins(f"v{i}", 1)], nxt)
     assert len(step._locks) <= 4097
+
+
+# --- arrival order ---------------------------------------------------------------------------------
+async def test_rwlock_a_later_reader_does_not_overtake_a_granted_waiter() -> None:
+    lock = RWLock()
+    order: list[str] = []
+    await lock.acquire(True)
+
+    async def reader(name: str) -> None:
+        await lock.acquire(False)
+        order.append(name)
+
+    first = asyncio.create_task(reader("first"))
+    await asyncio.sleep(0)  # waits behind the writer
+    lock.release(True)  # grants it; it has not run yet
+    await reader("later")  # the uncontended path, in this task
+    await first
+    assert order == ["first", "later"]
+
+
+class _FakeWAL:
+    pchannel = "p"
+    next_id = 0
+    last_timetick = 0
+
+    async def get_meta(self, name: str) -> bytes | None:
+        return None
+
+    async def put_meta(self, name: str, value: bytes) -> None:
+        return None
+
+
+async def test_batches_waiting_for_a_new_clock_window_keep_their_order() -> None:
+    from interceptors.timetick import TimeTickInterceptor  # noqa: PLC0415
+
+    tt = TimeTickInterceptor(_FakeWAL(), interval=60, window_ms=10, wall_ms=lambda: 1000)  # type: ignore[arg-type]
+    await tt.start()
+    gate = asyncio.Event()
+    persist = tt.clock._persist
+
+    async def slow_persist(end: int) -> None:
+        await gate.wait()
+        await persist(end)
+
+    tt.clock._persist = slow_persist
+    try:
+        extender = asyncio.create_task(tt.clock.extend_ahead())  # holds the window lock, persisting
+        await asyncio.sleep(0)
+        early, late = Message(MessageType.DATA, "v", b"1"), Message(MessageType.DATA, "v", b"2")
+        first = asyncio.create_task(tt._allocate([early]))
+        for _ in range(3):
+            await asyncio.sleep(0)  # the window is used up: it waits for the extension
+        gate.set()
+        # Created before the extension finishes, so it runs after the window is extended but
+        # before the waiting batch resumes: it must still come second.
+        second = asyncio.create_task(tt._allocate([late]))
+        await asyncio.gather(extender, first, second)
+        assert 0 < early.timetick < late.timetick
+    finally:
+        gate.set()
+        await tt.close()
