@@ -359,6 +359,9 @@ class Producer:
     async def _serve(self, call: Any) -> None:
         """Write and read one stream until it ends (drained) or fails (raises StreamingError)."""
         reader = self._loop.create_task(self._read(call))
+        # The writer sleeps on _wake alone: the reader ending wakes it too (no task and no
+        # asyncio.wait per wait, which a producer sending one message at a time pays every time).
+        reader.add_done_callback(lambda _: self._wake.set())
         try:
             try:
                 await self._write(call, reader)
@@ -387,9 +390,7 @@ class Producer:
                     await done_writing(call)
                     return
                 self._wake.clear()
-                waiter = asyncio.ensure_future(self._wake.wait())
-                await asyncio.wait((waiter, reader), return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
+                await self._wake.wait()
             batch = self._sealed.popleft()
             self._space.set()
             batch.request.batch.request_id = next(self._request_ids)
