@@ -46,6 +46,8 @@ import structlog
 from flusher import _layout
 from flusher._buffers import Buffer
 from flusher.commit import commit_file, crash_point, remove_temporaries
+from interceptors.shard import ShardInterceptor
+from interceptors.snapshot import load_snapshot
 from interceptors.streaming import StreamingWAL
 from wal import bodies
 from wal.errors import InvalidArgumentError, OnShutdownError
@@ -194,8 +196,15 @@ class Flusher:
         self._flushed = await self._in_thread(_layout.scan_committed, self._root)
         raw = await self._wal.get_meta(self._cfg.checkpoint_name)
         option = ReadOption(read_batch_bytes=self._cfg.read_batch_bytes)
-        if raw is not None:
-            saved = json.loads(raw)
+        saved = json.loads(raw) if raw is not None else None
+        if saved is not None and int(saved["message_id"]) < self._wal.first_id:
+            # Retention truncated past a checkpoint left while this flusher was off: what lay between
+            # is gone from the log.  Start from the first retained message, as without a checkpoint.
+            log.warning("flusher checkpoint is below the retained log; messages in between were never "
+                        "written to Parquet", pchannel=self._wal.pchannel, checkpoint=int(saved["message_id"]),
+                        first_id=self._wal.first_id)
+            saved = None
+        if saved is not None:
             for c in saved["collections"]:
                 coll = _Collection.from_json(c)
                 self._collections[(coll.vchannel, coll.name)] = coll
@@ -207,6 +216,8 @@ class Flusher:
                 deliver_filters=(DeliverFilter.timetick_gt(self._saved[1]),),
                 read_batch_bytes=self._cfg.read_batch_bytes,
             )
+        else:
+            await self._seed_from_snapshot()
         self._scanner = self._wal.read(option)
         self._task = asyncio.get_running_loop().create_task(self._run(self._scanner),
                                                             name=f"flusher-{self._wal.pchannel}")
@@ -214,6 +225,28 @@ class Flusher:
         self._state = FlusherState.RUNNING
         log.info("flusher started", pchannel=self._wal.pchannel, root=str(self._root), checkpoint=self._saved,
                  committed_dirs=len(self._flushed), removed_temporaries=removed)
+
+    async def _seed_from_snapshot(self) -> None:
+        """Reading from the first retained message: the collections created before it are known only
+        from the recovery snapshot that retention stored with the truncation (the CreateCollection
+        messages are gone).
+
+        When the snapshot is above the first retained id (a crash between storing it and truncating),
+        drops it records may still be ahead in the log: those collections are seeded live, and the
+        DropCollection, when read, marks them dropped as usual.
+        """
+        if self._wal.first_id == 0:
+            return  # nothing was ever truncated: every CreateCollection is in the log
+        snapshot = await load_snapshot(self._wal)
+        if snapshot is None:
+            return
+        exact = snapshot.message_id <= self._wal.first_id
+        for c in snapshot.steps.get(ShardInterceptor.name, {}).get("collections", []):
+            coll = _Collection.from_json(c)
+            if not exact:
+                coll.dropped = False
+            self._collections[(coll.vchannel, coll.name)] = coll
+        self._registry_dirty = True
 
     async def aclose(self) -> None:
         """Stop reading; buffered rows are not written (the checkpoint replays them).  Idempotent."""

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from flusher import Flusher, FlusherConfig
@@ -347,3 +348,69 @@ async def test_an_abandoned_expired_transaction_does_not_hold_the_cut_forever(op
     assert swal.txns.min_open_begin_id() is None
     done = await ChannelRetention(swal, None, None, NOW).check()
     assert done is not None and swal.wal.first_id > begin.message_id
+
+
+def _pks(root: Path, collection: str) -> list[int]:
+    files = sorted((root / collection).glob("partition=*/segment=*/*.parquet"))
+    return sorted(pk for f in files for pk in pq.read_table(f).column("pk").to_pylist())
+
+
+async def _flushed(flusher: Flusher, swal: StreamingWAL, *vchannels: str) -> None:
+    for v in vchannels:
+        await flusher.flush(v)
+    ts = (await swal.append(Message(MessageType.DATA, "v", b"mark"))).timetick
+    await flusher.wait_flushed(ts)
+
+
+async def test_a_flusher_first_started_after_a_truncation_writes_the_retained_rows(
+    opened: Opened, tmp_path: Path,
+) -> None:
+    swal = opened.swal
+    assert swal is not None
+    created = (await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))).message_id
+    for i in range(3):
+        await swal.append(bodies.insert("v", "c", rows(i, 1)))
+    last = (await data(swal, 3))[-1]
+    await persisted_tick(swal)
+    await ChannelRetention(swal, None, None, NOW).check()
+    assert swal.wal.first_id > last > created, "the CreateCollection and the first rows are gone from the log"
+    for i in range(4):
+        await swal.append(bodies.insert("v", "c", rows(100 + i, 1)))
+    flusher = Flusher(swal, tmp_path / "parquet", FlusherConfig(checkpoint_interval_seconds=0.0))
+    await flusher.start()
+    try:
+        await _flushed(flusher, swal, "v")
+        assert _pks(tmp_path / "parquet", "c") == [100, 101, 102, 103]
+    finally:
+        await flusher.aclose()
+
+
+async def test_a_flusher_whose_checkpoint_was_truncated_away_starts_from_the_retained_log(
+    opened: Opened, tmp_path: Path,
+) -> None:
+    swal = opened.swal
+    assert swal is not None
+    root = tmp_path / "parquet"
+    await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
+    flusher = Flusher(swal, root, FlusherConfig(checkpoint_interval_seconds=0.0))
+    await flusher.start()
+    await swal.append(bodies.insert("v", "c", rows(0, 2)))
+    await _flushed(flusher, swal, "v")
+    await flusher.aclose()  # off from here: retention no longer waits for it
+    stale = flusher.checkpoint.message_id
+    await swal.append(bodies.create_collection("w", "d", SCHEMA, "pk"))
+    lost = (await swal.append(bodies.insert("v", "c", rows(10, 2)))).message_id  # truncated while off
+    await data(swal, 2)
+    await persisted_tick(swal)
+    done = await ChannelRetention(swal, None, None, NOW).check()
+    assert swal.wal.first_id > lost > stale, (done, stale)
+    await swal.append(bodies.insert("v", "c", rows(20, 2)))
+    await swal.append(bodies.insert("w", "d", rows(30, 2)))
+    again = Flusher(swal, root, FlusherConfig(checkpoint_interval_seconds=0.0))
+    await again.start()
+    try:
+        await _flushed(again, swal, "v", "w")
+        assert _pks(root, "c") == [0, 1, 20, 21]
+        assert _pks(root, "d") == [30, 31], "a collection created after the checkpoint, before the cut"
+    finally:
+        await again.aclose()
