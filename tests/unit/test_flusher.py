@@ -17,6 +17,7 @@ import flusher as flusher_package
 from flusher import CHECKPOINT_META, Flusher, FlusherConfig
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from tests.conftest import ManagerFactory
+from tests.flushed import data_files, delete_files, pks, read_all
 from wal import Message, SchemaMismatchError, TxnExpiredError, WALManager, bodies
 
 FAST = ChainConfig(tick_interval=0.01, segment_max_rows=1000)
@@ -38,25 +39,6 @@ async def open_stream(manager: WALManager, config: ChainConfig = FAST) -> Stream
     swal = await open_streaming_wal(manager, "p", config)
     await swal.ready()
     return swal
-
-
-def data_files(root: Path, collection: str = "c") -> list[Path]:
-    return sorted((root / collection).glob("partition=*/segment=*/*.parquet"))
-
-
-def delete_files(root: Path, collection: str = "c") -> list[Path]:
-    return sorted((root / collection / "_deletes").glob("*.parquet"))
-
-
-def read_all(files: list[Path]) -> pa.Table | None:
-    if not files:
-        return None
-    return pa.concat_tables([pq.read_table(f) for f in files])
-
-
-def pks(root: Path, collection: str = "c") -> list[int]:
-    t = read_all(data_files(root, collection))
-    return [] if t is None else sorted(t.column("pk").to_pylist())
 
 
 async def settle(flusher: Flusher, swal: StreamingWAL) -> int:

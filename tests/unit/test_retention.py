@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from flusher import Flusher, FlusherConfig
@@ -18,6 +17,7 @@ from interceptors.snapshot import SNAPSHOT_META, RecoverySnapshot, load_snapshot
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from streamingnode.groups import ConsumerGroups
 from streamingnode.retention import ChannelRetention, RetentionConfig
+from tests.flushed import pks
 from wal import Message, MessageType, OutOfRangeError, Position, WALManager, bodies
 from wal.options import DeliverPolicy, ReadOption
 
@@ -350,11 +350,6 @@ async def test_an_abandoned_expired_transaction_does_not_hold_the_cut_forever(op
     assert done is not None and swal.wal.first_id > begin.message_id
 
 
-def _pks(root: Path, collection: str) -> list[int]:
-    files = sorted((root / collection).glob("partition=*/segment=*/*.parquet"))
-    return sorted(pk for f in files for pk in pq.read_table(f).column("pk").to_pylist())
-
-
 async def _flushed(flusher: Flusher, swal: StreamingWAL, *vchannels: str) -> None:
     for v in vchannels:
         await flusher.flush(v)
@@ -380,7 +375,7 @@ async def test_a_flusher_first_started_after_a_truncation_writes_the_retained_ro
     await flusher.start()
     try:
         await _flushed(flusher, swal, "v")
-        assert _pks(tmp_path / "parquet", "c") == [100, 101, 102, 103]
+        assert pks(tmp_path / "parquet", "c") == [100, 101, 102, 103]
     finally:
         await flusher.aclose()
 
@@ -410,7 +405,7 @@ async def test_a_flusher_whose_checkpoint_was_truncated_away_starts_from_the_ret
     await again.start()
     try:
         await _flushed(again, swal, "v", "w")
-        assert _pks(root, "c") == [0, 1, 20, 21]
-        assert _pks(root, "d") == [30, 31], "a collection created after the checkpoint, before the cut"
+        assert pks(root, "c") == [0, 1, 20, 21]
+        assert pks(root, "d") == [30, 31], "a collection created after the checkpoint, before the cut"
     finally:
         await again.aclose()
