@@ -195,7 +195,9 @@ class Flusher:
         removed = await self._in_thread(remove_temporaries, self._root)
         self._flushed = await self._in_thread(_layout.scan_committed, self._root)
         raw = await self._wal.get_meta(self._cfg.checkpoint_name)
-        option = ReadOption(read_batch_bytes=self._cfg.read_batch_bytes)
+        # Lazy: once caught up the flusher reads by time ticks (every tick interval while data comes
+        # in), not after every append; wait_flushed asks for a tick when someone waits on it.
+        option = ReadOption(read_batch_bytes=self._cfg.read_batch_bytes, lazy=True)
         saved = json.loads(raw) if raw is not None else None
         if saved is not None and int(saved["message_id"]) < self._wal.first_id:
             # Retention truncated past a checkpoint left while this flusher was off: what lay between
@@ -215,6 +217,7 @@ class Flusher:
                 deliver_policy=DeliverPolicy.start_from(self._saved[0]),
                 deliver_filters=(DeliverFilter.timetick_gt(self._saved[1]),),
                 read_batch_bytes=self._cfg.read_batch_bytes,
+                lazy=True,
             )
         else:
             await self._seed_from_snapshot()
@@ -314,6 +317,7 @@ class Flusher:
         if self._processed < timetick:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._waiters.append((timetick, fut))
+            self._wal.want_tick()  # the reader is lazy: release up to here now, not at the next beat
             await fut
         return self._flush_files.pop(timetick, [])
 

@@ -3,8 +3,10 @@
 Every batch gets consecutive timestamps from the hybrid clock, allocated and registered with the ack
 manager synchronously (no await in between), so allocation order is timestamp order.  A background
 task emits TimeTick messages: every ``interval`` (persisted when data was written since the last
-persisted tick, otherwise handed only to tailing scanners), and promptly whenever appends finish, so a
-tailing reader sees a message within milliseconds.  A tick at T is emitted only after every allocation
+persisted tick, otherwise handed only to tailing scanners), and promptly whenever appends finish while
+a prompt reader is open, so a tailing reader sees a message within milliseconds.  With only lazy
+readers (the flusher) an append costs no tick of its own; they read by the interval's ticks, or ask
+for one (``WAL.want_tick``).  A tick at T is emitted only after every allocation
 below T has finished, which is what makes it a barrier.
 """
 
@@ -60,6 +62,7 @@ class TimeTickInterceptor:
         self._extender: asyncio.Task[None] | None = None
         self._clock_queue = asyncio.Lock()  # FIFO: batches waiting for a new allocation window
         self._clock_waiters = 0
+        self._tick_asked = False  # someone called WAL.want_tick since the last tick
         self.last_tick = wal.last_timetick
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -72,6 +75,11 @@ class TimeTickInterceptor:
         )
         self._ready.set()
         self._task = asyncio.get_running_loop().create_task(self._tick_loop(), name=f"timetick-{self._wal.pchannel}")
+        self._wal.tick_wanted = self._ask_tick
+
+    def _ask_tick(self) -> None:
+        self._tick_asked = True
+        self._poke.set()
 
     async def _persist_window(self, end: int) -> None:
         await self._wal.put_meta(WINDOW_META, encode_window(end))
@@ -80,6 +88,8 @@ class TimeTickInterceptor:
         await self._ready.wait()
 
     async def close(self) -> None:
+        if self._wal.tick_wanted == self._ask_tick:
+            self._wal.tick_wanted = None
         if self._extender is not None and not self._extender.done():
             with contextlib.suppress(Exception):
                 await self._extender
@@ -136,7 +146,8 @@ class TimeTickInterceptor:
             raise
         self.acks.finish(p, results[0].message_id if results else None)
         self._dirty = True
-        self._poke.set()
+        if self._wal._prompt_readers or self._tick_asked:  # else the beat carries it (see _tick_loop)
+            self._poke.set()
         return results
 
     async def append_system(self, batch: list[Message]) -> list[AppendResult]:
@@ -185,6 +196,11 @@ class TimeTickInterceptor:
             beat = loop.time() >= next_beat
             if beat:
                 next_beat = loop.time() + self._interval
+            elif not self._tick_asked and not self._wal.prompt_readers:
+                # Appends finished but no reader waits on the tail: a tick now would only cost the
+                # loop (the tick itself and every lazy reader it wakes); the beat will carry them.
+                continue
+            self._tick_asked = False
             try:
                 # The beat persists a tick if data was written since the last one; a poke (appends
                 # finished) only hands a volatile tick to tailing readers, which costs no write.

@@ -51,7 +51,7 @@ class _Request:
 class _Commit:
     """What one write produced for one WAL: consecutive ids, for the tail buffer."""
 
-    __slots__ = ("first_id", "max_timetick", "messages", "nbytes", "wal")
+    __slots__ = ("first_id", "max_timetick", "messages", "nbytes", "ticked", "wal")
 
     def __init__(self, wal: WAL, first_id: MessageID, max_timetick: int) -> None:
         self.wal = wal
@@ -59,6 +59,7 @@ class _Commit:
         self.messages: list[Message] = []
         self.nbytes = 0
         self.max_timetick = max_timetick
+        self.ticked = False  # holds a TimeTick (set with the write group, on the writer thread)
 
 
 class GroupCommitter:
@@ -184,7 +185,7 @@ class GroupCommitter:
     def _ack(self, reqs: list[_Request], commits: list[_Commit]) -> None:
         try:
             for c in commits:
-                c.wal._on_committed(c.first_id, c.messages, c.nbytes, c.max_timetick)
+                c.wal._on_committed(c.first_id, c.messages, c.nbytes, c.max_timetick, c.ticked)
         except Exception as exc:
             # Should never happen; but an appender must never be left waiting on a lost future, and
             # the in-memory state no longer matches storage: refuse every later append until reopen.
@@ -276,6 +277,7 @@ class GroupCommitter:
             for m in c.messages
             if m._type is _TIME_TICK and m._id is not None
         ]
+        c.ticked = bool(ticks)
         return WriteGroup(c.wal._channel_key, c.first_id, encode_block(c.messages), ticks, c.max_timetick)
 
 

@@ -97,12 +97,18 @@ class ReadOption:
 
     ``vchannel`` None reads every vchannel of the pchannel; a name reads that vchannel plus broadcast
     messages.  ``read_batch_bytes`` bounds each catch-up read from storage.
+
+    ``lazy`` is for a reader that needs every message but not within milliseconds (the flusher): once
+    caught up it wakes only when a TimeTick arrives (every tick interval while data is written, or
+    when asked for with ``WAL.want_tick``), not after every commit, and it does not keep the node
+    emitting a tick after every append, which only readers that wait on the tail need.
     """
 
     vchannel: str | None = None
     deliver_policy: DeliverPolicy = field(default_factory=DeliverPolicy.all)
     deliver_filters: tuple[DeliverFilter, ...] = ()
     read_batch_bytes: int = 1 << 20
+    lazy: bool = False
 
     def min_timetick(self) -> tuple[int, bool]:
         """The tightest timestamp lower bound of the filters: (ts, inclusive)."""

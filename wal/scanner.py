@@ -92,6 +92,7 @@ class Scanner:
         if not inclusive:
             self._min_ts += 1
         self._types = option.message_types()
+        self.lazy = option.lazy
         self._closed = False
         self._start_time: int | None = None
         self._fetch_id = self._resolve_start(option)  # next id to read from tail or storage
@@ -306,7 +307,7 @@ class Scanner:
             err = wal._write_refusal() or wal._read_refusal()
             if err is not None:
                 raise err
-            await wal._wait_change()
+            await wal._wait_change(self.lazy)
 
     async def _read_storage(self, nid: MessageID) -> list[Message]:
         """Read and decode from storage, reading the following batch ahead on a reader thread."""
@@ -349,6 +350,8 @@ class Scanner:
 
     async def aclose(self) -> None:
         """Stop; later iteration ends.  Idempotent."""
+        if not self._closed:
+            self._wal._reader_closed(self.lazy)
         self._closed = True
         self._wal.scanners.discard(self)
         if self._read_ahead is not None:

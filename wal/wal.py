@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from wal._codec import block_checksum_ok, decode_block
@@ -77,6 +77,13 @@ class WAL:
         self._volatile_tick: tuple[MessageID, Message] | None = None
         # Open scanners, for metrics read at scrape time (weak: one dropped without aclose goes away).
         self.scanners: weakref.WeakSet[Scanner] = weakref.WeakSet()
+        # Lazy scanners (ReadOption.lazy) wait on this one: resolved like _changed except by commits
+        # that hold no TimeTick, so a caught-up lazy reader is not woken for data it cannot release yet.
+        self._ticked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._prompt_readers = 0
+        self.tick_wanted: Callable[[], object] | None = None
+        """Set by whoever emits TimeTicks (the timetick step): called when a reader needs a tick now,
+        although no append asked for one (a prompt reader opened, a lazy one waits for a position)."""
 
     # --- state -----------------------------------------------------------------------------------
     @property
@@ -158,12 +165,15 @@ class WAL:
                 self._idle.set()
         return [AppendResult(m._id, m._timetick, m._txn.txn_id if m._txn else None) for m in batch]  # type: ignore[arg-type]
 
-    def _on_committed(self, first_id: MessageID, messages: list[Message], nbytes: int, max_timetick: int) -> None:
-        """Called by the committer, on the loop, after a durable write of consecutive ids."""
+    def _on_committed(
+        self, first_id: MessageID, messages: list[Message], nbytes: int, max_timetick: int, ticked: bool = True
+    ) -> None:
+        """Called by the committer, on the loop, after a durable write of consecutive ids (``ticked``:
+        they include a TimeTick)."""
         self._next_id = first_id + len(messages)
         self._last_timetick = max(self._last_timetick, max_timetick)
         self._tail.extend(first_id, messages, nbytes)
-        self._notify()
+        self._notify(ticked)
 
     def deliver_unpersisted(self, tick: Message) -> None:
         """Hand a not-persisted TimeTick to tailing scanners without writing it.
@@ -184,14 +194,40 @@ class WAL:
     async def get_meta(self, name: str) -> bytes | None:
         return await self._manager._run_read(self._manager.backend.get_meta, self._channel_key, name)
 
-    def _notify(self) -> None:
+    def _notify(self, ticked: bool = True) -> None:
         fut = self._changed
         self._changed = asyncio.get_running_loop().create_future()
         fut.set_result(None)
+        if ticked:
+            fut = self._ticked
+            self._ticked = asyncio.get_running_loop().create_future()
+            fut.set_result(None)
 
-    async def _wait_change(self) -> None:
-        """Wait until something is committed or the state changes (no polling)."""
-        await asyncio.shield(self._changed)
+    async def _wait_change(self, lazy: bool = False) -> None:
+        """Wait until something is committed or the state changes (no polling); ``lazy``: until a
+        TimeTick is committed or delivered, or the state changes."""
+        await asyncio.shield(self._ticked if lazy else self._changed)
+
+    # --- who needs ticks -------------------------------------------------------------------------
+    @property
+    def prompt_readers(self) -> int:
+        """Open scanners that are not lazy: while there are none, no tick is needed after an append."""
+        return self._prompt_readers
+
+    def want_tick(self) -> None:
+        """Ask for a TimeTick now (see ``tick_wanted``); a no-op when nothing emits ticks."""
+        if self.tick_wanted is not None:
+            self.tick_wanted()
+
+    def _reader_opened(self, lazy: bool) -> None:
+        if not lazy:
+            self._prompt_readers += 1
+            # What was appended while no prompt reader was open got no tick of its own.
+            self.want_tick()
+
+    def _reader_closed(self, lazy: bool) -> None:
+        if not lazy:
+            self._prompt_readers -= 1
 
     # --- read ------------------------------------------------------------------------------------
     def read(self, option: ReadOption | None = None) -> Scanner:
@@ -203,6 +239,7 @@ class WAL:
             raise err
         scanner = Scanner(self, option or ReadOption())
         self.scanners.add(scanner)
+        self._reader_opened(scanner.lazy)
         return scanner
 
     async def _read_storage(self, from_id: MessageID, max_bytes: int) -> list[tuple[MessageID, bytes, bool]]:

@@ -165,6 +165,20 @@ async def test_manual_flush_writes_only_its_vchannel_and_collection(swal: Stream
     await f.aclose()
 
 
+async def test_flush_returns_at_once_although_the_flusher_reads_only_by_ticks(
+    manager: WALManager, tmp_path: Path
+) -> None:
+    # An hour between beats and no other reader: nothing ticks unless the flush asks for it.
+    s = await open_stream(manager, ChainConfig(tick_interval=3600))
+    f = await start(s, tmp_path)
+    await s.append(bodies.create_collection("v", "a", SCHEMA, "pk"))
+    await s.append(bodies.insert("v", "a", rows(0, 3)))
+    files = await asyncio.wait_for(f.flush("v", "a"), 10)
+    assert len(files) == 1 and pks(tmp_path, "a") == [0, 1, 2]
+    await f.aclose()
+    await s.aclose()
+
+
 # --- limits ---------------------------------------------------------------------------------------
 async def test_row_and_byte_limits_cut_files(swal: StreamingWAL, tmp_path: Path) -> None:
     f = await start(swal, tmp_path, max_rows=25)

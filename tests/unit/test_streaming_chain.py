@@ -10,7 +10,16 @@ import pytest
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from tests.conftest import ManagerFactory
 from tests.factories import data
-from wal import ChannelFencedError, DeliverPolicy, MessageType, MsgPack, OnShutdownError, ReadOption, WALManager
+from wal import (
+    ChannelFencedError,
+    DeliverPolicy,
+    Message,
+    MessageType,
+    MsgPack,
+    OnShutdownError,
+    ReadOption,
+    WALManager,
+)
 
 FAST = ChainConfig(tick_interval=0.02)
 
@@ -62,6 +71,57 @@ async def test_a_tailing_reader_gets_a_message_without_waiting_for_the_beat(mana
     while not pack.messages:
         pack = await asyncio.wait_for(scanner.__anext__(), 5)
     assert [m.payload for m in pack.messages] == [b"now"]
+    await swal.aclose()
+
+
+async def test_appends_emit_no_tick_of_their_own_while_only_lazy_readers_are_open(manager: WALManager) -> None:
+    # An hour between beats: every tick seen here is one an append, a reader or want_tick asked for.
+    swal = await _open(manager, ChainConfig(tick_interval=3600))
+    ticks: list[int] = []
+    deliver = swal.wal.deliver_unpersisted
+
+    def counting(tick: Message) -> None:
+        ticks.append(tick.timetick)
+        deliver(tick)
+
+    swal.wal.deliver_unpersisted = counting  # type: ignore[method-assign]
+    lazy = swal.read(ReadOption(deliver_policy=DeliverPolicy.latest(), lazy=True))
+    nxt = asyncio.create_task(lazy.__anext__())
+    for i in range(5):
+        await swal.append(data("v", b"%d" % i))
+    await asyncio.sleep(0.1)
+    assert ticks == [] and not nxt.done()  # no tick, and the lazy reader was not woken to find none
+
+    swal.wal.want_tick()
+    got: list[bytes] = []
+    pack = await asyncio.wait_for(nxt, 5)
+    while len(got) < 5:
+        got += [m.payload for m in pack.messages]
+        if len(got) < 5:
+            pack = await asyncio.wait_for(lazy.__anext__(), 5)
+    assert got == [b"%d" % i for i in range(5)] and len(ticks) == 1
+
+    # A prompt reader opened now gets what came before it at once, and every append ticks again.
+    prompt = swal.read(ReadOption(deliver_policy=DeliverPolicy.all()))
+    seen: list[bytes] = []
+    while len(seen) < 5:
+        seen += [m.payload for m in (await asyncio.wait_for(prompt.__anext__(), 5)).messages]
+    assert seen == got
+    before = len(ticks)
+    await swal.append(data("v", b"more"))
+    pack = await asyncio.wait_for(prompt.__anext__(), 5)
+    while not pack.messages:
+        pack = await asyncio.wait_for(prompt.__anext__(), 5)
+    assert [m.payload for m in pack.messages] == [b"more"] and len(ticks) > before
+
+    await prompt.aclose()
+    await prompt.aclose()  # idempotent: the reader is counted out once
+    assert swal.wal.prompt_readers == 0
+    before = len(ticks)
+    await swal.append(data("v", b"quiet"))
+    await asyncio.sleep(0.1)
+    assert len(ticks) == before
+    await lazy.aclose()
     await swal.aclose()
 
 
