@@ -689,7 +689,8 @@ class StreamingNodeService(sgrpc.StreamingNodeServicer):  # type: ignore[misc]
 
     async def _resolve(self, channel: Channel, policy: DeliverPolicy) -> Position:
         """The position a fresh scanner with ``policy`` would start from."""
-        scanner = channel.stream.read(ReadOption(None, policy))
+        # Lazy: it is never iterated, so opening it need not ask for a tick.
+        scanner = channel.stream.read(ReadOption(None, policy, lazy=True))
         try:
             return scanner.position
         finally:
