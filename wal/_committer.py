@@ -11,12 +11,19 @@ and writes commit N+1 while a second thread fsyncs commit N.  Commits are acknow
 order, each after its own sync returned, and at most ``_MAX_IN_FLIGHT`` commits are outstanding.  A
 failed sync is fatal: the written-but-unsynced data may or may not survive, so nothing later is
 acknowledged and the WAL must be reopened (as databases treat a failed fsync).
+
+A lone small append (nothing else queued, no sync in flight, nothing else on the writer thread) gains
+nothing from either thread: it is written and synced on the event loop itself, as long as such writes
+stay fast (a moving average of
+their duration under ``_INLINE_MAX_SECONDS``).  Two thread hand-offs cost more CPU and latency than
+a fast fsync; a slow disk would block the loop, so there the writer thread takes them again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 from typing import TYPE_CHECKING
 
 import structlog
@@ -35,6 +42,9 @@ _TIME_TICK = MessageType.TIME_TICK
 _BLOCK_TARGET_BYTES = 1 << 20
 _MAX_IN_FLIGHT = 2
 _LONE_BYTES = 64 << 10
+# Lone writes run on the event loop while their moving average stays under this.  The writer thread
+# costs two hand-offs (about 0.1 ms of CPU here); a fsync longer than this would stall the loop.
+_INLINE_MAX_SECONDS = 0.0005
 
 
 class _Request:
@@ -84,6 +94,11 @@ class GroupCommitter:
         self._fatal: StreamingError | None = None
         self._slots = asyncio.Semaphore(_MAX_IN_FLIGHT)
         self._last_ack: asyncio.Task[None] | None = None
+        self._lone_seconds = 0.0  # moving average of a lone write's duration (see _INLINE_MAX_SECONDS)
+        self.inline_commits = 0
+        """Lone writes done on the event loop (for tests)."""
+        self.writer_jobs = 0
+        """Other work the manager runs on the writer thread right now: no write on the loop meanwhile."""
         self.commits = 0
         """Number of writes issued (for tests and metrics: requests / commits = coalescing factor)."""
 
@@ -140,13 +155,19 @@ class GroupCommitter:
                 self._slots.release()
                 continue
             # A lone small append (nothing else queued, no sync in flight) gains nothing from the
-            # pipeline: the writer thread syncs right after its write instead, which saves a thread
-            # hand-off each way, most of such an append's latency apart from the fsync itself.
+            # pipeline: it is written and synced in one go, on the loop while that stays fast (see
+            # the module's docstring), else on the writer thread.
             lone = (len(reqs) == 1 and not self._queue and reqs[0].nbytes <= _LONE_BYTES
                     and (self._last_ack is None or self._last_ack.done()))
             split = self._syncer is not None and not lone
             try:
-                commits = await loop.run_in_executor(self._executor, self._write, reqs, self._durable and not split)
+                if lone and self._lone_seconds <= _INLINE_MAX_SECONDS and not self.writer_jobs:
+                    self.inline_commits += 1
+                    commits = self._write_lone(reqs)
+                elif lone:
+                    commits = await loop.run_in_executor(self._executor, self._write_lone, reqs)
+                else:
+                    commits = await loop.run_in_executor(self._executor, self._write, reqs, self._durable and not split)
             except BaseException as exc:
                 self._slots.release()
                 self._fail(reqs, exc)
@@ -239,8 +260,16 @@ class GroupCommitter:
             if not req.future.done():
                 req.future.set_exception(err)
 
+    def _write_lone(self, reqs: list[_Request]) -> list[_Commit]:
+        """Write and sync a lone append; keep the moving average of how long that takes."""
+        started = time.perf_counter()
+        commits = self._write(reqs, self._durable)
+        self._lone_seconds += (time.perf_counter() - started - self._lone_seconds) / 8
+        return commits
+
     def _write(self, reqs: list[_Request], durable: bool) -> list[_Commit]:
-        """Runs on the writer thread: seal, encode and write one batch for every request."""
+        """Seal, encode and write one batch for every request: on the writer thread, or on the loop
+        for a lone append (never both at once: the committer awaits each write before the next)."""
         commits: list[_Commit] = []
         groups: list[WriteGroup] = []
         open_commit: dict[int, _Commit] = {}
@@ -262,7 +291,7 @@ class GroupCommitter:
                 mid += 1
                 max_ts = max(max_ts, m._timetick)
             c.max_timetick = max_ts
-            wal._written_max_ts = max_ts  # writer thread only: with two commits in flight it runs ahead
+            wal._written_max_ts = max_ts  # the writer only: with two commits in flight it runs ahead
             c.messages.extend(req.messages)
             c.nbytes += req.nbytes
         for c in open_commit.values():

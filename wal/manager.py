@@ -92,7 +92,16 @@ class WALManager:
 
     async def _run_write(self, fn: Callable[..., T], *args: Any) -> T:
         self._check_running()
-        return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
+        return await self._on_writer(fn, *args)
+
+    async def _on_writer(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run on the writer thread, and keep the committer from writing on the loop meanwhile: what
+        runs there (a backup, a truncation) stays ordered with the appends around it."""
+        self._committer.writer_jobs += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
+        finally:
+            self._committer.writer_jobs -= 1
 
     async def _run_read(self, fn: Callable[..., T], *args: Any) -> T:
         self._check_running()
@@ -152,7 +161,7 @@ class WALManager:
         while True:
             await asyncio.sleep(self._relaxed_sync_interval)
             try:
-                await asyncio.get_running_loop().run_in_executor(self._writer, self.backend.sync)
+                await self._on_writer(self.backend.sync)
             except Exception as exc:  # noqa: BLE001  (keep syncing; the next write surfaces a dead backend)
                 log.warning("relaxed sync failed", error=repr(exc))
 

@@ -65,7 +65,7 @@ class WAL:
         self._next_id = info.next_id  # one past the last committed (acknowledged) id
         self._next_alloc = info.next_id  # one past the last id handed to a write
         self._last_timetick = info.last_timetick
-        self._written_max_ts = info.last_timetick  # maintained by the committer's writer thread
+        self._written_max_ts = info.last_timetick  # maintained by the committer's writes
         self._state = WALState.RUNNING
         self._inflight = 0
         self._idle = asyncio.Event()

@@ -1,4 +1,5 @@
-"""Where the fsync of a durable commit runs: inline for a lone small append, pipelined otherwise.
+"""Where the fsync of a durable commit runs: with the write for a lone small append (on the event loop
+while such writes are fast, else on the writer thread), pipelined otherwise.
 
 Both must acknowledge only after the sync, in commit order; these tests watch the backend's calls.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import pathlib
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,17 +20,22 @@ from wal.backends.rocks import RocksBackend
 
 
 class _Recorder:
-    """Wraps the backend's write and sync: records (what, durable flag, thread) and can hold a sync."""
+    """Wraps the backend's write and sync: records (what, durable flag) and the writing thread, can
+    hold a sync and slow every write down."""
 
     def __init__(self, backend: RocksBackend) -> None:
         self.calls: list[tuple[str, bool]] = []
+        self.threads: list[int] = []
+        self.write_delay = 0.0
         self.release_sync = threading.Event()
         self.release_sync.set()
         write, sync = backend.write, backend.sync
 
         def recording_write(groups: Any, durable: bool) -> None:
+            time.sleep(self.write_delay)
             write(groups, durable)
             self.calls.append(("write", durable))
+            self.threads.append(threading.get_ident())
 
         def recording_sync() -> None:
             self.release_sync.wait(10)
@@ -59,11 +66,30 @@ def _msg(size: int) -> Message:
     return Message(MessageType.DATA, "v", b"x" * size)
 
 
-async def test_a_lone_small_append_is_synced_by_the_writer_itself(opened: tuple[WAL, _Recorder]) -> None:
+async def test_a_lone_small_append_is_written_and_synced_on_the_loop(opened: tuple[WAL, _Recorder]) -> None:
     wal, rec = opened
     for _ in range(3):
         await wal.append(_msg(100))
     assert rec.calls == [("write", True)] * 3, "durable write in one call, no separate sync"
+    assert rec.threads == [threading.get_ident()] * 3, "no thread hand-off"
+
+
+async def test_a_slow_disk_sends_lone_appends_to_the_writer_thread_until_it_is_fast_again(
+    opened: tuple[WAL, _Recorder]
+) -> None:
+    wal, rec = opened
+    loop_thread = threading.get_ident()
+    rec.write_delay = 0.01  # far over the inline limit: one such write moves the average over it
+    for _ in range(3):
+        await wal.append(_msg(100))
+    assert rec.threads[0] == loop_thread and loop_thread not in rec.threads[1:]
+    rec.write_delay = 0.0
+    for _ in range(60):
+        await wal.append(_msg(100))
+        if rec.threads[-1] == loop_thread:
+            break
+    assert rec.threads[-1] == loop_thread, "fast writes bring lone appends back to the loop"
+    assert rec.calls == [("write", True)] * len(rec.calls)
 
 
 async def test_a_large_append_is_acknowledged_only_after_the_pipelined_sync(opened: tuple[WAL, _Recorder]) -> None:
@@ -83,3 +109,29 @@ async def test_a_large_append_is_acknowledged_only_after_the_pipelined_sync(open
     first, second = await asyncio.wait_for(asyncio.gather(big, small), 10)
     assert first.message_id < second.message_id
     assert rec.calls == [("write", False), ("write", False), ("sync", True), ("sync", True)]
+
+
+async def test_a_lone_append_waits_behind_other_work_on_the_writer_thread(opened: tuple[WAL, _Recorder]) -> None:
+    # A backup or a truncation on the writer thread stays ordered with the appends around it: while
+    # one runs, a lone append is not written on the loop beside it.
+    wal, rec = opened
+    backend = wal._manager.backend
+    put_meta = backend.put_meta
+    running = threading.Event()
+
+    def slow_put_meta(key: int, name: str, value: bytes) -> None:
+        running.set()
+        time.sleep(0.2)
+        put_meta(key, name, value)
+        rec.calls.append(("put_meta", True))
+
+    backend.put_meta = slow_put_meta  # type: ignore[method-assign]
+    meta = asyncio.ensure_future(wal.put_meta("m", b"1"))
+    while not running.is_set():
+        await asyncio.sleep(0.005)
+    await wal.append(_msg(100))
+    await meta
+    assert rec.calls == [("put_meta", True), ("write", True)]
+    assert rec.threads[-1] != threading.get_ident()
+    await wal.append(_msg(100))  # and with the writer free again, back on the loop
+    assert rec.threads[-1] == threading.get_ident()
