@@ -53,8 +53,8 @@ _CONSUME_ONLY_KEYS = frozenset({"id", "type", "timetick", "txn_id"})
 _DEDUP_PROPERTIES = ("producer_id", "producer_seq")
 
 # How much produce keeps unacknowledged: enough to fill the producer's pipeline (8 batches of up
-# to 500 messages), bounded in bytes so that large messages cannot exhaust memory.
-_WINDOW_MESSAGES = 8 * 500
+# to 1,000 messages), bounded in bytes so that large messages cannot exhaust memory.
+_WINDOW_MESSAGES = 8 * 1000
 _WINDOW_BYTES = 64 << 20
 
 Handler = Callable[[argparse.Namespace, str], Coroutine[Any, Any, int]]

@@ -195,14 +195,16 @@ class AsyncClient:
         first_sequence: int = 0,
         linger: float = 0.005,
         max_batch_bytes: int = 1 << 20,
-        max_batch_messages: int = 500,
-        max_in_flight: int = 8,
+        max_batch_messages: int = 1000,
+        max_in_flight: int | None = None,
     ) -> Producer:
         """A producer on ``pchannel`` (see ``Producer``).  With ``producer_id`` it is idempotent: after a
         reconnect it resends unanswered batches with the same sequences and the node drops what it
         already has.  Use a fresh id per producer session (``uuid.uuid4().hex``), or continue an old
         one from its ``next_sequence``: a reused id that restarts at 0 would be answered with the old
-        results.  Keep ``max_in_flight * max_batch_messages`` under the node's dedup window (4096)."""
+        results.  ``max_in_flight`` defaults to 8, and for an idempotent producer to what keeps
+        ``max_in_flight * max_batch_messages`` within the node's dedup window (4096): keep that true
+        when you set either."""
         return self._own(Producer(
             self._stub, pchannel, producer_id=producer_id, first_sequence=first_sequence, linger=linger,
             max_batch_bytes=max_batch_bytes, max_batch_messages=max_batch_messages, max_in_flight=max_in_flight,

@@ -42,6 +42,10 @@ from wal.message import AppendResult, MessageType
 # or the node is stopping): nothing of the batch was written, and a new stream can take it.
 _ENDS_STREAM = frozenset({ErrorCode.CHANNEL_FENCED, ErrorCode.ON_SHUTDOWN})
 
+_DEFAULT_IN_FLIGHT = 8
+NODE_DEDUP_WINDOW = 4096
+"""Sequences per producer the node remembers by default (``ChainConfig.dedup_window``)."""
+
 
 class _State(enum.Enum):
     RUNNING = "running"
@@ -99,6 +103,10 @@ class Producer:
     no backpressure).  Messages sent concurrently are batched: a batch is written when ``linger``
     seconds have passed since its first message, or when it reaches ``max_batch_bytes`` or
     ``max_batch_messages``.
+
+    ``max_in_flight`` (written, unanswered batches) defaults to 8; with a ``producer_id`` to as many as
+    keep ``max_in_flight * max_batch_messages`` within the node's default dedup window (4096
+    sequences), so that a resend after a reconnect is always recognised: 4 batches of 1,000.
     """
 
     def __init__(
@@ -110,8 +118,8 @@ class Producer:
         first_sequence: int = 0,
         linger: float = 0.005,
         max_batch_bytes: int = 1 << 20,
-        max_batch_messages: int = 500,
-        max_in_flight: int = 8,
+        max_batch_messages: int = 1000,
+        max_in_flight: int | None = None,
         reconnect_timeout: float = 30.0,
         txn: pb.TxnContext | None = None,
     ) -> None:
@@ -119,6 +127,10 @@ class Producer:
             raise InvalidArgumentError("pchannel is required", field="pchannel")
         if producer_id == "":
             raise InvalidArgumentError("producer_id must not be empty when set", field="producer_id")
+        if max_in_flight is None:
+            max_in_flight = _DEFAULT_IN_FLIGHT
+            if producer_id is not None:
+                max_in_flight = max(1, min(max_in_flight, NODE_DEDUP_WINDOW // max(max_batch_messages, 1)))
         if linger < 0 or max_batch_bytes <= 0 or max_batch_messages <= 0 or max_in_flight <= 0:
             raise InvalidArgumentError("linger must be >= 0; batch limits and max_in_flight must be > 0")
         self._stub = stub
@@ -161,6 +173,11 @@ class Producer:
     @property
     def closed(self) -> bool:
         return self._state is _State.CLOSED
+
+    @property
+    def max_in_flight(self) -> int:
+        """Batches written and not answered yet, at most (after defaults are applied)."""
+        return self._max_in_flight
 
     @property
     def next_sequence(self) -> int:

@@ -8,7 +8,9 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
+from interceptors.streaming import ChainConfig
 from streamingnode.client import AsyncClient, Consumer, Owner, Producer
+from streamingnode.client._producer import NODE_DEDUP_WINDOW
 from wal.errors import (
     ChannelExistError,
     ChannelNotExistError,
@@ -117,6 +119,27 @@ async def test_producer_batches_concurrent_sends_and_keeps_order(client: AsyncCl
         got = await read_until(consumer, payloads[-1])
     assert data_of(got) == payloads
     assert [m.message_id for m in got] == ids
+
+
+async def test_producer_defaults_batch_a_thousand_and_keep_an_idempotent_resend_in_the_dedup_window(
+    client: AsyncClient,
+) -> None:
+    await client.create_channels(["p"])
+    async with client.producer("p") as producer:
+        assert producer.max_in_flight == 8
+        futures = [producer.send_nowait("v", b"x") for _ in range(2500)]
+        await producer.flush()
+        ids = [f.result().message_id for f in futures]
+        assert ids == list(range(ids[0], ids[0] + 2500))
+        assert producer.largest_batch == 1000 and producer.batches_written == 3
+    async with client.producer("p", producer_id="idem") as idem:
+        # A resend after a reconnect must find every unanswered sequence in the node's window.
+        assert idem.max_in_flight * 1000 <= ChainConfig().dedup_window == NODE_DEDUP_WINDOW
+        assert idem.max_in_flight == 4
+    async with client.producer("p", producer_id="small", max_batch_messages=100) as small:
+        assert small.max_in_flight == 8
+    async with client.producer("p", producer_id="mine", max_in_flight=2) as mine:
+        assert mine.max_in_flight == 2  # what the caller sets is kept
 
 
 async def test_max_batch_bytes_splits_batches(client: AsyncClient) -> None:
