@@ -76,13 +76,15 @@ async def data(swal: StreamingWAL, n: int, vchannel: str = "v") -> list[int]:
 
 
 async def persisted_tick(swal: StreamingWAL) -> None:
-    """Wait until a TimeTick is persisted after everything written so far (nothing else appends).
+    """Wait until a TimeTick is persisted after everything written so far.
 
     The time bound of retention comes from persisted ticks (the time index), so a test that expects
-    another bound to hold must first let the time bound move past what it looks at."""
-    before = swal.wal.next_id
+    another bound to hold must first let the time bound move past what it looks at.  Ticks are
+    persisted every tick interval while data comes in, and appends can all land before the first."""
+    last = swal.wal.next_id - 1
+    backend, key = swal.wal._manager.backend, swal.wal._channel_key
     async with asyncio.timeout(10):
-        while swal.wal.next_id == before:
+        while (tick := backend.seek_time(key, 2**63 - 1)) is None or tick.message_id < last:
             await asyncio.sleep(0.005)
 
 
@@ -99,8 +101,9 @@ async def test_flusher_checkpoint_holds_the_cut(opened: Opened, tmp_path: Path) 
         # Fewer rows than a segment holds: they stay buffered until the next manual flush.
         held = [(await swal.append(bodies.insert("v", "c", rows(100 + i, 1)))).message_id for i in range(5)]
         await data(swal, 5)
-        ts = (await swal.append(Message(MessageType.DATA, "v", b"mark"))).timetick
-        await flusher.wait_flushed(ts)
+        mark = await swal.append(Message(MessageType.DATA, "v", b"mark"))
+        await flusher.wait_flushed(mark.timetick)
+        await persisted_tick(swal)
         checkpoint = flusher.checkpoint.message_id
         assert checkpoint <= held[0]  # the buffered inserts hold the flusher's checkpoint back
 
@@ -110,8 +113,9 @@ async def test_flusher_checkpoint_holds_the_cut(opened: Opened, tmp_path: Path) 
         assert 0 < swal.wal.first_id <= checkpoint
         # Once the buffered rows are in files, the checkpoint and the cut move on.
         await flusher.flush("v")
-        ts = (await swal.append(Message(MessageType.DATA, "v", b"mark"))).timetick
-        await flusher.wait_flushed(ts)
+        mark = await swal.append(Message(MessageType.DATA, "v", b"mark"))
+        await flusher.wait_flushed(mark.timetick)
+        await persisted_tick(swal)
         again = await retention.check()
         assert again is not None and swal.wal.first_id > held[-1]
         assert swal.wal.first_id <= flusher.checkpoint.message_id
@@ -267,6 +271,7 @@ async def test_readers_get_the_kept_messages_or_a_precise_error(opened: Opened) 
     opened.manager_options["tail_buffer_bytes"] = 1  # readers read storage, not the in-memory tail
     swal = await opened.reopen()
     ids = await data(swal, 20)
+    await persisted_tick(swal)  # the group holds the cut, not the time bound
     behind = swal.read(ReadOption(read_batch_bytes=1))  # a reader that will fall behind the cut
     await behind.__anext__()
     # After a restart the clock runs ahead of the wall by up to its persisted window: look from later.
@@ -304,9 +309,11 @@ async def test_snapshot_above_first_id_after_a_crash_is_used_then_truncated(open
     await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
     await swal.append(bodies.insert("v", "c", rows(0, 3)))
     await data(swal, 10)
+    await persisted_tick(swal)  # a cut above the first id, as the state under test has
     retention = ChannelRetention(swal, None, None, NOW)
     bound, _ = await retention.bound()
     cut = await swal.wal.block_start(bound)
+    assert cut > 0
     from interceptors.snapshot import ShadowReplay  # noqa: PLC0415
     from interceptors.streaming import default_interceptors  # noqa: PLC0415
 
