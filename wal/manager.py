@@ -81,7 +81,7 @@ class WALManager:
         """A manager over the RocksDB database in ``path`` (created if missing)."""
         from wal.backends.rocks import RocksBackend, SyncMethod  # noqa: PLC0415  (keep import light)
 
-        sync_method = kwargs.pop("sync_method", SyncMethod.FLUSH_WAL)
+        sync_method = kwargs.pop("sync_method", SyncMethod.JOURNAL)
         backend = await asyncio.to_thread(RocksBackend, path, sync_method)
         return await cls.start(backend, **kwargs)
 

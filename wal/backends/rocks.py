@@ -10,11 +10,14 @@ Key layout (all integers big-endian so that byte order is numeric order; see wal
     b"X" + u32 key + name         -> bytes small per-channel values (put_meta), e.g. the ts window
 
 A write is one WriteBatch holding every block of a group commit and their time-index entries, so a
-block and its index entries appear together or not at all.
+block and its index entries appear together or not at all.  By default (``SyncMethod.JOURNAL``) that
+batch skips RocksDB's own log and the group commit goes to the data journal instead (see
+wal/backends/_journal.py); channel records and metadata always use RocksDB's log.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import enum
 import json
 import os
@@ -25,9 +28,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import rocksdict
+import structlog
 
 from wal._codec import block_count
 from wal.backend import Backend, ChannelInfo, TickEntry, WriteGroup
+from wal.backends import _journal
 from wal.backends._keys import tail_state
 from wal.errors import (
     ChannelExistError,
@@ -49,20 +54,28 @@ _NEXT_KEY = b"Mnext_key"
 _MAX_ID = 0xFFFFFFFFFFFFFFFF
 # RocksDB statuses that say "not now" rather than "broken": the redo step may run the append again.
 _TRANSIENT_STATUSES = ("Busy", "TryAgain", "TimedOut", "Resource busy")
+_JOURNAL_DIR = "journal"
+
+log = structlog.get_logger(__name__)
 
 
 class SyncMethod(enum.Enum):
     """How a durable write reaches the disk.
 
+    JOURNAL (the default): the batch goes to RocksDB's memtable without its log, and the group commit
+    to the data journal (wal/backends/_journal.py): ``writev`` then ``fdatasync``, both without the
+    GIL, and no second copy or CRC of the data while the GIL is held.
     WRITE_SYNC: ``write(batch, sync=True)``: rocksdict holds the GIL during the fsync.
     FLUSH_WAL: ``write(batch)`` then ``flush_wal(sync=True)``: the fsync runs without the GIL, so the
     committer can encode and write the next group on another thread while this one syncs (see
-    wal/_committer.py).  Both are equally durable; FLUSH_WAL is the default because only it lets the
-    two overlap (bench/RESULTS.md has the numbers).
+    wal/_committer.py).
+    All three are equally durable; JOURNAL and FLUSH_WAL let a sync overlap the next write
+    (bench/RESULTS.md has the numbers).
     """
 
     WRITE_SYNC = "write_sync"
     FLUSH_WAL = "flush_wal"
+    JOURNAL = "journal"
 
 
 def _data_key(key: int, message_id: MessageID) -> bytes:
@@ -76,12 +89,25 @@ def _tick_key(key: int, ts: int) -> bytes:
 class RocksBackend(Backend):
     """RocksDB through rocksdict, raw mode.  Thread-safe as described in wal.backend."""
 
-    def __init__(self, path: str | os.PathLike[str], sync_method: SyncMethod = SyncMethod.FLUSH_WAL) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], sync_method: SyncMethod = SyncMethod.JOURNAL, *,
+        journal_rotate_bytes: int = 64 << 20,
+    ) -> None:
         self.path = os.fspath(path)
         self._sync_method = sync_method
-        self.split_sync = sync_method is SyncMethod.FLUSH_WAL
+        self.split_sync = sync_method is not SyncMethod.WRITE_SYNC
         self._meta_lock = threading.Lock()
         self._closed = False
+        self._journaled = sync_method is SyncMethod.JOURNAL
+        self._journal_dir = os.path.join(self.path, _JOURNAL_DIR)
+        self._journal_rotate_bytes = journal_rotate_bytes
+        self._jfd = -1  # the journal file being appended to
+        self._jseq = 0
+        self._joffset = 0
+        # Held to swap or close the journal file and by sync() around its fdatasync, never by a write:
+        # the writer appends while the sync thread syncs the previous commit.
+        self._jlock = threading.Lock()
+        self._jflusher: concurrent.futures.ThreadPoolExecutor | None = None
         opts = rocksdict.Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.set_paranoid_checks(True)
@@ -100,6 +126,18 @@ class RocksBackend(Backend):
         self._wopts_plain = rocksdict.WriteOptions()
         self._wopts_sync = rocksdict.WriteOptions()
         self._wopts_sync.sync = True
+        self._wopts_nolog = rocksdict.WriteOptions()
+        self._wopts_nolog.disable_wal = True  # type: ignore[method-assign,assignment]  # a property at run time
+        try:
+            # Whatever journal files are here hold writes that may not be in RocksDB's tables yet:
+            # replay them before anything reads, whichever sync method is used from now on.
+            self._replay_journal()
+            if self._journaled:
+                self._jflusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="wal-journal-flush")
+                self._open_journal(self._jseq + 1)
+        except BaseException:
+            self._db.close()
+            raise
 
     # --- helpers ---------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -153,6 +191,97 @@ class RocksBackend(Backend):
         max_ts = _U64.unpack(raw_max)[0] if raw_max is not None else 0
         return tail_state(info, last, str(self.path), max_ts)
 
+    # --- the data journal ------------------------------------------------------------------------
+    def _replay_journal(self) -> None:
+        paths = _journal.files(self._journal_dir)
+        if not paths:
+            return
+        replayed = 0
+        for i, path in enumerate(paths):
+            self._jseq = max(self._jseq, _journal.sequence_of(path))
+            for item in _journal.read(path):
+                if isinstance(item, _journal.Torn):
+                    if i != len(paths) - 1:
+                        raise _journal.corrupted(path, item)
+                    log.warning("journal ends in a torn write, dropped (it was never acknowledged)",
+                                path=path, offset=item.offset, reason=item.reason,
+                                dropped_bytes=os.path.getsize(path) - item.offset)
+                    break
+                wb = rocksdict.WriteBatch(raw_mode=True)
+                self._put_groups(wb, item)
+                self._db.write(wb, self._wopts_nolog)
+                replayed += 1
+        # In RocksDB's tables now: the files can go.
+        self._db.flush(True)
+        for path in paths:
+            os.remove(path)
+        _journal.fsync_dir(self._journal_dir)
+        log.info("journal replayed", path=self._journal_dir, files=len(paths), records=replayed)
+
+    def _open_journal(self, seq: int) -> None:
+        """Start appending to journal file ``seq`` (the previous one is synced and closed first)."""
+        os.makedirs(self._journal_dir, exist_ok=True)
+        fd = os.open(_journal.file_name(self._journal_dir, seq), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        _journal.fsync_dir(self._journal_dir)
+        with self._jlock:
+            old, self._jfd = self._jfd, fd
+            self._jseq, self._joffset = seq, 0
+            if old >= 0:
+                os.fdatasync(old)  # a sync in flight may still be for writes in the old file
+                os.close(old)
+
+    def _drop_journal_before(self, seq: int) -> None:
+        """Flush RocksDB (what the older files hold reaches its tables), then delete those files."""
+        self._db.flush(True)
+        for path in _journal.files(self._journal_dir):
+            if _journal.sequence_of(path) < seq:
+                os.remove(path)
+        _journal.fsync_dir(self._journal_dir)
+
+    def _flush_in_background(self, seq: int) -> None:
+        try:
+            self._drop_journal_before(seq)
+        except Exception as exc:  # noqa: BLE001  (the files stay and are replayed on open: nothing is lost)
+            log.warning("journal flush failed; the older files stay until the next one", error=repr(exc))
+
+    def _journal_checkpoint(self) -> None:
+        """Empty the journal: everything written so far is in RocksDB's tables afterwards.  Called
+        before a deletion, so that replaying older writes can never undo it."""
+        if not self._journaled:
+            return
+        assert self._jflusher is not None
+        self._open_journal(self._jseq + 1)
+        self._jflusher.submit(self._drop_journal_before, self._jseq).result()
+
+    def _journal_append(self, groups: list[WriteGroup]) -> int:
+        """Append one record; returns where the file ended before it (to cut a failed write off)."""
+        parts = _journal.encode(groups)
+        start = self._joffset
+        total = sum(map(len, parts))
+        try:
+            written = os.writev(self._jfd, parts)
+        except BaseException:
+            self._cut_journal(start)
+            raise
+        if written != total:
+            self._cut_journal(start)
+            raise OSError(f"short journal write: {written} of {total} bytes")
+        self._joffset = start + total
+        return start
+
+    def _cut_journal(self, offset: int) -> None:
+        os.ftruncate(self._jfd, offset)
+        os.lseek(self._jfd, offset, os.SEEK_SET)
+        self._joffset = offset
+
+    @staticmethod
+    def _put_groups(wb: Any, groups: list[WriteGroup]) -> None:
+        for g in groups:
+            wb.put(_data_key(g.channel_key, g.first_id), g.block)
+            wb.put(b"H" + _U32.pack(g.channel_key), _U64.pack(g.max_timetick))
+            for t in g.ticks:
+                wb.put(_tick_key(g.channel_key, t.timetick), _TICK_VALUE.pack(t.message_id, t.resume_id))
+
     # --- channels --------------------------------------------------------------------------------
     def create_channel(self, name: str, properties: dict[str, str]) -> ChannelInfo:
         if not name:
@@ -199,6 +328,7 @@ class RocksBackend(Backend):
     def destroy_channel(self, name: str) -> None:
         with self._engine("destroy_channel"), self._meta_lock:
             key = int(self._load(name)["key"])
+            self._journal_checkpoint()
             wb = rocksdict.WriteBatch(raw_mode=True)
             wb.delete(b"C" + name.encode())
             wb.delete(b"H" + _U32.pack(key))
@@ -211,11 +341,23 @@ class RocksBackend(Backend):
     def write(self, groups: list[WriteGroup], durable: bool) -> None:
         with self._engine("write"):
             wb = rocksdict.WriteBatch(raw_mode=True)
-            for g in groups:
-                wb.put(_data_key(g.channel_key, g.first_id), g.block)
-                wb.put(b"H" + _U32.pack(g.channel_key), _U64.pack(g.max_timetick))
-                for t in g.ticks:
-                    wb.put(_tick_key(g.channel_key, t.timetick), _TICK_VALUE.pack(t.message_id, t.resume_id))
+            self._put_groups(wb, groups)
+            if self._journaled:
+                # Journal first: a write that fails after it is cut off the journal again, so nothing
+                # unacknowledged can come back at replay.
+                start = self._journal_append(groups)
+                try:
+                    self._db.write(wb, self._wopts_nolog)
+                except BaseException:
+                    self._cut_journal(start)
+                    raise
+                if durable:
+                    os.fdatasync(self._jfd)
+                if self._joffset >= self._journal_rotate_bytes:
+                    assert self._jflusher is not None
+                    self._open_journal(self._jseq + 1)
+                    self._jflusher.submit(self._flush_in_background, self._jseq)
+                return
             if not durable:
                 self._db.write(wb, self._wopts_plain)
             elif self._sync_method is SyncMethod.WRITE_SYNC:
@@ -295,6 +437,7 @@ class RocksBackend(Backend):
                     it.next()
             finally:
                 del it
+            self._journal_checkpoint()
             wb = rocksdict.WriteBatch(raw_mode=True)
             wb.delete_range(_data_key(channel_key, 0), _data_key(channel_key, keep_from))
             for k in stale_ticks:
@@ -313,13 +456,19 @@ class RocksBackend(Backend):
 
     def sync(self) -> None:
         with self._engine("sync"):
-            self._db.flush_wal(True)
+            if self._journaled:
+                with self._jlock:
+                    os.fdatasync(self._jfd)
+            else:
+                self._db.flush_wal(True)
 
     def backup(self, dest: str) -> None:
         with self._engine("backup"):
             if os.path.exists(dest):
                 raise InvalidArgumentError(f"backup destination {dest} already exists", path=dest)
-            # A RocksDB checkpoint: hard links to immutable SST files plus a consistent MANIFEST/WAL cut.
+            # A RocksDB checkpoint: hard links to immutable SST files plus a consistent MANIFEST/WAL cut;
+            # what only the journal holds goes into the tables first.
+            self._journal_checkpoint()
             cp = rocksdict.Checkpoint(self._db)
             try:
                 cp.create_checkpoint(dest)
@@ -331,8 +480,18 @@ class RocksBackend(Backend):
             return
         self._closed = True
         try:
+            if self._journaled:
+                os.fdatasync(self._jfd)
+                # A clean close leaves nothing to replay: the next open starts at once.
+                self._open_journal(self._jseq + 1)
+                self._drop_journal_before(self._jseq)
             self._db.flush_wal(True)
         finally:
+            if self._jflusher is not None:
+                self._jflusher.shutdown(wait=True)
+            if self._jfd >= 0:
+                os.close(self._jfd)
+                self._jfd = -1
             self._db.close()
 
 

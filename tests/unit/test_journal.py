@@ -1,0 +1,140 @@
+"""The data journal of the RocksDB backend: what a killed process acknowledged is there after reopen,
+a torn tail is dropped, damage elsewhere is reported, and a truncation is never undone by replay.
+
+Each writer runs in a child process that ends with ``os._exit`` (no close, no flush): data written with
+RocksDB's log off is then only in the journal, as after a crash.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from wal import CorruptedError, MessageType, WALManager
+from wal.backends import RocksBackend, _journal
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _crash_after(path: Path, body: str, **backend: object) -> None:
+    """Run ``body`` (async, with ``wal`` open on pchannel p) in a child, then kill it without a close."""
+    script = textwrap.dedent('''
+        import asyncio, os, sys
+        from wal import Message, MessageType, WALManager
+        from wal.backends import RocksBackend
+
+        async def main() -> None:
+            backend = RocksBackend(sys.argv[1], **eval(sys.argv[2]))
+            m = await WALManager.start(backend)
+            if "p" not in await m.list_channels():
+                await m.create_channel("p")
+            wal = await m.open("p")
+        {body}
+            os._exit(0)  # no close: RocksDB never flushes, the memtable is gone
+
+        asyncio.run(main())
+    ''').replace("{body}", textwrap.indent(textwrap.dedent(body), " " * 4))
+    subprocess.run([sys.executable, "-c", script, str(path), repr(backend)], check=True, cwd=ROOT, timeout=60,
+                   env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+async def _payloads(path: Path) -> list[bytes]:
+    m = await WALManager.start(RocksBackend(path))
+    try:
+        wal = await m.open("p")
+        messages = await wal.read_stored(wal.first_id, 1 << 30)
+        return [x.payload for x in messages if x.message_type is MessageType.DATA]
+    finally:
+        await m.aclose()
+
+
+def _journal_files(path: Path) -> list[str]:
+    return _journal.files(str(path / "journal"))
+
+
+_APPEND_40 = '''
+    for i in range(40):
+        await wal.append_batch([Message(MessageType.DATA, "v", b"m%02d" % i)])
+'''
+
+
+async def test_acknowledged_appends_survive_a_kill_through_the_journal(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    _crash_after(path, _APPEND_40)
+    files = _journal_files(path)
+    assert files and os.path.getsize(files[-1]) > 0, "the appends are in the journal, not in RocksDB's tables"
+    assert await _payloads(path) == [b"m%02d" % i for i in range(40)]
+    assert [os.path.getsize(f) for f in _journal_files(path)] == [0], "replayed, flushed, deleted"
+    assert await _payloads(path) == [b"m%02d" % i for i in range(40)], "and still there after a clean close"
+
+
+async def test_a_torn_record_at_the_end_is_dropped_and_the_rest_kept(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    _crash_after(path, _APPEND_40)
+    last = _journal_files(path)[-1]
+    with open(last, "rb") as f:
+        data = f.read()
+    with open(last, "ab") as f:
+        f.write(data[:200])  # the start of a record whose end never reached the disk
+    assert await _payloads(path) == [b"m%02d" % i for i in range(40)]
+
+
+async def test_damage_in_an_older_journal_file_is_reported_not_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    _crash_after(path, _APPEND_40)
+    last = _journal_files(path)[-1]
+    older = _journal.file_name(str(path / "journal"), _journal.sequence_of(last) - 1)
+    with open(last, "rb") as f:
+        data = bytearray(f.read())
+    data[len(data) // 2] ^= 0x5A
+    with open(older, "wb") as f:
+        f.write(bytes(data))
+    with pytest.raises(CorruptedError, match=r"journal .* is damaged at byte \d+"):
+        RocksBackend(path)
+    os.remove(older)
+    assert await _payloads(path) == [b"m%02d" % i for i in range(40)], "the damage refused, nothing else lost"
+
+
+async def test_replay_never_brings_back_what_a_truncation_deleted(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    _crash_after(path, _APPEND_40 + '''
+    await wal.truncate(20)
+    for i in range(40, 45):
+        await wal.append_batch([Message(MessageType.DATA, "v", b"m%02d" % i)])
+''')
+    assert await _payloads(path) == [b"m%02d" % i for i in range(20, 45)]
+
+
+async def test_a_rotated_journal_is_flushed_and_deleted_in_the_background(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    _crash_after(path, '''
+    for i in range(300):
+        await wal.append_batch([Message(MessageType.DATA, "v", b"%05d" % i + bytes(1000))])
+    await asyncio.sleep(1.0)  # the background flushes of the rotated files finish
+    print(len(os.listdir(os.path.join(sys.argv[1], "journal"))))
+''', journal_rotate_bytes=32 << 10)
+    # About 1 KiB per append and a file every 32 KiB: without the background flush there would be
+    # about ten files; the flushed ones are gone.
+    assert 1 <= len(_journal_files(path)) <= 2
+    assert [p[:5] for p in await _payloads(path)] == [b"%05d" % i for i in range(300)]
+
+
+async def test_the_other_sync_methods_replay_a_journal_left_behind(tmp_path: Path) -> None:
+    from wal.backends.rocks import SyncMethod  # noqa: PLC0415
+
+    path = tmp_path / "db"
+    _crash_after(path, _APPEND_40)
+    m = await WALManager.start(RocksBackend(path, SyncMethod.FLUSH_WAL))
+    try:
+        wal = await m.open("p")
+        got = [x.payload for x in await wal.read_stored(wal.first_id, 1 << 30)
+               if x.message_type is MessageType.DATA]
+    finally:
+        await m.aclose()
+    assert got == [b"m%02d" % i for i in range(40)]
+    assert _journal_files(path) == []
