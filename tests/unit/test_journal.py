@@ -138,3 +138,23 @@ async def test_the_other_sync_methods_replay_a_journal_left_behind(tmp_path: Pat
         await m.aclose()
     assert got == [b"m%02d" % i for i in range(40)]
     assert _journal_files(path) == []
+
+
+def test_a_commit_of_more_blocks_than_one_writev_takes_is_journaled_whole(tmp_path: Path) -> None:
+    from wal._codec import encode_block  # noqa: PLC0415
+    from wal.backend import WriteGroup  # noqa: PLC0415
+    from wal.message import Message  # noqa: PLC0415
+
+    backend = RocksBackend(tmp_path / "db")
+    try:
+        key = backend.create_channel("p", {}).key
+        blocks = []
+        for i in range(1500):  # one group per block: 1,500 blocks plus two headers in one record
+            m = Message(MessageType.DATA, "v", b"%04d" % i)
+            m._timetick, m._term, m._last_confirmed = i + 1, 1, 0
+            blocks.append(WriteGroup(key, i, encode_block([m]), [], i + 1))
+        backend.write(blocks, True)
+        records = [r for r in _journal.read(_journal_files(tmp_path / "db")[-1])]
+        assert len(records) == 1 and not isinstance(records[0], _journal.Torn) and len(records[0]) == 1500
+    finally:
+        backend.close()

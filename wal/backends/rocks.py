@@ -55,6 +55,7 @@ _MAX_ID = 0xFFFFFFFFFFFFFFFF
 # RocksDB statuses that say "not now" rather than "broken": the redo step may run the append again.
 _TRANSIENT_STATUSES = ("Busy", "TryAgain", "TimedOut", "Resource busy")
 _JOURNAL_DIR = "journal"
+_IOV_MAX = 1024
 
 log = structlog.get_logger(__name__)
 
@@ -258,8 +259,11 @@ class RocksBackend(Backend):
         parts = _journal.encode(groups)
         start = self._joffset
         total = sum(map(len, parts))
+        written = 0
         try:
-            written = os.writev(self._jfd, parts)
+            # A commit of many pchannels can have more blocks than one writev may take (IOV_MAX).
+            for i in range(0, len(parts), _IOV_MAX):
+                written += os.writev(self._jfd, parts[i:i + _IOV_MAX])
         except BaseException:
             self._cut_journal(start)
             raise
