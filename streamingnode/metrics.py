@@ -84,7 +84,7 @@ class ChannelMetrics:
             self.last_append_ts = batch[-1]._timetick
         first = batch[0]._type
         if all(m._type is first for m in batch):  # the usual case: one type, no per-type dict
-            self._count(first, status, len(batch), sum(len(m._payload) for m in batch))
+            self._count(first, status, len(batch), sum(map(len, [m._payload for m in batch])))
             return
         counts: dict[MessageType, list[int]] = {}
         for m in batch:

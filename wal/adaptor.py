@@ -88,8 +88,8 @@ class WALAdaptor:
         for m in batch:
             if not isinstance(m, Message):
                 raise InvalidArgumentError(f"expected Message, got {type(m).__name__}")
-            if m.message_id is not None:
-                raise InvalidArgumentError(f"message {m.message_id} was already appended", message_id=m.message_id)
+            if m._id is not None:  # the slot, not the property: this runs once per message
+                raise InvalidArgumentError(f"message {m._id} was already appended", message_id=m._id)
         token = append_deadline.set(deadline)
         try:
             if not self._ready_task.done():
