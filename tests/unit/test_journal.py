@@ -7,6 +7,7 @@ RocksDB's log off is then only in the journal, as after a crash.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,12 +25,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def _crash_after(path: Path, body: str, **backend: object) -> None:
     """Run ``body`` (async, with ``wal`` open on pchannel p) in a child, then kill it without a close."""
     script = textwrap.dedent('''
-        import asyncio, os, sys
+        import asyncio, json, os, sys
         from wal import Message, MessageType, WALManager
         from wal.backends import RocksBackend
 
         async def main() -> None:
-            backend = RocksBackend(sys.argv[1], **eval(sys.argv[2]))
+            backend = RocksBackend(sys.argv[1], **json.loads(sys.argv[2]))
             m = await WALManager.start(backend)
             if "p" not in await m.list_channels():
                 await m.create_channel("p")
@@ -39,7 +40,7 @@ def _crash_after(path: Path, body: str, **backend: object) -> None:
 
         asyncio.run(main())
     ''').replace("{body}", textwrap.indent(textwrap.dedent(body), " " * 4))
-    subprocess.run([sys.executable, "-c", script, str(path), repr(backend)], check=True, cwd=ROOT, timeout=60,
+    subprocess.run([sys.executable, "-c", script, str(path), json.dumps(backend)], check=True, cwd=ROOT, timeout=60,
                    env=dict(os.environ, PYTHONPATH=str(ROOT)))
 
 

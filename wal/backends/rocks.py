@@ -204,7 +204,9 @@ class RocksBackend(Backend):
                 if isinstance(item, _journal.Torn):
                     if i != len(paths) - 1:
                         raise _journal.corrupted(path, item)
-                    log.warning("journal ends in a torn write, dropped (it was never acknowledged)",
+                    # Cut short by a crash before its sync: in SYNC durability never acknowledged; in
+                    # RELAXED it is the loss a power failure may cause (see wal/README.md).
+                    log.warning("journal ends in a torn write, dropped",
                                 path=path, offset=item.offset, reason=item.reason,
                                 dropped_bytes=os.path.getsize(path) - item.offset)
                     break
