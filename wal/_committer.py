@@ -95,8 +95,6 @@ class GroupCommitter:
         self._slots = asyncio.Semaphore(_MAX_IN_FLIGHT)
         self._last_ack: asyncio.Task[None] | None = None
         self._lone_seconds = 0.0  # moving average of a lone write's duration (see _INLINE_MAX_SECONDS)
-        self.inline_commits = 0
-        """Lone writes done on the event loop (for tests)."""
         self.writer_jobs = 0
         """Other work the manager runs on the writer thread right now: no write on the loop meanwhile."""
         self.commits = 0
@@ -162,7 +160,6 @@ class GroupCommitter:
             split = self._syncer is not None and not lone
             try:
                 if lone and self._lone_seconds <= _INLINE_MAX_SECONDS and not self.writer_jobs:
-                    self.inline_commits += 1
                     commits = self._write_lone(reqs)
                 elif lone:
                     commits = await loop.run_in_executor(self._executor, self._write_lone, reqs)
