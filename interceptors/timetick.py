@@ -146,7 +146,7 @@ class TimeTickInterceptor:
             raise
         self.acks.finish(p, results[0].message_id if results else None)
         self._dirty = True
-        if self._wal._prompt_readers or self._tick_asked:  # else the beat carries it (see _tick_loop)
+        if self._wal.prompt_readers or self._tick_asked:  # else the beat carries it (see _tick_loop)
             self._poke.set()
         return results
 
