@@ -137,6 +137,10 @@ class RocksBackend(Backend):
                 self._jflusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="wal-journal-flush")
                 self._open_journal(self._jseq + 1)
         except BaseException:
+            if self._jflusher is not None:
+                self._jflusher.shutdown(wait=True)
+            if self._jfd >= 0:
+                os.close(self._jfd)
             self._db.close()
             raise
 
@@ -215,10 +219,7 @@ class RocksBackend(Backend):
                 self._db.write(wb, self._wopts_nolog)
                 replayed += 1
         # In RocksDB's tables now: the files can go.
-        self._db.flush(True)
-        for path in paths:
-            os.remove(path)
-        _journal.fsync_dir(self._journal_dir)
+        self._drop_journal_before(self._jseq + 1)
         log.info("journal replayed", path=self._journal_dir, files=len(paths), records=replayed)
 
     def _open_journal(self, seq: int) -> None:
@@ -486,11 +487,9 @@ class RocksBackend(Backend):
             return
         self._closed = True
         try:
-            if self._journaled:
-                os.fdatasync(self._jfd)
-                # A clean close leaves nothing to replay: the next open starts at once.
-                self._open_journal(self._jseq + 1)
-                self._drop_journal_before(self._jseq)
+            # A clean close leaves nothing to replay: the next open starts at once.  (Switching the
+            # file syncs the old one first.)
+            self._journal_checkpoint()
             self._db.flush_wal(True)
         finally:
             if self._jflusher is not None:
