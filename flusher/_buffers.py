@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from flusher._layout import FIRST_KEY, LAST_KEY, PCHANNEL, DeliveryKey, encode_key
-from interceptors._clock import physical_ms
+from wal.clock import physical_ms
 from wal.message import Position
 
 PRIMARY_KEY = b"streamingnode.primary_key"

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
-import contextlib
 import enum
 import functools
 import json
@@ -50,7 +49,9 @@ from interceptors.shard import ShardInterceptor
 from interceptors.snapshot import load_snapshot
 from interceptors.streaming import StreamingWAL
 from wal import bodies
+from wal.clock import physical_ms
 from wal.errors import InvalidArgumentError, OnShutdownError
+from wal.lifecycle import cancel_and_wait
 from wal.message import Message, MessageType, Position
 from wal.options import DeliverFilter, DeliverPolicy, ReadOption
 from wal.scanner import MsgPack, Scanner
@@ -60,7 +61,6 @@ log = structlog.get_logger(__name__)
 
 CHECKPOINT_META = "flusher_checkpoint"
 """The default ``FlusherConfig.checkpoint_name``."""
-_LOGICAL_BITS = 18
 _KEEP_FLUSH_RESULTS = 1024
 _T = TypeVar("_T")
 _MT = MessageType
@@ -257,9 +257,7 @@ class Flusher:
             return
         self._state = FlusherState.DRAINING
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
         if self._scanner is not None:
             await self._scanner.aclose()
         self._fail_waiters(OnShutdownError(f"flusher of {self._wal.pchannel!r} is closed", channel=self._wal.pchannel))
@@ -330,7 +328,7 @@ class Flusher:
 
     def stats(self) -> FlusherStats:
         last = self._wal.last_timetick
-        lag = max(0, (last >> _LOGICAL_BITS) - (self._processed >> _LOGICAL_BITS)) if last else 0
+        lag = max(0, physical_ms(last) - physical_ms(self._processed)) if last else 0
         return FlusherStats(
             rows_written=self._rows_written, delete_rows_written=self._delete_rows_written,
             bytes_written=self._bytes_written, files_written=self._files_written,

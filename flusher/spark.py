@@ -54,6 +54,8 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from wal.clock import LOGICAL_MAX, TIMETICK_MAX, compose, physical_ms
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
@@ -76,9 +78,6 @@ SEGMENT_COLUMN = "_segment"
 PARTITION_COLUMN = "partition"
 _SEGMENT_DIR_COLUMN = "segment"
 
-LOGICAL_BITS = 18
-_LOGICAL_MAX = (1 << LOGICAL_BITS) - 1
-_TIMETICK_MAX = (1 << 63) - 1
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Names the anti-join gives the delete side; the double underscore keeps them off any user column.
 _DEL_KEY = "__streamingnode_del_pk"
@@ -113,17 +112,17 @@ def as_of(ts: datetime | int) -> int:
     if isinstance(ts, bool):  # bool is an int; True as a timetick is surely a mistake
         raise TypeError("as_of() takes a datetime or an int timetick, not a bool")
     if isinstance(ts, int):
-        if not 0 <= ts <= _TIMETICK_MAX:
+        if not 0 <= ts <= TIMETICK_MAX:
             raise ValueError(f"timetick {ts} is outside 0..2**63-1")
         return ts
     if not isinstance(ts, datetime):
         raise TypeError(f"as_of() takes a datetime or an int timetick, not {type(ts).__name__}")
     if ts.tzinfo is None or ts.utcoffset() is None:
         raise ValueError(f"as_of() needs a timezone-aware datetime, got naive {ts.isoformat()}")
-    physical_ms = (ts - _EPOCH) // timedelta(milliseconds=1)
-    if not 0 <= physical_ms <= _TIMETICK_MAX >> LOGICAL_BITS:
+    ms = (ts - _EPOCH) // timedelta(milliseconds=1)
+    if not 0 <= ms <= physical_ms(TIMETICK_MAX):
         raise ValueError(f"{ts.isoformat()} is outside the range a timetick can hold")
-    return physical_ms << LOGICAL_BITS | _LOGICAL_MAX
+    return compose(ms, LOGICAL_MAX)
 
 
 def _bound(as_of_ts: int | None) -> int | None:

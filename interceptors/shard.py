@@ -32,11 +32,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from interceptors._clock import LOGICAL_BITS
 from interceptors._segments import Segment, SegmentInfo, SegmentState, SegmentTable
 from interceptors.base import AppendNext
 from wal import bodies
 from wal.bodies import DEFAULT_PARTITION, PROP_COLLECTION, PROP_PARTITION, PROP_PRIMARY_KEY, PROP_ROWS
+from wal.clock import LOGICAL_BITS
 from wal.errors import (
     CollectionExistError,
     CollectionNotExistError,

@@ -12,7 +12,6 @@ left open, and writes the fence: a persisted TimeTick in the new term.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +29,7 @@ from interceptors.timetick import TimeTickInterceptor
 from interceptors.txn import TxnInterceptor, TxnManager, TxnSession, TxnState, commit_message, rollback_message
 from wal.adaptor import WALAdaptor
 from wal.errors import CorruptedError, InvalidTxnStateError, StreamingError, TxnNotFoundError
+from wal.lifecycle import cancel_and_wait
 from wal.manager import WALManager
 from wal.message import AppendResult, Message, MessageID, TxnContext
 from wal.options import ReadOption
@@ -148,9 +148,7 @@ class StreamingWAL:
 
     async def aclose(self) -> None:
         if self._sealer is not None:
-            self._sealer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sealer
+            await cancel_and_wait(self._sealer)
         await self.adaptor.aclose()
 
     async def _seal_by_age(self) -> None:

@@ -19,8 +19,9 @@ from collections.abc import Callable
 import structlog
 
 from interceptors._ack import AckManager, Pending
-from interceptors._clock import WINDOW_META, HybridClock, decode_window, encode_window
 from interceptors.base import AppendNext
+from wal.clock import WINDOW_META, HybridClock, decode_window, encode_window
+from wal.lifecycle import cancel_and_wait
 from wal.message import AppendResult, Message, MessageID, MessageType, new_time_tick
 from wal.wal import WAL
 
@@ -94,9 +95,7 @@ class TimeTickInterceptor:
             with contextlib.suppress(Exception):
                 await self._extender
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     @property

@@ -49,8 +49,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from interceptors._clock import physical_ms
 from interceptors.base import AppendNext
+from wal.clock import txn_expired
 from wal.errors import InvalidArgumentError, InvalidTxnStateError, TxnExpiredError, TxnNotFoundError
 from wal.message import BROADCAST_VCHANNEL, AppendResult, Message, MessageID, MessageType, TxnContext
 
@@ -59,11 +59,6 @@ _COMMIT = MessageType.COMMIT_TXN
 _ROLLBACK = MessageType.ROLLBACK_TXN
 _TIME_TICK = MessageType.TIME_TICK
 _FRAMING = frozenset({_BEGIN, _COMMIT, _ROLLBACK})
-
-
-def _idle_past(keepalive_ms: int, last_ts: int, ts: int) -> bool:
-    """The expiry rule, shared with readers: idle more than ``keepalive_ms`` (physical ms) at ``ts``."""
-    return keepalive_ms > 0 and physical_ms(ts) > physical_ms(last_ts) + keepalive_ms
 
 
 class TxnState(enum.Enum):
@@ -142,7 +137,7 @@ class TxnSession:
 
     def expired_at(self, ts: int) -> bool:
         """True when the session has been idle longer than its keepalive at timestamp ``ts``."""
-        return _idle_past(self.keepalive_ms, self.last_ts, ts)
+        return txn_expired(self.keepalive_ms, self.last_ts, ts)
 
     @property
     def context(self) -> TxnContext:
@@ -419,7 +414,7 @@ class TxnManager:
             )
         state = v.state
         if state is TxnState.IN_FLIGHT:
-            if _idle_past(s.keepalive_ms, v.last_ts, m._timetick):
+            if txn_expired(s.keepalive_ms, v.last_ts, m._timetick):
                 if self._open.get(tid) is s and not s.inflight and not v.bodies:
                     # A fact about time, kept though nothing is written.  Not while bodies are in flight:
                     # once written they move last_ts, and a message stamped earlier may still be valid.
@@ -570,7 +565,7 @@ class TxnManager:
                     f"CommitTxn refused: a body of transaction {tid} failed while the commit waited for it",
                     txn_id=tid,
                 )
-            if _idle_past(s.keepalive_ms, max(s.last_ts, v.last_ts), ts):
+            if txn_expired(s.keepalive_ms, max(s.last_ts, v.last_ts), ts):
                 raise TxnExpiredError(f"transaction {tid} expired before its commit at ts {ts}", txn_id=tid)
         for v, _ in plan.commits:
             v.session._commit_writing = True

@@ -33,6 +33,7 @@ async def _demo(data_dir: str, count: int) -> None:
         WALManager,
         new_time_tick,
     )
+    from wal.clock import wall_ts  # noqa: PLC0415
 
     manager = await WALManager.start_rocksdb(data_dir)
     try:
@@ -40,7 +41,7 @@ async def _demo(data_dir: str, count: int) -> None:
             await manager.create_channel("demo")
         wal = await manager.open("demo")
         start_id = wal.next_id
-        base_ts = max(wal.last_timetick, time.time_ns() // 1_000_000 << 18) + 1
+        base_ts = max(wal.last_timetick, wall_ts()) + 1
         t0 = time.perf_counter()
         batch = [
             Message(MessageType.INSERT, "demo-v0", b"x" * 1024, timetick=base_ts + i) for i in range(count)

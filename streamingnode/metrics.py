@@ -38,7 +38,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from interceptors._clock import physical_ms
+from wal.clock import physical_ms
 from wal.errors import StreamingError, UnavailableError
 from wal.message import Message, MessageType
 

@@ -29,7 +29,6 @@ first retained message.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import time
 from collections.abc import Callable
@@ -38,12 +37,13 @@ from dataclasses import dataclass
 import structlog
 
 from flusher.flusher import Flusher
-from interceptors._clock import compose
 from interceptors.snapshot import ShadowReplay, load_snapshot, store_snapshot
 from interceptors.streaming import StreamingWAL, default_interceptors
 from streamingnode.groups import ConsumerGroups
+from wal.clock import compose
 from wal.crashpoints import CrashPoints
 from wal.errors import InvalidArgumentError, StreamingError
+from wal.lifecycle import cancel_and_wait
 from wal.message import MessageID
 from wal.wal import WALState
 
@@ -151,10 +151,8 @@ class ChannelRetention:
         """Stop the task (a truncation in progress finishes first).  Idempotent."""
         self._state = RetentionState.CLOSED
         if self._task is not None:
-            async with self._lock:
-                self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            async with self._lock:  # taken first: a truncation in progress finishes before the cancel
+                await cancel_and_wait(self._task)
             self._task = None
 
     def stats(self) -> RetentionStats:

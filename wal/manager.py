@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import enum
 import os
 from collections.abc import Callable
@@ -20,6 +19,7 @@ import structlog
 from wal._committer import GroupCommitter
 from wal.backend import Backend, ChannelInfo, Durability
 from wal.errors import ChannelNotExistError, InvalidArgumentError, OnShutdownError
+from wal.lifecycle import cancel_and_wait
 from wal.wal import WAL
 
 log = structlog.get_logger(__name__)
@@ -174,9 +174,7 @@ class WALManager:
             await wal.aclose()
         await self._committer.aclose()
         if self._relaxed_task is not None:
-            self._relaxed_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._relaxed_task
+            await cancel_and_wait(self._relaxed_task)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._writer, self.backend.close)
         self._writer.shutdown(wait=True)

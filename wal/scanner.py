@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from wal._codec import block_count
+from wal.clock import txn_expired
 from wal.errors import OutOfRangeError
 from wal.message import BROADCAST_VCHANNEL, Message, MessageID, MessageType, Position
 from wal.options import PolicyKind, ReadOption
@@ -34,7 +35,6 @@ _COMMIT = MessageType.COMMIT_TXN
 _ROLLBACK = MessageType.ROLLBACK_TXN
 _TXN_FRAMING = frozenset({_BEGIN, _COMMIT, _ROLLBACK})
 _TAIL_READ = 4096
-_LOGICAL_BITS = 18
 
 
 @dataclass(slots=True)
@@ -257,12 +257,8 @@ class Scanner:
         return MsgPack(begin, tick_ts, out, start, self._position)
 
     def _expire(self, tick_ts: int) -> None:
-        now_ms = tick_ts >> _LOGICAL_BITS
-        expired = [
-            tid
-            for tid, t in self._txns.items()
-            if t.keepalive_ms > 0 and now_ms > (t.last_ts >> _LOGICAL_BITS) + t.keepalive_ms
-        ]
+        # The writer's rule (wal.clock.txn_expired): a reader drops exactly what the writer expired.
+        expired = [tid for tid, t in self._txns.items() if txn_expired(t.keepalive_ms, t.last_ts, tick_ts)]
         for tid in expired:
             del self._txns[tid]
 

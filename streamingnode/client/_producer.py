@@ -36,6 +36,7 @@ from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
 from wal.errors import ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError, UnavailableError
+from wal.lifecycle import cancel_and_wait
 from wal.message import AppendResult, MessageType
 
 # In-band batch errors that the node sends just before it ends the stream (the channel was reopened,
@@ -272,9 +273,7 @@ class Producer:
         finally:
             self._state = _State.CLOSED
             if self._task is not None and not self._task.done():
-                self._task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
+                await cancel_and_wait(self._task)
             self._fail_all(OnShutdownError(f"producer on {self.pchannel!r} closed", channel=self.pchannel))
 
     async def __aenter__(self) -> Producer:

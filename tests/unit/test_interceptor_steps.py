@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from interceptors._ack import AckManager
-from interceptors._clock import HybridClock, compose, physical_ms
+from wal.clock import HybridClock, compose, physical_ms
 from interceptors.chain import build_chain
 from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE, DedupInterceptor
 from interceptors.lock import LockInterceptor, RWLock
