@@ -13,7 +13,6 @@ on the client and memory stays bounded.  Results go out in the order the batches
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
 import contextlib
 import functools
@@ -54,6 +53,7 @@ from wal.errors import (
 )
 from wal.message import AppendResult, Message, MessageType, Position, TxnContext
 from wal.options import DeliverFilter, DeliverPolicy, ReadOption
+from wal.packs import split_pack
 from wal.scanner import MsgPack
 
 log = structlog.get_logger(__name__)
@@ -121,93 +121,6 @@ def _require(value: str, field: str) -> str:
     if not value:
         raise InvalidArgumentError(f"{field} is required", field=field)
     return value
-
-
-_OVERHEAD = 256  # per message, on top of its payload: headers, properties and framing, roughly
-_BEGIN = MessageType.BEGIN_TXN
-_TXN_END = (MessageType.COMMIT_TXN, MessageType.ROLLBACK_TXN)
-
-
-def _split_pack(pack: MsgPack, limit: int, max_bytes: int) -> list[tuple[MsgPack, int]]:
-    """Split a pack of more than ``limit`` messages or ``max_bytes`` of payload at unit boundaries (a
-    transaction stays whole), so every response fits a client's default 4 MiB receive limit.  Each
-    part comes with its payload bytes (for metrics).
-
-    Each part ends at the timetick of its last unit (a transaction's is its commit), and its end
-    position resumes there: the pack's start id with ``timetick_gt`` = that timetick delivers exactly
-    the rest, by the resume rule of Position.
-    """
-    messages = pack.messages
-    lens = list(map(len, [m._payload for m in messages]))
-    payload = sum(lens)
-    if len(messages) <= limit and payload + _OVERHEAD * len(messages) <= max_bytes:
-        return [(pack, payload)]
-    if _BEGIN not in [m._type for m in messages]:
-        return _split_plain(pack, lens, limit, max_bytes)
-    return _split_units(pack, limit, max_bytes)
-
-
-def _split_units(pack: MsgPack, limit: int, max_bytes: int) -> list[tuple[MsgPack, int]]:
-    """``_split_pack`` message by message, keeping each transaction whole."""
-    messages = pack.messages
-    parts: list[tuple[MsgPack, int]] = []
-    begin_ts = pack.begin_ts
-    start = pack.start_position
-    chunk: list[Message] = []
-    size = payload = 0
-    in_txn = False
-    for m in messages:  # the hot loop of a catch-up read: private fields, no properties
-        t = m._type
-        if t is _BEGIN:
-            in_txn = True
-        elif t in _TXN_END:
-            in_txn = False
-        chunk.append(m)
-        n = len(m._payload)
-        payload += n
-        size += n + _OVERHEAD
-        if (size >= max_bytes or len(chunk) >= limit) and not in_txn:
-            boundary = m._timetick
-            end = Position(pack.start_position.pchannel, pack.start_position.message_id, boundary)
-            parts.append((MsgPack(begin_ts, boundary, chunk, start, end), payload))
-            begin_ts, start, chunk, size, payload = boundary, end, [], 0, 0
-    if chunk or not parts:
-        parts.append((MsgPack(begin_ts, pack.end_ts, chunk, start, pack.end_position), payload))
-    else:
-        # The last unit ended exactly at a cut: that part closes the pack.
-        last, nbytes = parts[-1]
-        parts[-1] = (MsgPack(last.begin_ts, pack.end_ts, last.messages, last.start_position, pack.end_position),
-                     nbytes)
-    return parts
-
-
-def _split_plain(pack: MsgPack, lens: list[int], limit: int, max_bytes: int) -> list[tuple[MsgPack, int]]:
-    """``_split_pack`` for a pack without transactions (every message is a unit of its own): the same
-    cuts, found by bisecting the running size instead of a Python step per message (this runs for
-    every message of a catch-up read)."""
-    messages = pack.messages
-    n = len(messages)
-    cum = list(itertools.accumulate(x + _OVERHEAD for x in lens))
-    pchannel, start_id = pack.start_position.pchannel, pack.start_position.message_id
-    parts: list[tuple[MsgPack, int]] = []
-    begin_ts, start = pack.begin_ts, pack.start_position
-    i = 0
-    base = 0
-    while i < n:
-        # The part ends at the first message that brings it to max_bytes, or at `limit` messages.
-        end = min(i + limit, bisect.bisect_left(cum, base + max_bytes, i) + 1, n)
-        chunk = messages[i:end]
-        nbytes = cum[end - 1] - base - _OVERHEAD * (end - i)
-        if end == n:
-            parts.append((MsgPack(begin_ts, pack.end_ts, chunk, start, pack.end_position), nbytes))
-        else:
-            boundary = chunk[-1]._timetick
-            pos = Position(pchannel, start_id, boundary)
-            parts.append((MsgPack(begin_ts, boundary, chunk, start, pos), nbytes))
-            begin_ts, start = boundary, pos
-        base = cum[end - 1]
-        i = end
-    return parts
 
 
 def _forget(seen: set[int], rid: int, _fut: object) -> None:
@@ -475,7 +388,7 @@ class _ConsumeStream:
         max_bytes = self.node.config.consume_max_pack_bytes
         tracing = self.node.tracing
         async for pack in scanner:
-            for part, nbytes in _split_pack(pack, limit, max_bytes):
+            for part, nbytes in split_pack(pack, limit, max_bytes):
                 # Written as bytes: encoded fragment by fragment, which upb does faster than one big tree.
                 if tracing is not None and part.messages:  # a span per pack with messages, linked to producers
                     with tracing.consume_span(part.start_position.pchannel, vchannel, part.messages):
