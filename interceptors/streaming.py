@@ -31,7 +31,7 @@ from wal.adaptor import WALAdaptor
 from wal.errors import CorruptedError, InvalidTxnStateError, StreamingError, TxnNotFoundError
 from wal.lifecycle import cancel_and_wait
 from wal.manager import WALManager
-from wal.message import AppendResult, Message, MessageID, TxnContext
+from wal.message import AppendResult, Message, MessageID, Position, TxnContext
 from wal.options import ReadOption
 from wal.scanner import Scanner
 from wal.wal import WAL
@@ -145,6 +145,20 @@ class StreamingWAL:
     def mvcc_timetick(self) -> int:
         """Every message at or below this timestamp is acknowledged: a consistent read point."""
         return self.timetick.mvcc_timetick()
+
+    def latest_position(self) -> Position | None:
+        """Where to resume to read only what comes from now on (None while the log is empty).
+
+        Its id is the last one, held back to the oldest BeginTxn still open: a transaction open now
+        commits later than this position's timetick, and resuming must still see its BeginTxn to
+        deliver it whole.
+        """
+        wal = self.wal
+        last = wal.last_id
+        if last is None:
+            return None
+        oldest = self.txns.min_open_begin_id()
+        return Position(wal.pchannel, last if oldest is None else min(last, oldest), wal.last_timetick)
 
     async def aclose(self) -> None:
         if self._sealer is not None:

@@ -51,7 +51,16 @@ from wal.errors import (
     StreamingError,
     UnavailableError,
 )
-from wal.message import AppendResult, Message, MessageType, Position, TxnContext
+from wal.message import (
+    AppendResult,
+    Message,
+    MessageType,
+    Position,
+    TxnContext,
+    bind_txn,
+    first_property,
+    stamp_sequence,
+)
 from wal.options import DeliverFilter, DeliverPolicy, ReadOption
 from wal.packs import split_pack
 from wal.scanner import MsgPack
@@ -230,14 +239,11 @@ class _ProduceStream:
                 raise InvalidArgumentError("a produce batch needs at least one message", field="messages")
             out = [convert.produced_message(p, i, limit) for i, p in enumerate(batch.messages)]
             own = {i: p.txn for i, p in enumerate(batch.messages) if p.HasField("txn")}
-        for i, m in enumerate(out):
-            props = m._properties
-            if props:
-                for key in _RESERVED_PROPERTIES:
-                    if key in props:
-                        raise InvalidArgumentError(
-                            f"messages[{i}]: property {key!r} is reserved (set producer_id on open instead)",
-                            field=key)
+        reserved = first_property(out, _RESERVED_PROPERTIES)
+        if reserved is not None:
+            i, key = reserved
+            raise InvalidArgumentError(
+                f"messages[{i}]: property {key!r} is reserved (set producer_id on open instead)", field=key)
         txns = channel.stream.txns
         if batch.HasField("txn"):
             session = txns.get(batch.txn.txn_id)
@@ -247,18 +253,13 @@ class _ProduceStream:
                     raise InvalidArgumentError(
                         f"messages[{i}] names transaction {t.txn_id} in a batch of transaction {txn.txn_id}",
                         txn_id=txn.txn_id)
-            for m in out:
-                m._txn = txn
+            bind_txn(out, txn)
         else:
             for i, t in own.items():
                 session = txns.get(t.txn_id)
-                out[i]._txn = session.context if session is not None else TxnContext(t.txn_id, t.keepalive_ms)
+                out[i].with_txn(session.context if session is not None else TxnContext(t.txn_id, t.keepalive_ms))
         if producer_id is not None:
-            first = batch.first_sequence
-            for i, m in enumerate(out):
-                props = m._properties
-                props[PROP_PRODUCER] = producer_id
-                props[PROP_SEQUENCE] = str(first + i)
+            stamp_sequence(out, (PROP_PRODUCER, producer_id), PROP_SEQUENCE, batch.first_sequence)
         return out
 
     async def _write_results(self) -> None:
@@ -615,16 +616,10 @@ class StreamingNodeService(sgrpc.StreamingNodeServicer):  # type: ignore[misc]
         self, request: spb.GetLatestPositionRequest, context: grpc.aio.ServicerContext
     ) -> spb.GetLatestPositionResponse:
         channel = self.node.channel(_require(request.pchannel, "pchannel"))
-        stream = channel.stream
-        wal = stream.wal
-        out = spb.GetLatestPositionResponse(mvcc_timetick=stream.mvcc_timetick())
-        last = wal.last_id
-        if last is not None:
-            # Resuming must still see transactions open now, so the id is held back to the oldest
-            # open BeginTxn (their bodies come later in time than this position).
-            oldest = stream.txns.min_open_begin_id()
-            mid = last if oldest is None else min(last, oldest)
-            out.last.CopyFrom(convert.position_to_pb(Position(wal.pchannel, mid, wal.last_timetick), request.vchannel))
+        out = spb.GetLatestPositionResponse(mvcc_timetick=channel.stream.mvcc_timetick())
+        latest = channel.stream.latest_position()
+        if latest is not None:
+            out.last.CopyFrom(convert.position_to_pb(latest, request.vchannel))
         return out
 
     @_unary
@@ -674,9 +669,6 @@ class RunningServer:
             await asyncio.to_thread(self.owned_tracing.shutdown)  # blocks while it exports what is left
         self._stopped.set()
         log.info("node stopped", address=self.address)
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
 
 
 async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) -> RunningServer:

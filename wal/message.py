@@ -13,6 +13,7 @@ Message ids are plain ``int`` offsets, totally ordered per pchannel and dense (e
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -67,7 +68,6 @@ _EXCLUSIVE_TYPES = frozenset(
         MessageType.MANUAL_FLUSH,
     }
 )
-_TXN_FRAMING = frozenset({MessageType.BEGIN_TXN, MessageType.COMMIT_TXN, MessageType.ROLLBACK_TXN})
 
 MESSAGE_ID_BYTES = 8
 
@@ -205,14 +205,6 @@ class Message:
     def is_immutable(self) -> bool:
         return self._id is not None
 
-    @property
-    def is_txn_framing(self) -> bool:
-        return self._type in _TXN_FRAMING
-
-    def estimate_size(self) -> int:
-        """Approximate bytes held in memory; used for buffer limits, not exact accounting."""
-        return len(self._payload) + len(self._vchannel) + 64
-
     # --- append side -----------------------------------------------------------------------------
     def _check_mutable(self) -> None:
         if self._id is not None:
@@ -245,11 +237,6 @@ class Message:
         self._properties[key] = value
         return self
 
-    def with_not_persisted(self) -> Message:
-        self._check_mutable()
-        self._not_persisted = True
-        return self
-
     def _seal(self, message_id: MessageID) -> None:
         """Give the message its id; from now on it is immutable.  Called only by the WAL."""
         self._id = message_id
@@ -279,6 +266,44 @@ class Message:
         )
 
 
+# --- the append side, a batch at a time --------------------------------------------------------------
+# One loop over a produce batch each, with the immutability guard of the with_* setters: the service
+# edge prepares thousands of messages per second, so these neither call a setter per message nor
+# build anything per message they do not change.
+def bind_txn(messages: Iterable[Message], txn: TxnContext) -> None:
+    """Put every message of ``messages`` into transaction ``txn`` (``with_txn`` for a batch)."""
+    for m in messages:
+        if m._id is not None:
+            m._check_mutable()
+        m._txn = txn
+
+
+def stamp_sequence(messages: Iterable[Message], tag: tuple[str, str], sequence_key: str, first: int) -> None:
+    """Set the property ``tag`` (key, value) on every message, and ``sequence_key`` to its decimal
+    sequence number, counting from ``first`` in the order of ``messages`` (an idempotent producer's
+    stamps: its id and each message's sequence)."""
+    key, value = tag
+    for seq, m in enumerate(messages, first):
+        if m._id is not None:
+            m._check_mutable()
+        props = m._properties
+        props[key] = value
+        props[sequence_key] = str(seq)
+
+
+def first_property(messages: Iterable[Message], keys: Iterable[str]) -> tuple[int, str] | None:
+    """``(index, key)`` of the first message that carries one of ``keys`` (first of ``keys`` on it),
+    or None when none does."""
+    keys = tuple(keys)
+    for i, m in enumerate(messages):
+        props = m._properties
+        if props:  # most messages carry no properties: one truth test each
+            for key in keys:
+                if key in props:
+                    return i, key
+    return None
+
+
 def new_time_tick(ts: int, *, last_confirmed: MessageID | None = None, persist: bool = True) -> Message:
     """A TimeTick barrier at ``ts`` on every vchannel of the pchannel."""
     msg = Message(MessageType.TIME_TICK, BROADCAST_VCHANNEL, timetick=ts, not_persisted=not persist)
@@ -296,7 +321,10 @@ __all__ = [
     "MessageType",
     "Position",
     "TxnContext",
+    "bind_txn",
     "decode_message_id",
     "encode_message_id",
+    "first_property",
     "new_time_tick",
+    "stamp_sequence",
 ]
