@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 
+from wal.clock import physical_ms
 from wal.errors import ConsumerGroupExistError as GroupExistError
 from wal.errors import ConsumerGroupNotExistError as GroupNotExistError
 from wal.errors import CorruptedError, InvalidArgumentError
@@ -24,6 +26,18 @@ META_KEY = "consumer_groups"
 def check_group_name(name: str) -> None:
     if not name or len(name.encode()) > 255 or "\x00" in name:
         raise InvalidArgumentError(f"invalid consumer group name {name!r}: 1-255 bytes, no NUL", field="group")
+
+
+@dataclass(frozen=True, slots=True)
+class VchannelProgress:
+    """Where a group stands on one vchannel, and how far behind the log that is."""
+
+    vchannel: str
+    committed: Position
+    lag_messages: int
+    """Messages appended after the committed id (of every vchannel of the pchannel)."""
+    lag_ms: int
+    """Milliseconds from the committed timetick to the channel's read point (its MVCC timetick)."""
 
 
 class ConsumerGroups:
@@ -71,6 +85,16 @@ class ConsumerGroups:
             )
         return found
 
+    def progress(self, group: str, now_ts: int) -> list[VchannelProgress]:
+        """The group's committed position on each vchannel it has one for (by vchannel), with its lag
+        behind the end of the log and behind ``now_ts`` (the channel's MVCC timetick)."""
+        pchannel, next_id, now_ms = self._wal.pchannel, self._wal.next_id, physical_ms(now_ts)
+        return [
+            VchannelProgress(vchannel, Position(pchannel, mid, ts), max(next_id - mid, 0),
+                             max(now_ms - physical_ms(ts), 0))
+            for vchannel, (mid, ts) in sorted(self.require(group).items())
+        ]
+
     def committed(self, group: str, vchannel: str) -> Position | None:
         p = self.require(group).get(vchannel)
         return None if p is None else Position(self._wal.pchannel, p[0], p[1])
@@ -110,4 +134,4 @@ class ConsumerGroups:
             await self._store(groups)
 
 
-__all__ = ["ConsumerGroups", "GroupExistError", "GroupNotExistError", "check_group_name"]
+__all__ = ["ConsumerGroups", "GroupExistError", "GroupNotExistError", "VchannelProgress", "check_group_name"]

@@ -30,7 +30,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from interceptors._clock import physical_ms
 from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE
 from streamingnode import convert
 from streamingnode.config import NodeConfig
@@ -567,17 +566,15 @@ class StreamingNodeService(sgrpc.StreamingNodeServicer):  # type: ignore[misc]
             wanted = list(request.groups) or channel.groups.names()
             if not request.pchannel:  # across every pchannel: a named group is listed where it exists
                 wanted = [g for g in wanted if channel.groups.exists(g)]
-            wal = channel.stream.wal
-            now_ms = physical_ms(channel.stream.mvcc_timetick())
+            now = channel.stream.mvcc_timetick()
             for group in wanted:
-                progress = []
-                for vchannel, (mid, ts) in sorted(channel.groups.require(group).items()):
-                    progress.append(spb.ConsumerGroupProgress(
-                        vchannel=vchannel,
-                        committed=convert.position_to_pb(Position(name, mid, ts), vchannel),
-                        lag_messages=max(wal.next_id - mid, 0),
-                        lag_ms=max(now_ms - physical_ms(ts), 0),
-                    ))
+                progress = [
+                    spb.ConsumerGroupProgress(
+                        vchannel=p.vchannel, committed=convert.position_to_pb(p.committed, p.vchannel),
+                        lag_messages=p.lag_messages, lag_ms=p.lag_ms,
+                    )
+                    for p in channel.groups.progress(group, now)
+                ]
                 out.append(spb.ConsumerGroupDescription(pchannel=name, group=group, vchannels=progress))
         return spb.DescribeConsumerGroupsResponse(groups=out)
 
