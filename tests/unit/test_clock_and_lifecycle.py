@@ -39,10 +39,11 @@ def test_txn_expiry_counts_whole_physical_milliseconds(keepalive_ms: int, idle_m
 
 def test_writer_and_reader_use_the_one_rule() -> None:
     # Both sides import the same function object: they cannot drift apart.
-    from interceptors import txn  # noqa: PLC0415
+    from interceptors.txn import claim, session  # noqa: PLC0415
     from wal import scanner  # noqa: PLC0415
 
-    assert txn.txn_expired is txn_expired
+    assert session.txn_expired is txn_expired
+    assert claim.txn_expired is txn_expired
     assert scanner.txn_expired is txn_expired
 
 
