@@ -14,9 +14,7 @@ import json
 from dataclasses import dataclass
 
 from wal.clock import physical_ms
-from wal.errors import ConsumerGroupExistError as GroupExistError
-from wal.errors import ConsumerGroupNotExistError as GroupNotExistError
-from wal.errors import CorruptedError, InvalidArgumentError
+from wal.errors import ConsumerGroupExistError, ConsumerGroupNotExistError, CorruptedError, InvalidArgumentError
 from wal.message import MessageID, Position
 from wal.wal import WAL
 
@@ -79,7 +77,7 @@ class ConsumerGroups:
     def require(self, group: str) -> dict[str, tuple[MessageID, int]]:
         found = self._groups.get(group)
         if found is None:
-            raise GroupNotExistError(
+            raise ConsumerGroupNotExistError(
                 f"consumer group {group!r} does not exist on pchannel {self._wal.pchannel!r}",
                 channel=self._wal.pchannel, group=group,
             )
@@ -103,7 +101,7 @@ class ConsumerGroups:
         check_group_name(group)
         async with self._lock:
             if group in self._groups:
-                raise GroupExistError(
+                raise ConsumerGroupExistError(
                     f"consumer group {group!r} already exists on pchannel {self._wal.pchannel!r}",
                     channel=self._wal.pchannel, group=group,
                 )
@@ -134,4 +132,4 @@ class ConsumerGroups:
             await self._store(groups)
 
 
-__all__ = ["ConsumerGroups", "GroupExistError", "GroupNotExistError", "VchannelProgress", "check_group_name"]
+__all__ = ["ConsumerGroups", "VchannelProgress", "check_group_name"]

@@ -155,10 +155,14 @@ class SchemaMismatchError(StreamingError):
 
 
 class ConsumerGroupNotExistError(StreamingError):
+    """The named consumer group does not exist on the pchannel."""
+
     default_code = ErrorCode.CONSUMER_GROUP_NOT_EXIST
 
 
 class ConsumerGroupExistError(StreamingError):
+    """A consumer group of that name already exists on the pchannel."""
+
     default_code = ErrorCode.CONSUMER_GROUP_EXIST
 
 
