@@ -1,0 +1,202 @@
+"""The unary handlers: transactions, channels, consumer groups, the latest position and Flush.
+
+Each one translates its request into a call on the node or a channel's streaming WAL and the result
+back into its response; the rules live below (``streamingnode.node``, ``streamingnode.groups``,
+``interceptors.streaming``).  Errors leave through ``errors.unary``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from streamingnode import convert
+from streamingnode.node import Channel, Node, Owner
+from streamingnode.server.errors import call_deadline, require, unary
+from streamingnode.v1 import common_pb2 as pb
+from streamingnode.v1 import streaming_pb2 as spb
+from wal.bodies import PROP_COLLECTION
+from wal.errors import InvalidArgumentError, InvalidTxnStateError
+from wal.message import Message, MessageType, Position
+from wal.options import DeliverPolicy, ReadOption
+
+
+class AdminHandlers:
+    """The unary RPCs of the StreamingNode service, over ``self.node`` (mixed into the servicer)."""
+
+    node: Node
+
+    # --- transactions ----------------------------------------------------------------------------
+    def _txn_channel(self, pchannel: str, vchannel: str, txn_id: int) -> Channel:
+        channel = self.node.channel(require(pchannel, "pchannel"))
+        require(vchannel, "vchannel")
+        session = channel.stream.txns.get(txn_id)
+        if session is not None and session.vchannel != vchannel:
+            raise InvalidTxnStateError(
+                f"transaction {txn_id} belongs to vchannel {session.vchannel!r}, not {vchannel!r}", txn_id=txn_id)
+        return channel
+
+    @unary
+    async def BeginTxn(self, request: spb.BeginTxnRequest, context: grpc.aio.ServicerContext) -> spb.BeginTxnResponse:
+        channel = self.node.channel(require(request.pchannel, "pchannel"))
+        vchannel = require(request.vchannel, "vchannel")
+        if request.keepalive_ms < 0:
+            raise InvalidArgumentError(f"keepalive_ms must be >= 0, got {request.keepalive_ms}", field="keepalive_ms")
+        keepalive = request.keepalive_ms or self.node.config.txn_keepalive_ms
+        txn, result = await channel.stream.begin_txn(vchannel, keepalive, deadline=call_deadline(context))
+        return spb.BeginTxnResponse(
+            txn_id=txn.txn_id, begin_timetick=result.timetick, message_id=convert.message_id_to_pb(result.message_id),
+            keepalive_ms=txn.keepalive_ms,
+        )
+
+    @unary
+    async def CommitTxn(
+        self, request: spb.CommitTxnRequest, context: grpc.aio.ServicerContext
+    ) -> spb.CommitTxnResponse:
+        channel = self._txn_channel(request.pchannel, request.vchannel, request.txn_id)
+        result = await channel.stream.commit_txn(request.txn_id, deadline=call_deadline(context))
+        return spb.CommitTxnResponse(
+            commit_timetick=result.timetick, message_id=convert.message_id_to_pb(result.message_id))
+
+    @unary
+    async def RollbackTxn(
+        self, request: spb.RollbackTxnRequest, context: grpc.aio.ServicerContext
+    ) -> spb.RollbackTxnResponse:
+        channel = self._txn_channel(request.pchannel, request.vchannel, request.txn_id)
+        result = await channel.stream.rollback_txn(request.txn_id, deadline=call_deadline(context))
+        return spb.RollbackTxnResponse(
+            rollback_timetick=result.timetick, message_id=convert.message_id_to_pb(result.message_id))
+
+    # --- channels --------------------------------------------------------------------------------
+    @unary
+    async def CreateChannels(
+        self, request: spb.CreateChannelsRequest, context: grpc.aio.ServicerContext
+    ) -> spb.CreateChannelsResponse:
+        owner = Owner(request.owner.role, request.owner.address, request.owner.description_text)
+        names = await self.node.create_channels(list(request.channel_names), request.num_channels, owner)
+        return spb.CreateChannelsResponse(channel_names=names)
+
+    @unary
+    async def DestroyChannels(
+        self, request: spb.DestroyChannelsRequest, context: grpc.aio.ServicerContext
+    ) -> spb.DestroyChannelsResponse:
+        await self.node.destroy_channels(list(request.channel_names))
+        return spb.DestroyChannelsResponse()
+
+    @unary
+    async def DescribeChannels(
+        self, request: spb.DescribeChannelsRequest, context: grpc.aio.ServicerContext
+    ) -> spb.DescribeChannelsResponse:
+        infos = await self.node.describe_channels(list(request.channel_names))
+        out = []
+        for info in infos:
+            owner = Owner.from_properties(info.properties)
+            d = pb.ChannelDescription(
+                channel_name=info.name, term=info.term, last_timetick=info.last_timetick,
+                owner=pb.OwnerDescription(role=owner.role, address=owner.address,
+                                          description_text=owner.description_text),
+            )
+            if info.last_id is not None:
+                d.first_id.CopyFrom(convert.message_id_to_pb(info.first_id))
+                d.last_id.CopyFrom(convert.message_id_to_pb(info.last_id))
+            out.append(d)
+        return spb.DescribeChannelsResponse(descriptions=out)
+
+    # --- consumer groups -------------------------------------------------------------------------
+    @unary
+    async def CreateConsumerGroup(
+        self, request: spb.CreateConsumerGroupRequest, context: grpc.aio.ServicerContext
+    ) -> spb.CreateConsumerGroupResponse:
+        channel = self.node.channel(require(request.pchannel, "pchannel"))
+        await channel.groups.create(require(request.group, "group"))
+        return spb.CreateConsumerGroupResponse()
+
+    @unary
+    async def DestroyConsumerGroup(
+        self, request: spb.DestroyConsumerGroupRequest, context: grpc.aio.ServicerContext
+    ) -> spb.DestroyConsumerGroupResponse:
+        channel = self.node.channel(require(request.pchannel, "pchannel"))
+        await channel.groups.destroy(require(request.group, "group"))
+        return spb.DestroyConsumerGroupResponse()
+
+    @unary
+    async def DescribeConsumerGroups(
+        self, request: spb.DescribeConsumerGroupsRequest, context: grpc.aio.ServicerContext
+    ) -> spb.DescribeConsumerGroupsResponse:
+        names = [request.pchannel] if request.pchannel else self.node.channel_names()
+        out = []
+        for name in names:
+            channel = self.node.channel(name)
+            wanted = list(request.groups) or channel.groups.names()
+            if not request.pchannel:  # across every pchannel: a named group is listed where it exists
+                wanted = [g for g in wanted if channel.groups.exists(g)]
+            now = channel.stream.mvcc_timetick()
+            for group in wanted:
+                progress = [
+                    spb.ConsumerGroupProgress(
+                        vchannel=p.vchannel, committed=convert.position_to_pb(p.committed, p.vchannel),
+                        lag_messages=p.lag_messages, lag_ms=p.lag_ms,
+                    )
+                    for p in channel.groups.progress(group, now)
+                ]
+                out.append(spb.ConsumerGroupDescription(pchannel=name, group=group, vchannels=progress))
+        return spb.DescribeConsumerGroupsResponse(groups=out)
+
+    @unary
+    async def SeekConsumerGroup(
+        self, request: spb.SeekConsumerGroupRequest, context: grpc.aio.ServicerContext
+    ) -> spb.SeekConsumerGroupResponse:
+        channel = self.node.channel(require(request.pchannel, "pchannel"))
+        group = require(request.group, "group")
+        channel.groups.require(group)
+        vchannel = request.vchannel
+        target = request.WhichOneof("target")
+        if target == "position":
+            pos, _ = convert.position_from_pb(request.position)
+            if not pos.pchannel:
+                pos = pos._replace(pchannel=channel.stream.pchannel)
+        elif target == "policy":
+            pos = await self._resolve(channel, convert.policy_from_pb(request.policy))
+        else:
+            raise InvalidArgumentError("seek needs a policy or a position", field="target")
+        await channel.groups.commit(group, [(vchannel, pos)])
+        return spb.SeekConsumerGroupResponse(position=convert.position_to_pb(pos, vchannel))
+
+    async def _resolve(self, channel: Channel, policy: DeliverPolicy) -> Position:
+        """The position a fresh scanner with ``policy`` would start from."""
+        # Lazy: it is never iterated, so opening it need not ask for a tick.
+        scanner = channel.stream.read(ReadOption(None, policy, lazy=True))
+        try:
+            return scanner.position
+        finally:
+            await scanner.aclose()
+
+    # --- positions and flush ---------------------------------------------------------------------
+    @unary
+    async def GetLatestPosition(
+        self, request: spb.GetLatestPositionRequest, context: grpc.aio.ServicerContext
+    ) -> spb.GetLatestPositionResponse:
+        channel = self.node.channel(require(request.pchannel, "pchannel"))
+        out = spb.GetLatestPositionResponse(mvcc_timetick=channel.stream.mvcc_timetick())
+        latest = channel.stream.latest_position()
+        if latest is not None:
+            out.last.CopyFrom(convert.position_to_pb(latest, request.vchannel))
+        return out
+
+    @unary
+    async def Flush(self, request: spb.FlushRequest, context: grpc.aio.ServicerContext) -> spb.FlushResponse:
+        channel = self.node.channel(require(request.pchannel, "pchannel"))
+        vchannel = require(request.vchannel, "vchannel")
+        props = {PROP_COLLECTION: request.collection} if request.HasField("collection") else {}
+        deadline = call_deadline(context)
+        result = await channel.stream.append(
+            Message(MessageType.MANUAL_FLUSH, vchannel, b"", props), deadline=deadline)
+        if channel.flusher is None:  # no flusher: the flush is done once the seal is durable in the log
+            return spb.FlushResponse(files=[], flush_timetick=result.timetick)
+        async with asyncio.timeout_at(deadline):
+            files = await channel.flusher.wait_flushed(result.timetick)
+        return spb.FlushResponse(files=files, flush_timetick=result.timetick)
+
+
+__all__ = ["AdminHandlers"]

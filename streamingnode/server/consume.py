@@ -1,0 +1,154 @@
+"""The Consume stream: MsgPacks out as fast as the client reads them; acks and close come in meanwhile.
+
+A read starts from the open request's deliver policy and filters, or, for a consumer group with a
+committed position, just after that position.  Packs too large for one response are split at
+delivery units (``wal.packs``), so a transaction always arrives whole; they are encoded straight to
+bytes (``convert``).  Acks commit the group's position and are answered in-band, so a failed ack
+leaves the stream open.  When the node drains, the stream ends with ON_SHUTDOWN at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import structlog
+
+from streamingnode import convert
+from streamingnode.metrics import ChannelMetrics
+from streamingnode.node import Channel, Node
+from streamingnode.server.errors import require
+from streamingnode.status import to_error_detail
+from streamingnode.v1 import streaming_pb2 as spb
+from wal.errors import InvalidArgumentError, OnShutdownError, StreamingError
+from wal.options import DeliverFilter, DeliverPolicy, ReadOption
+from wal.packs import split_pack
+from wal.scanner import MsgPack
+
+
+class ConsumeStream:
+    """One Consume call: packs out as fast as the client reads; acks and close read concurrently.
+
+    Made per call and driven by ``run``, which starts its sender, receiver and drain watch and
+    returns once all have ended.
+    """
+
+    _ids = itertools.count(1)
+
+    def __init__(self, node: Node, context: grpc.aio.ServicerContext) -> None:
+        self.node = node
+        self.context = context
+        self.write_lock = asyncio.Lock()
+        self.consumer_id = next(self._ids)
+
+    async def _write(self, response: spb.ConsumeResponse | bytes) -> None:
+        # Shielded: a write cancelled half-way would leave gRPC's send operation pending, and the next
+        # write (the closing answer) would then fail.  The lock makes that next write wait for it.
+        await asyncio.shield(self._locked_write(response))
+
+    async def _locked_write(self, response: spb.ConsumeResponse | bytes) -> None:
+        async with self.write_lock:
+            await self.context.write(response)
+
+    async def run(self) -> None:
+        ctx = self.context
+        first = await ctx.read()
+        if first is grpc.aio.EOF:
+            return
+        if first.WhichOneof("request") != "open":
+            raise InvalidArgumentError("the first request of a Consume stream must be 'open'", field="open")
+        opened = first.open
+        channel = self.node.channel(require(opened.pchannel, "open.pchannel"))
+        vchannel = opened.vchannel
+        policy = convert.policy_from_pb(opened.policy if opened.HasField("policy") else None)
+        filters = convert.filters_from_pb(opened.filters)
+        group = opened.consumer_group or None
+        if group is not None:
+            committed = channel.groups.committed(group, vchannel)
+            if committed is not None:
+                # Resume after the committed position (the rule of Position), like auto.offset.reset.
+                policy = DeliverPolicy.start_from(committed.message_id)
+                filters = (*filters, DeliverFilter.timetick_gt(committed.timetick))
+        limit = opened.max_pack_messages or self.node.config.consume_max_pack_messages
+        scanner = channel.stream.read(ReadOption(vchannel or None, policy, filters))
+        structlog.contextvars.bind_contextvars(pchannel=channel.stream.pchannel, term=channel.stream.term,
+                                               consumer_id=self.consumer_id)
+        metrics = self.node.metrics.channel(channel.stream.pchannel)
+        if metrics is not None:
+            metrics.consumer_streams.inc()
+        try:
+            await self._write(spb.ConsumeResponse(opened=spb.ConsumeOpened(
+                consumer_id=self.consumer_id, term=channel.stream.term)))
+            loop = asyncio.get_running_loop()
+            encode = convert.consume_columns_response if opened.columns else convert.consume_pack_response
+            sender = loop.create_task(self._send_packs(scanner, vchannel, limit, metrics, encode))
+            receiver = loop.create_task(self._receive(channel, group, vchannel))
+            # A tailing read never ends by itself: when the node drains, end it at once with ON_SHUTDOWN
+            # (clients reconnect and resume) rather than hold the shutdown for the whole grace period.
+            draining = loop.create_task(self.node.draining.wait())
+            tasks: tuple[asyncio.Task[Any], ...] = (sender, receiver, draining)
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in tasks:
+                    if not task.done():
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await task
+            if draining in done:
+                raise OnShutdownError("the node is shutting down; reconnect to resume",
+                                      channel=channel.stream.pchannel)
+            for finished in done:
+                finished.result()  # a stream-ending error of either side ends the call with its status
+            await self._write(spb.ConsumeResponse(closed=spb.ConsumeClosed()))
+        finally:
+            if metrics is not None:
+                metrics.consumer_streams.dec()
+            await scanner.aclose()
+
+    async def _send_packs(
+        self, scanner: Any, vchannel: str, limit: int, metrics: ChannelMetrics | None,
+        encode: Callable[[MsgPack, str], bytes],
+    ) -> None:
+        max_bytes = self.node.config.consume_max_pack_bytes
+        tracing = self.node.tracing
+        async for pack in scanner:
+            for part, nbytes in split_pack(pack, limit, max_bytes):
+                # Written as bytes: encoded fragment by fragment, which upb does faster than one big tree.
+                if tracing is not None and part.messages:  # a span per pack with messages, linked to producers
+                    with tracing.consume_span(part.start_position.pchannel, vchannel, part.messages):
+                        await self._write(encode(part, vchannel))
+                else:
+                    await self._write(encode(part, vchannel))
+                if metrics is not None:
+                    metrics.observe_pack(len(part.messages), nbytes)
+
+    async def _receive(self, channel: Channel, group: str | None, vchannel: str) -> None:
+        while True:
+            request = await self.context.read()
+            if request is grpc.aio.EOF:
+                return
+            kind = request.WhichOneof("request")
+            if kind == "close":
+                return
+            try:
+                if kind != "ack":
+                    raise InvalidArgumentError("'open' may only be the first request of a Consume stream")
+                if group is None:
+                    raise InvalidArgumentError("ack needs a consumer_group on open", field="consumer_group")
+                positions = [convert.position_from_pb(p, f"ack.positions[{i}]")
+                             for i, p in enumerate(request.ack.positions)]
+                if not positions:
+                    raise InvalidArgumentError("ack has no positions", field="positions")
+                await channel.groups.commit(group, [(v, pos) for pos, v in positions])
+            except StreamingError as exc:
+                await self._write(spb.ConsumeResponse(error=to_error_detail(exc)))
+            else:
+                await self._write(spb.ConsumeResponse(acked=spb.ConsumeAcked(positions=request.ack.positions)))
+
+
+__all__ = ["ConsumeStream"]

@@ -1,0 +1,122 @@
+"""Error translation: how every handler turns a failure into the status its call ends with.
+
+A ``StreamingError`` becomes a gRPC status through the one table in ``streamingnode.status``
+(ErrorInfo in the details); anything else is a bug, logged with its traceback and answered with
+UNKNOWN, and the node keeps serving.  Errors of one produce batch or one consume ack travel in-band
+(see ``produce`` and ``consume``) and leave their stream open; these wrappers handle what ends a call.
+
+The wrappers also bind the call's log context (rpc name, request id, pchannel), and the helpers below
+translate the rest of what a handler reads from its call: the deadline and required fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+from google.protobuf.message import DecodeError
+
+from streamingnode.status import to_grpc_status
+from wal.errors import DeadlineExceededError, ErrorCode, InvalidArgumentError, StreamingError
+
+log = structlog.get_logger(__name__)
+
+R = TypeVar("R")
+S = TypeVar("S")
+"""The servicer a handler is a method of."""
+
+
+def internal(exc: BaseException) -> StreamingError:
+    """The error a bug is answered with (UNKNOWN), after logging it with its traceback."""
+    log.error("unexpected error in RPC", exc_info=exc)
+    return StreamingError(f"internal error: {type(exc).__name__}: {exc}", code=ErrorCode.UNKNOWN)
+
+
+def unary(
+    fn: Callable[[S, Any, grpc.aio.ServicerContext], Awaitable[R]],
+) -> Callable[[S, Any, grpc.aio.ServicerContext], Awaitable[R]]:
+    """Run a unary handler; turn its StreamingError (or a bug) into the status it fails with."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: S, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            with structlog.contextvars.bound_contextvars(
+                rpc=fn.__name__, request_id=request_id(context), pchannel=getattr(request, "pchannel", None) or None,
+            ):
+                return await fn(self, request, context)
+        except StreamingError as exc:
+            err = exc
+        except TimeoutError:
+            # The caller's deadline (asyncio.timeout_at in a handler) ran out: say so, do not log a bug.
+            err = DeadlineExceededError(f"{fn.__name__}: the call's deadline ran out; it may or may not have "
+                                        "taken effect")
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:  # noqa: BLE001  (a bug must not take the node down; it is logged)
+            err = internal(exc)
+        await context.abort_with_status(to_grpc_status(err))
+        raise AssertionError("abort_with_status returns only by raising")  # pragma: no cover
+
+    return wrapper
+
+
+def stream_errors(
+    fn: Callable[[S, Any, grpc.aio.ServicerContext], Awaitable[None]],
+) -> Callable[[S, Any, grpc.aio.ServicerContext], Awaitable[None]]:
+    """Run a streaming handler; end its call with the status of the error that stopped it."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: S, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        err: StreamingError | None = None
+        # The handler runs in a task of its own: what it binds (pchannel and term, once open) stays
+        # with this call and the tasks it starts.
+        structlog.contextvars.bind_contextvars(rpc=fn.__name__, request_id=request_id(context))
+        try:
+            await fn(self, request_iterator, context)
+        except StreamingError as exc:
+            err = exc
+        except DecodeError as exc:
+            err = InvalidArgumentError(f"request is not a valid {fn.__name__}Request: {exc}")
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:  # noqa: BLE001  (a bug ends the call, not the node)
+            if context.done():
+                return  # the client went away (cancelled, deadline) while we wrote: nobody to tell
+            err = internal(exc)
+        if err is not None and not context.done():
+            await context.abort_with_status(to_grpc_status(err))
+
+    return wrapper
+
+
+_call_ids = itertools.count(1)
+
+
+def request_id(context: grpc.aio.ServicerContext) -> str:
+    """The caller's ``x-request-id`` metadata when it sent one (to follow a call across services),
+    else a number unique in this process; bound to every log line of the call."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-request-id" and isinstance(value, str):
+            return value[:128]
+    return str(next(_call_ids))
+
+
+def call_deadline(context: grpc.aio.ServicerContext) -> float | None:
+    """The call's deadline on the event loop's clock (None: the caller set none)."""
+    remaining = context.time_remaining()
+    return None if remaining is None else asyncio.get_running_loop().time() + remaining
+
+
+def require(value: str, field: str) -> str:
+    """``value``, or INVALID_ARGUMENT naming ``field`` when the request left it empty."""
+    if not value:
+        raise InvalidArgumentError(f"{field} is required", field=field)
+    return value
+
+
+__all__ = ["call_deadline", "internal", "request_id", "require", "stream_errors", "unary"]

@@ -1,0 +1,202 @@
+"""The server's lifecycle: start a node and its gRPC server, serve until a signal, drain and stop.
+
+``start_server`` opens the node, listens, recovers every channel and only then reports SERVING
+(health); ``RunningServer.stop`` drains in the reverse order.  ``serve`` is the process's main loop;
+``ServerThread`` runs a server on a private loop for tests and synchronous embedders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from streamingnode.config import NodeConfig
+from streamingnode.node import Node
+from streamingnode.server.service import SERVICE_NAME, StreamingNodeService, add_service
+from streamingnode.tracing import Tracing
+from wal.errors import UnavailableError
+
+log = structlog.get_logger(__name__)
+
+R = TypeVar("R")
+
+
+class RunningServer:
+    """A started node and its gRPC server.  ``address`` is the bound host:port."""
+
+    def __init__(
+        self, node: Node, server: grpc.aio.Server, health: health_aio.HealthServicer, address: str,
+        metrics_address: str | None = None,
+    ) -> None:
+        self.node = node
+        self.server = server
+        self.health = health
+        self.address = address
+        self.metrics_address = metrics_address
+        """host:port of ``/metrics``, or None when it is turned off."""
+        self.owned_tracing: Tracing | None = None
+        """The tracing made from ``trace_exporter``: shut down (its spans flushed) when the server stops."""
+        self._stopped = asyncio.Event()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain: health NOT_SERVING, refuse new calls, let calls in flight finish for ``grace``
+        seconds, then close every WAL cleanly."""
+        if self._stopped.is_set():
+            return
+        grace = self.node.config.drain_seconds if grace is None else grace
+        await self.health.enter_graceful_shutdown()
+        self.node.draining.set()
+        await self.server.stop(grace)
+        await self.node.aclose()
+        if self.owned_tracing is not None:
+            await asyncio.to_thread(self.owned_tracing.shutdown)  # blocks while it exports what is left
+        self._stopped.set()
+        log.info("node stopped", address=self.address)
+
+
+async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) -> RunningServer:
+    """Open the node, listen, recover every channel, then report SERVING.
+
+    ``tracing`` (a provider of the caller's, who shuts it down) overrides ``config.trace_exporter``;
+    otherwise the server makes that exporter's provider and shuts it down when it stops.
+    """
+    owned = Tracing.from_exporter(config.trace_exporter) if tracing is None else None
+    try:
+        node = await Node.start(config, tracing if tracing is not None else owned)
+    except BaseException:
+        if owned is not None:
+            owned.shutdown()
+        raise
+    try:
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", config.max_request_bytes),
+            ("grpc.max_send_message_length", config.max_request_bytes),
+            ("grpc.so_reuseport", 0),
+        ])
+        add_service(StreamingNodeService(node), server)
+        health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server,
+        )
+        for name in ("", SERVICE_NAME):
+            await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        address = _listen(server, config.listen)
+        # Metrics come up before recovery, so a long recovery is visible while it runs.
+        metrics_address = await node.metrics.serve(config.metrics_listen) if config.metrics_listen else None
+        await server.start()
+        running = RunningServer(node, server, health, address, metrics_address)
+        running.owned_tracing = owned
+        try:
+            await node.open_all()
+        except BaseException:
+            await server.stop(0)
+            raise
+        for name in ("", SERVICE_NAME):
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    except BaseException:
+        await node.aclose()
+        if owned is not None:
+            owned.shutdown()
+        raise
+    log.info("serving", address=address, metrics=metrics_address, data_dir=str(config.data_dir),
+             durability=config.durability)
+    return running
+
+
+def _listen(server: grpc.aio.Server, listen: str) -> str:
+    """Bind ``listen``; return a connectable host:port (the real port when 0 was asked for)."""
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        raise UnavailableError(f"cannot listen on {listen!r}: address in use or invalid", address=listen)
+    host = listen.rsplit(":", 1)[0]
+    host = "127.0.0.1" if host in ("0.0.0.0", "[::]", "") else host  # noqa: S104  (a connectable form)
+    return f"{host}:{port}"
+
+
+async def serve(config: NodeConfig, on_ready: Callable[[RunningServer], None] | None = None) -> None:
+    """Run until SIGTERM or SIGINT, then drain and close (the process then exits 0)."""
+    running = await start_server(config)
+    if on_ready is not None:
+        on_ready(running)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("draining", address=running.address)
+    await running.stop()
+
+
+class ServerThread:
+    """A node served from a private event loop on a thread: for tests and embedding next to
+    synchronous code.  ``with ServerThread(config) as srv: srv.address``."""
+
+    def __init__(self, config: NodeConfig, *, tracing: Tracing | None = None) -> None:
+        self.config = config
+        self.tracing = tracing
+        self.address = ""
+        self.metrics_address: str | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._running: RunningServer | None = None
+
+    def start(self) -> ServerThread:
+        """Start the loop's thread and the server on it; returns once the node serves."""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="streamingnode-server", daemon=True)
+        self._thread.start()
+        started = start_server(self.config, tracing=self.tracing)
+        self._running = asyncio.run_coroutine_threadsafe(started, self._loop).result()
+        self.address = self._running.address
+        self.metrics_address = self._running.metrics_address
+        return self
+
+    @property
+    def node(self) -> Node:
+        assert self._running is not None
+        return self._running.node
+
+    def run(self, coro: Awaitable[R]) -> R:
+        """Run ``coro`` on the server's loop (to inspect the node from a test)."""
+        assert self._loop is not None, "ServerThread.run before start"
+
+        async def _wrap() -> R:
+            return await coro
+        return asyncio.run_coroutine_threadsafe(_wrap(), self._loop).result()
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Drain and stop the server (see ``RunningServer.stop``), then the thread and its loop."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        if self._running is not None:
+            asyncio.run_coroutine_threadsafe(self._running.stop(grace), loop).result()
+            self._running = None
+        if thread.is_alive():
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+        loop.close()
+        self._loop = self._thread = None
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["RunningServer", "ServerThread", "serve", "start_server"]

@@ -1,0 +1,67 @@
+"""The StreamingNode servicer and its registration on a gRPC server.
+
+One RPC, one place: the Produce stream is served in ``produce``, the Consume stream in ``consume``,
+every unary RPC in ``admin``; ``errors`` turns what they raise into statuses and ``lifecycle`` starts
+and stops the server this module registers the service on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from google.protobuf import message_factory
+
+from streamingnode.node import Node
+from streamingnode.server.admin import AdminHandlers
+from streamingnode.server.consume import ConsumeStream
+from streamingnode.server.errors import stream_errors
+from streamingnode.server.produce import ProduceStream
+from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+
+SERVICE_NAME = spb.DESCRIPTOR.services_by_name["StreamingNode"].full_name
+"""The full gRPC name of the service (for health, reflection and registration)."""
+
+
+class StreamingNodeService(AdminHandlers, sgrpc.StreamingNodeServicer):  # type: ignore[misc]
+    """Every RPC of ``streaming.proto`` over one ``Node``."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    @stream_errors
+    async def Produce(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        await ProduceStream(self.node, context).run()
+
+    @stream_errors
+    async def Consume(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        await ConsumeStream(self.node, context).run()
+
+
+def _serialize_consume(response: spb.ConsumeResponse | bytes) -> bytes:
+    return response if type(response) is bytes else response.SerializeToString()  # type: ignore[union-attr]
+
+
+def add_service(service: StreamingNodeService, server: grpc.aio.Server) -> None:
+    """Register the service as the generated code does, except that Consume may write ready-made
+    response bytes (packs are encoded by ``convert.consume_pack_response`` or
+    ``convert.consume_columns_response``)."""
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in spb.DESCRIPTOR.services_by_name["StreamingNode"].methods:
+        request = message_factory.GetMessageClass(method.input_type)
+        response = message_factory.GetMessageClass(method.output_type)
+        serialize = _serialize_consume if method.name == "Consume" else response.SerializeToString
+        make = {
+            (False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler,
+        }[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = make(getattr(service, method.name), request_deserializer=request.FromString,
+                                     response_serializer=serialize)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+__all__ = ["SERVICE_NAME", "StreamingNodeService", "add_service"]
