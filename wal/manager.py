@@ -135,8 +135,15 @@ class WALManager:
     async def open(self, name: str) -> WAL:
         """Open a pchannel with a new term; a WAL already open on it is fenced."""
         _check_name(name)
-        info = await self._run_write(self.backend.open_channel, name)
         old = self._wals.get(name)
+        if old is not None:
+            # Fenced before the term changes on the writer thread: an append the old handle already
+            # handed to that thread is written first (below the new term's first id), and one still
+            # queued is refused.  Fenced only afterwards, a queued append could be taken meanwhile and
+            # written under the old term at an id the new term then hands out again.
+            old._fence()
+        info = await self._run_write(self.backend.open_channel, name)
+        old = self._wals.get(name)  # a concurrent open may have registered another handle meanwhile
         if old is not None:
             old._fence()
         wal = WAL(self, info, self._committer)

@@ -109,6 +109,7 @@ class RocksBackend(Backend):
         # the writer appends while the sync thread syncs the previous commit.
         self._jlock = threading.Lock()
         self._jflusher: concurrent.futures.ThreadPoolExecutor | None = None
+        self._sync_failed: OSError | None = None  # see _fdatasync
         opts = rocksdict.Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.set_paranoid_checks(True)
@@ -231,7 +232,7 @@ class RocksBackend(Backend):
             old, self._jfd = self._jfd, fd
             self._jseq, self._joffset = seq, 0
             if old >= 0:
-                os.fdatasync(old)  # a sync in flight may still be for writes in the old file
+                self._fdatasync(old)  # a sync in flight may still be for writes in the old file
                 os.close(old)
 
     def _drop_journal_before(self, seq: int) -> None:
@@ -275,6 +276,23 @@ class RocksBackend(Backend):
             raise OSError(f"short journal write: {written} of {total} bytes")
         self._joffset = start + total
         return start
+
+    def _fdatasync(self, fd: int) -> None:
+        """``fdatasync`` a journal file.  A failure is final, as databases treat a failed fsync: the
+        kernel may have dropped the pages it could not write, and a later sync that succeeds would not
+        bring them back, so what the journal holds after it is unknown.  Every later write and sync
+        fails until the database is reopened (replay then applies what did reach the disk)."""
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            self._sync_failed = exc
+            raise
+
+    def _check_synced(self) -> None:
+        if self._sync_failed is not None:
+            raise UnrecoverableError(
+                f"a journal sync in {self.path} failed ({self._sync_failed}); nothing more can be made durable "
+                "until the database is reopened", path=self.path)
 
     def _cut_journal(self, offset: int) -> None:
         os.ftruncate(self._jfd, offset)
@@ -350,6 +368,7 @@ class RocksBackend(Backend):
             wb = rocksdict.WriteBatch(raw_mode=True)
             self._put_groups(wb, groups)
             if self._journaled:
+                self._check_synced()
                 # Journal first: a write that fails after it is cut off the journal again, so nothing
                 # unacknowledged can come back at replay.
                 start = self._journal_append(groups)
@@ -359,7 +378,7 @@ class RocksBackend(Backend):
                     self._cut_journal(start)
                     raise
                 if durable:
-                    os.fdatasync(self._jfd)
+                    self._fdatasync(self._jfd)
                 if self._joffset >= self._journal_rotate_bytes:
                     assert self._jflusher is not None
                     self._open_journal(self._jseq + 1)
@@ -465,7 +484,8 @@ class RocksBackend(Backend):
         with self._engine("sync"):
             if self._journaled:
                 with self._jlock:
-                    os.fdatasync(self._jfd)
+                    self._check_synced()
+                    self._fdatasync(self._jfd)
             else:
                 self._db.flush_wal(True)
 
