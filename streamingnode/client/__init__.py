@@ -10,8 +10,13 @@
 
 Producers batch and pipeline, and with a ``producer_id`` resend across reconnects without
 duplicates; consumers resume after a reconnect without loss or duplicates; ``txn`` is a context
-manager; ``msgstream`` is the Milvus MsgStream shape.  Every failure raises the ``wal.errors``
-``StreamingError`` subclass the node raised.
+manager; ``msgstream`` is the Milvus MsgStream shape.  Every failure raises the ``StreamingError``
+subclass the node raised.
+
+Everything a user of the SDK touches is importable from here: the clients, the message model
+(``Message``, ``MessageType``, ``Position``, ``MsgPack``, ``AppendResult``), how to read
+(``DeliverPolicy``, ``DeliverFilter``), every error class with its ``ErrorCode``, and
+``message_links`` (a consumer's span linked to the producers of a pack).
 """
 
 from streamingnode.client._async import DEFAULT_ADDR, AsyncClient
@@ -29,29 +34,97 @@ from streamingnode.client._producer import Producer
 from streamingnode.client._sync import Client, SyncConsumer, SyncMsgStream, SyncProducer, SyncTransaction
 from streamingnode.client._txn import Transaction
 from streamingnode.client._types import ChannelDescription, GroupDescription, GroupProgress, Owner, TxnInfo
+from streamingnode.tracing import message_links
+from wal.errors import (
+    ChannelExistError,
+    ChannelFencedError,
+    ChannelNotExistError,
+    CodecError,
+    CollectionExistError,
+    CollectionNotExistError,
+    ConsumerGroupExistError,
+    ConsumerGroupNotExistError,
+    CorruptedError,
+    DeadlineExceededError,
+    ErrorCode,
+    ImmutableMessageError,
+    InvalidArgumentError,
+    InvalidTxnStateError,
+    MessageTooLargeError,
+    OnShutdownError,
+    OutOfRangeError,
+    PartitionExistError,
+    PartitionNotExistError,
+    RedoError,
+    ResourceExhaustedError,
+    SchemaMismatchError,
+    StreamingError,
+    TxnExpiredError,
+    TxnNotFoundError,
+    UnavailableError,
+    UnrecoverableError,
+)
+from wal.message import AppendResult, Message, MessageType, Position
+from wal.options import DeliverFilter, DeliverPolicy
+from wal.scanner import MsgPack
 
 __all__ = [
     "DEFAULT_ADDR",
     "HASH_KEY_PROPERTY",
+    "AppendResult",
     "AsyncClient",
     "ChannelDescription",
+    "ChannelExistError",
+    "ChannelFencedError",
+    "ChannelNotExistError",
     "Client",
+    "CodecError",
+    "CollectionExistError",
+    "CollectionNotExistError",
     "Consumer",
+    "ConsumerGroupExistError",
+    "ConsumerGroupNotExistError",
+    "CorruptedError",
     "DataClient",
+    "DeadlineExceededError",
+    "DeliverFilter",
+    "DeliverPolicy",
+    "ErrorCode",
     "GroupDescription",
     "GroupProgress",
+    "ImmutableMessageError",
+    "InvalidArgumentError",
+    "InvalidTxnStateError",
+    "Message",
+    "MessageTooLargeError",
+    "MessageType",
+    "MsgPack",
     "MsgStream",
     "MsgStreamPack",
+    "OnShutdownError",
+    "OutOfRangeError",
     "Owner",
+    "PartitionExistError",
+    "PartitionNotExistError",
+    "Position",
     "Producer",
+    "RedoError",
     "Repack",
+    "ResourceExhaustedError",
+    "SchemaMismatchError",
+    "StreamingError",
     "SyncConsumer",
     "SyncMsgStream",
     "SyncProducer",
     "SyncTransaction",
     "Transaction",
+    "TxnExpiredError",
     "TxnInfo",
+    "TxnNotFoundError",
+    "UnavailableError",
+    "UnrecoverableError",
     "default_repack",
     "hash_key",
+    "message_links",
     "resume_read",
 ]
