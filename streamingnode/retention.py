@@ -1,29 +1,11 @@
 """WAL retention of one pchannel: truncate what nobody needs any more, keeping recovery whole.
 
-Every ``check_seconds`` the task computes how far the log may go — the smallest of
-
-- the flusher's stored checkpoint (everything below it is in durable Parquet files),
-- every consumer group's committed position, on each vchannel (a group that committed nothing holds
-  nothing back: like Kafka's ``auto.offset.reset``, its consumers start where their policy says),
-- the BeginTxn of the oldest open transaction (a transaction is never half truncated),
-- the retention time: messages younger than ``retention_seconds`` stay (found through the time index
-  of persisted TimeTicks, so whatever a reader starting at that time needs stays too),
-- the last message (the log never becomes empty, so ids and the clock continue from it)
-
-— rounds it down to a stored block boundary (truncation drops whole blocks, so the cut is exact),
-and moves it further down while a transaction spans it.  Then, in this order:
-
-1. ``snapshot``  replay the log from the previous recovery snapshot to the cut, offline, into fresh
-   steps, and store the result as the new snapshot (see ``interceptors.snapshot``);
-2. ``truncate``  drop the blocks below the cut.
-
-A crash between the two leaves a snapshot above the first retained id, which recovery handles (it
-starts at the snapshot); the next check truncates.  Crash tests set
-``STREAMINGNODE_RETENTION_KILL_AT=<step>[:<n>]`` to SIGKILL the process right after the ``n``-th time
-step ``<step>`` completes.
-
-A reader that asks for a truncated id gets OUT_OF_RANGE (``OutOfRangeError``); "all" starts at the
-first retained message.
+The rules are stated once, in ``flusher/README.md`` ("Retention (truncating the WAL)"): which bounds
+hold the cut, how it is rounded to a block and moved below a spanning transaction, the two steps
+(``snapshot`` into ``interceptors.snapshot``, then ``truncate``), what a crash between them leaves,
+and what a reader of a truncated id gets (``OutOfRangeError``).  This module implements them, one
+``ChannelRetention`` task per pchannel.  Crash tests set ``STREAMINGNODE_RETENTION_KILL_AT``
+(``KILL_ENV``) to stop the process after a step.
 """
 
 from __future__ import annotations
