@@ -149,17 +149,6 @@ class TimeTickInterceptor:
             self._poke.set()
         return results
 
-    async def append_system(self, batch: list[Message]) -> list[AppendResult]:
-        """Append messages that bypass the rest of the chain (ticks, recovery rollbacks)."""
-        p = await self._allocate(batch)
-        try:
-            results = await self._wal.append_batch(batch)
-        except BaseException:
-            self.acks.finish(p, None)
-            raise
-        self.acks.finish(p, results[0].message_id if results else None)
-        return results
-
     # --- ticks -----------------------------------------------------------------------------------
     async def emit_tick(self, persist: bool) -> int:
         """Emit one TimeTick after every earlier allocation finished; return its timestamp."""
