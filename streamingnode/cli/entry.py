@@ -1,0 +1,163 @@
+"""The entry of the client commands: their parsers, running the one chosen, and printing failures.
+
+Standard library only at module level (see ``streamingnode.cli``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from streamingnode.cli import admin
+from streamingnode.cli.connection import ADDR_ENV, DEFAULT_ADDR, resolve_addr
+from streamingnode.cli.consume import consume as consume_command
+from streamingnode.cli.parsing import CliError, non_negative_float, non_negative_int, positive_int
+from streamingnode.cli.produce import produce as produce_command
+
+if TYPE_CHECKING:
+    from wal.errors import StreamingError
+
+CLIENT_COMMANDS = frozenset({"produce", "consume", "channels", "groups", "flush"})
+
+Handler = Callable[[argparse.Namespace, str], Coroutine[Any, Any, int]]
+
+
+def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register produce, consume, channels, groups and flush on the top-level subparsers."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--addr", help=f"node address (default ${ADDR_ENV} or {DEFAULT_ADDR})")
+    json_out = argparse.ArgumentParser(add_help=False)
+    json_out.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    produce = sub.add_parser(
+        "produce", parents=[common], help="append messages: JSON lines from stdin, or generated load",
+        description="Append messages to a pchannel and wait until every one is durable.  Without --count, "
+        "each stdin line is a JSON object {\"vchannel\"?, \"payload\" (string) or \"payload_b64\", "
+        "\"properties\"?: {str: str}} or any other JSON value, whose JSON text becomes the payload.  "
+        "With --count N, N generated messages of --size bytes are sent.  A summary line (messages, bytes, "
+        "rate, ack latency) goes to stderr.")
+    produce.add_argument("--channel", required=True, help="the pchannel")
+    produce.add_argument("--vchannel", default="",
+                         help="vchannel of messages that name none (default '': broadcast to every vchannel)")
+    produce.add_argument("--count", type=positive_int, help="send N generated messages instead of reading stdin")
+    produce.add_argument("--size", type=non_negative_int, help="payload bytes of generated messages (default 1024)")
+    produce.add_argument("--producer-id",
+                         help="make the producer idempotent under this id (use a fresh one per run): batches "
+                              "unanswered when the connection breaks are resent without duplicates.  The node "
+                              "stamps producer_id/producer_seq properties on each message.  Without it, such "
+                              "a batch fails the command (it may or may not have been appended)")
+    produce.add_argument("--linger", type=non_negative_float, default=0.005,
+                         help="seconds a batch waits for more messages (default 0.005)")
+    produce.add_argument("--batch-bytes", type=positive_int, default=1 << 20,
+                         help="largest batch in bytes (default 1 MiB)")
+    produce.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                         help="progress bar on stderr (default: when stderr is a terminal)")
+    produce.set_defaults(client_handler=produce_command)
+
+    consume = sub.add_parser(
+        "consume", parents=[common], help="print messages as JSON lines",
+        description="Print messages as JSON lines {id, vchannel, type, timetick, txn_id?, properties, payload "
+        "or payload_b64}, until --count messages or Ctrl-C / SIGTERM (exit 0).  TimeTicks are not printed.")
+    consume.add_argument("--channel", required=True, help="the pchannel")
+    consume.add_argument("--vchannel", default="", help="read one vchannel (default: the whole pchannel)")
+    consume.add_argument("--from", dest="start", default="earliest", metavar="WHERE",
+                         help="earliest (default), latest, a message id (an integer), or a time: ISO-8601 "
+                              "(local time when it names no zone) or @UNIX_SECONDS")
+    consume.add_argument("--group", help="consume as this consumer group: start at its committed position "
+                                         "(when it has one) and ack each pack once printed")
+    consume.add_argument("--count", type=positive_int, help="stop after N messages")
+    consume.add_argument("--quiet", action="store_true", help="no status line on stderr")
+    consume.set_defaults(client_handler=consume_command)
+
+    channels = sub.add_parser("channels", help="create, list, describe, destroy pchannels")
+    csub = channels.add_subparsers(dest="action", required=True)
+    create = csub.add_parser("create", parents=[common, json_out], help="create pchannels")
+    create.add_argument("names", nargs="*", metavar="NAME")
+    create.add_argument("--num", type=positive_int, help="create N channels named by the node (without NAMEs)")
+    create.add_argument("--role", default="", help="owner role")
+    create.add_argument("--address", default="", help="owner address")
+    create.add_argument("--description", default="", help="owner description")
+    create.set_defaults(client_handler=admin.channels_create)
+    lst = csub.add_parser("list", parents=[common, json_out], help="every pchannel of the node")
+    lst.set_defaults(client_handler=admin.channels_list)
+    describe = csub.add_parser("describe", parents=[common, json_out], help="owner, term, ids, last time")
+    describe.add_argument("names", nargs="+", metavar="NAME")
+    describe.set_defaults(client_handler=admin.channels_describe)
+    destroy = csub.add_parser("destroy", parents=[common], help="remove pchannels with their data and groups")
+    destroy.add_argument("names", nargs="+", metavar="NAME")
+    destroy.set_defaults(client_handler=admin.channels_destroy)
+
+    groups = sub.add_parser("groups", help="create, destroy, list, describe, seek consumer groups")
+    gsub = groups.add_subparsers(dest="action", required=True)
+    gcreate = gsub.add_parser("create", parents=[common], help="create consumer groups on a pchannel")
+    gcreate.add_argument("--channel", required=True, help="the pchannel")
+    gcreate.add_argument("names", nargs="+", metavar="GROUP")
+    gcreate.set_defaults(client_handler=admin.groups_create)
+    gdestroy = gsub.add_parser("destroy", parents=[common], help="remove consumer groups")
+    gdestroy.add_argument("--channel", required=True, help="the pchannel")
+    gdestroy.add_argument("names", nargs="+", metavar="GROUP")
+    gdestroy.set_defaults(client_handler=admin.groups_destroy)
+    glist = gsub.add_parser("list", parents=[common, json_out], help="consumer groups (of every pchannel)")
+    glist.add_argument("--channel", default="", help="only this pchannel")
+    glist.set_defaults(client_handler=admin.groups_list)
+    gdescribe = gsub.add_parser("describe", parents=[common, json_out], help="committed positions and lag")
+    gdescribe.add_argument("--channel", default="", help="only this pchannel")
+    gdescribe.add_argument("names", nargs="*", metavar="GROUP", help="default: every group")
+    gdescribe.set_defaults(client_handler=admin.groups_describe)
+    gseek = gsub.add_parser("seek", parents=[common, json_out], help="move a group's committed position")
+    gseek.add_argument("--channel", required=True, help="the pchannel")
+    gseek.add_argument("name", metavar="GROUP")
+    gseek.add_argument("--vchannel", default="", help="the vchannel (default '': whole-pchannel consumers)")
+    gseek.add_argument("--to", dest="target", required=True, metavar="WHERE",
+                       help="earliest, latest, a message id, or a time (ISO-8601 or @UNIX_SECONDS)")
+    gseek.set_defaults(client_handler=admin.groups_seek)
+
+    flush = sub.add_parser("flush", parents=[common, json_out], help="flush a vchannel to Parquet")
+    flush.add_argument("--channel", required=True, help="the pchannel")
+    flush.add_argument("--vchannel", required=True, help="the vchannel")
+    flush.add_argument("--collection", help="only this collection")
+    flush.set_defaults(client_handler=admin.flush)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the client command ``args`` selected; the process exit code."""
+    from wal.errors import StreamingError  # noqa: PLC0415
+
+    addr = resolve_addr(args)
+    handler: Handler = args.client_handler
+    try:
+        return asyncio.run(handler(args, addr))
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except StreamingError as exc:
+        print_error(exc, addr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader of stdout went away (`consume | head`): not an error of ours.  Point stdout at
+        # /dev/null so the interpreter's final flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def print_error(exc: StreamingError, addr: str) -> None:
+    """Print what the node (or the transport) answered: ``error: CODE: message``, and a hint when
+    the node may not be running."""
+    from wal.errors import ErrorCode  # noqa: PLC0415
+
+    print(f"error: {exc.code.name}: {exc}", file=sys.stderr)
+    text = str(exc).lower()
+    if exc.code is ErrorCode.UNAVAILABLE and ("connect" in text or "refused" in text or "resolve" in text):
+        print(f"hint: is the node running at {addr}?  Start one with `streamingnode serve`, or point "
+              f"--addr / ${ADDR_ENV} at it.", file=sys.stderr)
+
+
+__all__ = ["CLIENT_COMMANDS", "add_client_commands", "print_error", "run"]
