@@ -59,7 +59,8 @@ _CODE_OF_STATUS: dict[grpc.StatusCode, ErrorCode] = {
     grpc.StatusCode.DEADLINE_EXCEEDED: ErrorCode.DEADLINE_EXCEEDED,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ErrorCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.INVALID_ARGUMENT: ErrorCode.INVALID_ARGUMENT,
-    grpc.StatusCode.NOT_FOUND: ErrorCode.CHANNEL_NOT_EXIST,
+    # Not NOT_FOUND: a node names what is missing (channel, txn, group, ...) in its ErrorInfo; a bare
+    # NOT_FOUND comes from something else (a proxy, another service) and stays UNKNOWN.
     grpc.StatusCode.CANCELLED: ErrorCode.UNAVAILABLE,
     grpc.StatusCode.OUT_OF_RANGE: ErrorCode.OUT_OF_RANGE,
     grpc.StatusCode.DATA_LOSS: ErrorCode.CORRUPTED,

@@ -154,8 +154,9 @@ def print_error(exc: StreamingError, addr: str) -> None:
     from wal.errors import ErrorCode  # noqa: PLC0415
 
     print(f"error: {exc.code.name}: {exc}", file=sys.stderr)
-    text = str(exc).lower()
-    if exc.code is ErrorCode.UNAVAILABLE and ("connect" in text or "refused" in text or "resolve" in text):
+    # UNAVAILABLE made by gRPC itself (it carries the transport's status, not a node's ErrorInfo):
+    # nothing answered at that address.  A node that answers UNAVAILABLE is running.
+    if exc.code is ErrorCode.UNAVAILABLE and exc.fields.get("grpc_status") == "UNAVAILABLE":
         print(f"hint: is the node running at {addr}?  Start one with `streamingnode serve`, or point "
               f"--addr / ${ADDR_ENV} at it.", file=sys.stderr)
 
