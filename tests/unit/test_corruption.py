@@ -11,7 +11,7 @@ import rocksdict
 
 from interceptors.streaming import ChainConfig, open_streaming_wal
 from tests.factories import data, flat, ins, packs_until, tick
-from wal import CorruptedError, DeliverPolicy, ReadOption, WALManager
+from wal import CorruptedError, DeliverPolicy, ReadOption, WALManager, decode_block
 from wal.backends import RocksBackend
 
 
@@ -44,6 +44,44 @@ def _damage_block(path: Path, first_id: int) -> None:
         db.flush()
     finally:
         db.close()
+
+
+def _rewrite_block(path: Path, first_id: int, old: bytes, new: bytes) -> bytes:
+    """Replace ``old`` by ``new`` (same length) inside the stored block at ``first_id``; return the block."""
+    db = rocksdict.Rdict(str(path), options=rocksdict.Options(raw_mode=True))
+    try:
+        key = b"D" + (1).to_bytes(4, "big") + first_id.to_bytes(8, "big")  # the first channel's key is 1
+        block = db.get(key)
+        assert block is not None and block.count(old) == 1
+        damaged = block.replace(old, new)
+        db.put(key, damaged)
+        db.flush()
+        return damaged
+    finally:
+        db.close()
+
+
+async def test_a_flipped_payload_byte_that_still_decodes_is_caught_by_the_checksum(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    await _fill(path, 5)
+    # One bit of one payload byte: b"row2" becomes b"row3".  Every length and header still checks out,
+    # so the block decodes; only its CRC can tell.
+    damaged = _rewrite_block(path, 4, b"row2", b"row3")
+    assert decode_block(damaged, 4, 4, checksum_verified=True)[0].payload == b"row3"
+    m = await WALManager.start(RocksBackend(path))
+    try:
+        wal = await m.open("p")
+        with pytest.raises(CorruptedError, match=r"block at id 4 of pchannel 'p' is damaged"):
+            await wal.read_stored(4)
+        # What precedes the damage is handed out; the read that reaches it fails.
+        assert [x.payload for x in await wal.read_stored(0) if x.payload] == [b"row0", b"row1"]
+        scanner = wal.read()
+        assert [x.payload for x in flat(await packs_until(scanner, 12))] == [b"row0", b"row1"]
+        with pytest.raises(CorruptedError, match=r"block at id 4"):
+            await asyncio.wait_for(scanner.__anext__(), 5)
+        await scanner.aclose()
+    finally:
+        await m.aclose()
 
 
 async def test_damaged_block_is_reported_and_data_before_it_still_reads(tmp_path: Path) -> None:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Sequence
 
 import pytest
 
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from tests.conftest import ManagerFactory
 from tests.factories import data
+from tests.waiting import until
 from wal import (
+    WAL,
+    AppendResult,
     ChannelFencedError,
     DeliverPolicy,
     Message,
@@ -58,6 +62,94 @@ async def test_concurrent_producers_are_delivered_in_timestamp_order_exactly_onc
         assert {mid for _, mid in seen} == acked[v] and len(seen) == len(acked[v])  # exactly once
         assert ends == sorted(ends)
         await scanner.aclose()
+    await swal.aclose()
+
+
+async def test_a_live_reader_gets_every_message_in_the_pack_of_its_own_tick(manager: WALManager) -> None:
+    # A TimeTick at T is a barrier: it may go out only once every append with a smaller timestamp was
+    # acknowledged.  Sent early, a slower append lands in a later pack whose begin_ts is already at or
+    # past its own timestamp.  Sixteen producers and a reader that tails while they write make the
+    # interleavings; a barrier that does not wait shows up within a few hundred messages.
+    swal = await _open(manager, ChainConfig(tick_interval=0.005))
+    scanner = swal.read(ReadOption(deliver_policy=DeliverPolicy.latest()))
+    acked: set[int] = set()
+    seen: list[tuple[int, int, int, int]] = []  # (begin_ts, ts, end_ts, id)
+    done = asyncio.Event()
+    rng = random.Random(11)
+
+    async def read() -> None:
+        async for pack in scanner:
+            seen.extend((pack.begin_ts, m.timetick, pack.end_ts, m.message_id) for m in pack.messages)  # type: ignore[misc]
+            if done.is_set() and acked <= {mid for *_, mid in seen}:
+                return
+
+    async def producer(k: int) -> None:
+        for _ in range(40):
+            batch = [data(f"v{k % 4}", b"x" * rng.randrange(1, 512)) for _ in range(rng.randrange(1, 8))]
+            acked.update(r.message_id for r in await swal.append_batch(batch))
+            await asyncio.sleep(0)  # let the reader and the tick task in between appends
+
+    reader = asyncio.create_task(read())
+    await asyncio.gather(*(producer(k) for k in range(16)))
+    done.set()
+    swal.wal.want_tick()
+    await asyncio.wait_for(reader, 20)
+    late = [(b, ts, e, mid) for b, ts, e, mid in seen if not b < ts <= e]
+    assert not late, f"{len(late)} of {len(seen)} messages outside their pack's (begin_ts, end_ts]: {late[:5]}"
+    assert {mid for *_, mid in seen} == acked and len(seen) == len(acked)
+    await scanner.aclose()
+    await swal.aclose()
+
+
+async def test_a_tick_waits_for_an_append_allocated_before_it(
+    manager: WALManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same barrier, made deterministic: one append is held between its timestamp and its write
+    # while a later one completes and asks for a tick.  The tick must wait for the held one; sent at
+    # once, the held message would arrive behind it, in a pack that begins after its timestamp.
+    release = asyncio.Event()
+    reached = asyncio.Event()
+    real_append = WAL.append_batch
+
+    async def holding(self: WAL, messages: Sequence[Message]) -> list[AppendResult]:
+        if any(m.payload == b"held" for m in messages):
+            reached.set()
+            await release.wait()
+        return await real_append(self, messages)
+
+    monkeypatch.setattr(WAL, "append_batch", holding)  # before the chain binds it
+    swal = await _open(manager, ChainConfig(tick_interval=3600))  # only prompted ticks
+    ticks_started = 0
+    emit = swal.timetick.emit_tick
+
+    async def counting(persist: bool) -> int:
+        nonlocal ticks_started
+        ticks_started += 1
+        return await emit(persist)
+
+    monkeypatch.setattr(swal.timetick, "emit_tick", counting)
+    scanner = swal.read(ReadOption(deliver_policy=DeliverPolicy.latest()))
+    seen: list[tuple[int, int, int, bytes]] = []
+
+    async def read() -> None:
+        async for pack in scanner:
+            seen.extend((pack.begin_ts, m.timetick, pack.end_ts, m.payload) for m in pack.messages)
+            if len(seen) == 2:
+                return
+
+    reader = asyncio.create_task(read())
+    held = asyncio.create_task(swal.append(data("v", b"held")))
+    await asyncio.wait_for(reached.wait(), 5)
+    before = ticks_started
+    await swal.append(data("v", b"other"))  # acknowledged: it asks for a tick
+    await until(lambda: ticks_started > before, "the tick asked for by the second append")
+    release.set()
+    await asyncio.wait_for(held, 5)
+    await asyncio.wait_for(reader, 5)
+    assert sorted(p for *_, p in seen) == [b"held", b"other"]
+    for begin, ts, end, payload in seen:
+        assert begin < ts <= end, f"{payload!r} at {ts} arrived in the pack ({begin}, {end}]"
+    await scanner.aclose()
     await swal.aclose()
 
 
