@@ -71,14 +71,20 @@ class StreamingError(Exception):
 
 
 class ChannelNotExistError(StreamingError):
+    """The pchannel does not exist (never created, or destroyed)."""
+
     default_code = ErrorCode.CHANNEL_NOT_EXIST
 
 
 class ChannelExistError(StreamingError):
+    """A pchannel of that name already exists."""
+
     default_code = ErrorCode.CHANNEL_EXIST
 
 
 class ChannelFencedError(StreamingError):
+    """A newer owner (a later WAL term) opened the pchannel; this handle may no longer write."""
+
     default_code = ErrorCode.CHANNEL_FENCED
 
 
@@ -89,6 +95,8 @@ class OnShutdownError(StreamingError):
 
 
 class InvalidArgumentError(StreamingError):
+    """The request is malformed or names something in a way the rules refuse; nothing was done."""
+
     default_code = ErrorCode.INVALID_ARGUMENT
 
 
@@ -99,6 +107,8 @@ class CodecError(StreamingError):
 
 
 class MessageTooLargeError(StreamingError):
+    """A message or batch is larger than the limit; nothing was written."""
+
     default_code = ErrorCode.MESSAGE_TOO_LARGE
 
 
@@ -115,14 +125,20 @@ class CorruptedError(StreamingError):
 
 
 class UnrecoverableError(StreamingError):
+    """The WAL hit a storage failure it cannot undo (a failed write or sync); reopen the pchannel."""
+
     default_code = ErrorCode.UNRECOVERABLE
 
 
 class TxnNotFoundError(StreamingError):
+    """The transaction id is unknown on this pchannel (never begun here, or long finished)."""
+
     default_code = ErrorCode.TXN_NOT_FOUND
 
 
 class TxnExpiredError(StreamingError):
+    """The transaction was idle longer than its keepalive and can no longer commit."""
+
     default_code = ErrorCode.TXN_EXPIRED
 
 
@@ -133,18 +149,26 @@ class InvalidTxnStateError(StreamingError):
 
 
 class CollectionNotExistError(StreamingError):
+    """DML or DDL names a collection that does not exist (or was dropped) on the vchannel."""
+
     default_code = ErrorCode.COLLECTION_NOT_EXIST
 
 
 class CollectionExistError(StreamingError):
+    """A collection of that name already exists on the vchannel."""
+
     default_code = ErrorCode.COLLECTION_EXIST
 
 
 class PartitionNotExistError(StreamingError):
+    """The partition does not exist (or was dropped) in the collection."""
+
     default_code = ErrorCode.PARTITION_NOT_EXIST
 
 
 class PartitionExistError(StreamingError):
+    """A partition of that name already exists in the collection."""
+
     default_code = ErrorCode.PARTITION_EXIST
 
 

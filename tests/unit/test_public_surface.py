@@ -69,5 +69,15 @@ def test_every_error_class_is_exported(module: str) -> None:
         assert getattr(mod, name) is getattr(wal.errors, name)
 
 
+def test_every_sdk_name_is_documented() -> None:
+    # ``Repack`` is a type alias: it has no docstring of its own.
+    mod = importlib.import_module("streamingnode.client")
+    undocumented = [
+        name for name in mod.__all__
+        if callable(obj := getattr(mod, name)) and name != "Repack" and not obj.__doc__
+    ]
+    assert undocumented == []
+
+
 def test_error_classes_are_all_in_wal_errors_all() -> None:
     assert _error_classes() <= set(wal.errors.__all__)
