@@ -28,7 +28,7 @@ from interceptors.snapshot import import_snapshot, load_snapshot
 from interceptors.timetick import TimeTickInterceptor
 from interceptors.txn import TxnInterceptor, TxnManager, TxnSession, TxnState, commit_message, rollback_message
 from wal.adaptor import WALAdaptor
-from wal.errors import CorruptedError, InvalidTxnStateError, StreamingError, TxnNotFoundError
+from wal.errors import CorruptedError, InvalidTxnStateError, OnShutdownError, StreamingError, TxnNotFoundError
 from wal.lifecycle import cancel_and_wait
 from wal.manager import WALManager
 from wal.message import AppendResult, Message, MessageID, Position, TxnContext
@@ -59,18 +59,21 @@ class ChainConfig:
 
 
 class _RecoveringChain:
-    """The chain as the adaptor sees it: ready once recovery finished."""
+    """The chain as the adaptor sees it: ready once recovery (started by ``StreamingWAL.start``)
+    finished."""
 
-    def __init__(self, chain: Chain, recovery: asyncio.Future[None]) -> None:
+    def __init__(self, chain: Chain) -> None:
         self._chain = chain
-        self._recovery = recovery
+        self.recovery: asyncio.Future[None] | None = None
 
     async def ready(self) -> None:
-        await asyncio.shield(self._recovery)
+        # The adaptor asks only once started, and StreamingWAL.start sets recovery before that.
+        assert self.recovery is not None
+        await asyncio.shield(self.recovery)
 
     async def close(self) -> None:
-        if not self._recovery.done():
-            self._recovery.cancel()
+        if self.recovery is not None and not self.recovery.done():
+            self.recovery.cancel()
         await self._chain.close()
 
     async def __call__(self, batch: list[Message]) -> list[AppendResult]:
@@ -91,8 +94,17 @@ class StreamingWAL:
         self.shard = shard
         self.config = config
         self._sealer: asyncio.Task[None] | None = None
-        self._recovery = asyncio.ensure_future(self._recover())
-        self.adaptor = WALAdaptor(wal, _RecoveringChain(chain, self._recovery))
+        self._recovery: asyncio.Future[None] | None = None
+        self._recovering = _RecoveringChain(chain)
+        self.adaptor = WALAdaptor(wal, self._recovering)
+
+    def start(self) -> None:
+        """Start recovery in the background; appends wait (through the adaptor) until it is done.
+        Idempotent; ``open_streaming_wal`` calls it."""
+        if self._recovery is not None:
+            return
+        self._recovery = self._recovering.recovery = asyncio.ensure_future(self._recover())
+        self.adaptor.start()
 
     @property
     def pchannel(self) -> str:
@@ -104,6 +116,8 @@ class StreamingWAL:
 
     async def ready(self) -> None:
         """Wait until recovery finished (raises what it failed with)."""
+        if self._recovery is None:
+            raise OnShutdownError(f"pchannel {self.pchannel!r} is not started", channel=self.pchannel)
         await asyncio.shield(self._recovery)
 
     async def append(self, message: Message, *, deadline: float | None = None) -> AppendResult:
@@ -250,13 +264,15 @@ def default_interceptors(
 async def open_streaming_wal(
     manager: WALManager, pchannel: str, config: ChainConfig | None = None, *, tracer: Tracer | None = None
 ) -> StreamingWAL:
-    """Open ``pchannel`` with a new term and its chain; recovery runs in the background.  With
-    ``tracer`` every chain step runs in a span (see ``interceptors.chain``)."""
+    """Open ``pchannel`` with a new term and its chain, and start it: recovery runs in the background.
+    With ``tracer`` every chain step runs in a span (see ``interceptors.chain``)."""
     config = config or ChainConfig()
     wal = await manager.open(pchannel)
     steps, timetick, txns, shard = default_interceptors(wal, config)
     chain = build_chain(steps, wal.append_batch, tracer=tracer)
-    return StreamingWAL(wal, chain, timetick=timetick, txns=txns, shard=shard, config=config)
+    stream = StreamingWAL(wal, chain, timetick=timetick, txns=txns, shard=shard, config=config)
+    stream.start()
+    return stream
 
 
 __all__ = ["ChainConfig", "StreamingWAL", "default_interceptors", "open_streaming_wal"]

@@ -48,7 +48,13 @@ class WALAdaptor:
         self.observer: AppendObserver | None = None
         self._closing = False
         self._running: set[asyncio.Future[list[AppendResult]]] = set()  # batches inside the chain
-        self._ready_task = asyncio.ensure_future(chain.ready())
+        self._ready_task: asyncio.Future[None] | None = None
+
+    def start(self) -> None:
+        """Start waiting for the chain to be ready (recovered); appends wait for it.  Idempotent;
+        appends before ``start`` are refused."""
+        if self._ready_task is None:
+            self._ready_task = asyncio.ensure_future(self._chain.ready())
 
     @property
     def pchannel(self) -> str:
@@ -90,12 +96,15 @@ class WALAdaptor:
                 raise InvalidArgumentError(f"expected Message, got {type(m).__name__}")
             if m._id is not None:  # the slot, not the property: this runs once per message
                 raise InvalidArgumentError(f"message {m._id} was already appended", message_id=m._id)
+        ready = self._ready_task
+        if ready is None:
+            raise OnShutdownError(f"WAL of pchannel {self.pchannel!r} is not started", channel=self.pchannel)
         token = append_deadline.set(deadline)
         try:
-            if not self._ready_task.done():
+            if not ready.done():
                 async with asyncio.timeout_at(deadline):
-                    await asyncio.shield(self._ready_task)
-            self._ready_task.result()  # a failed recovery fails every append, with its cause
+                    await asyncio.shield(ready)
+            ready.result()  # a failed recovery fails every append, with its cause
             err = self._refusal()  # the state may have changed while waiting
             if err is not None:
                 raise err
@@ -130,7 +139,7 @@ class WALAdaptor:
             await asyncio.gather(*self._running, return_exceptions=True)
         if not first:
             return
-        if not self._ready_task.done():
+        if self._ready_task is not None and not self._ready_task.done():
             self._ready_task.cancel()
         await self._chain.close()
         await self.wal.aclose()

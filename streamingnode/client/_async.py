@@ -222,11 +222,14 @@ class AsyncClient:
         max_buffered_packs: int = 8,
     ) -> Consumer:
         """A consumer of ``vchannel`` (the whole pchannel when empty), starting at ``policy`` (default
-        all) — or, with ``group``, at the group's committed position when it has one."""
-        return self._own(Consumer(
+        all) — or, with ``group``, at the group's committed position when it has one.  It is
+        started: reading begins in the background at once."""
+        consumer = Consumer(
             self._stub, pchannel, vchannel, policy=policy, filters=filters, group=group,
             max_pack_messages=max_pack_messages, max_buffered_packs=max_buffered_packs,
-            reconnect_timeout=self.reconnect_timeout, timeout=self.timeout))
+            reconnect_timeout=self.reconnect_timeout, timeout=self.timeout)
+        consumer.start()
+        return self._own(consumer)
 
     def data(self, pchannel: str) -> DataClient:
         """Collections, inserts, deletes and flush on ``pchannel`` (see ``DataClient``)."""

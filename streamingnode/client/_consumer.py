@@ -29,6 +29,7 @@ from streamingnode.status import from_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
 from wal.errors import InvalidArgumentError, OnShutdownError, StreamingError, UnavailableError
+from wal.lifecycle import cancel_and_wait
 from wal.message import Position
 from wal.options import DeliverFilter, DeliverPolicy, PolicyKind
 from wal.scanner import MsgPack
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
 
 class _State(enum.Enum):
+    STARTING = "starting"
     RUNNING = "running"
     DRAINING = "draining"
     CLOSED = "closed"
@@ -58,9 +60,10 @@ def _check_opened(first: Any, pchannel: str) -> None:
 class Consumer:
     """Reads one vchannel (or a whole pchannel with ``vchannel=""``) of ``pchannel``.
 
-    Make one with ``AsyncClient.consumer``.  Iterate it for ``MsgPack``s (empty packs too: they report
-    that time advanced); ``ack`` commits positions to the consumer group.  ``async with`` waits until
-    the node opened the read (so a ``latest`` policy is anchored) and closes it at the end.
+    Make one with ``AsyncClient.consumer``, which starts it.  Iterate it for ``MsgPack``s (empty packs
+    too: they report that time advanced); ``ack`` commits positions to the consumer group.  ``async
+    with`` waits until the node opened the read (so a ``latest`` policy is anchored) and closes it at
+    the end.
     """
 
     def __init__(
@@ -92,7 +95,7 @@ class Consumer:
         self._reconnect_timeout = reconnect_timeout
         self._timeout = timeout
         self._loop = asyncio.get_running_loop()
-        self._state = _State.RUNNING
+        self._state = _State.STARTING
         self._packs: collections.deque[MsgPack] = collections.deque()
         self._ready = asyncio.Event()  # a pack arrived, or the read ended
         self._space = asyncio.Event()  # the caller took a pack, an ack waits, or closing
@@ -106,10 +109,18 @@ class Consumer:
         self._call: Any = None
         self.reconnects = 0
         """How many times the read was opened again after a failure (for tests and metrics)."""
-        self._task = self._loop.create_task(self._run(), name=f"consumer:{pchannel}/{vchannel}")
-        self._task.add_done_callback(self._on_task_done)
+        self._task: asyncio.Task[None] | None = None
 
     # --- public ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start reading in the background.  Idempotent; ``AsyncClient.consumer`` calls it, and
+        ``async with``, iteration and ``wait_opened`` do when nobody did.  Never after ``aclose``."""
+        if self._state is not _State.STARTING:
+            return
+        self._state = _State.RUNNING
+        self._task = self._loop.create_task(self._run(), name=f"consumer:{self.pchannel}/{self.vchannel}")
+        self._task.add_done_callback(self._on_task_done)
+
     @property
     def closed(self) -> bool:
         return self._state is _State.CLOSED
@@ -121,17 +132,21 @@ class Consumer:
 
     async def wait_opened(self) -> None:
         """Return once the node opened the read; raise its error if opening failed for good."""
-        waiter = asyncio.ensure_future(self._opened.wait())
-        try:
-            await asyncio.wait((waiter, self._task), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
+        self.start()
+        task = self._task
+        if task is not None:  # None: closed before it started
+            waiter = asyncio.ensure_future(self._opened.wait())
+            try:
+                await asyncio.wait((waiter, task), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
         if not self._opened.is_set():
             if self._error is not None:
                 raise self._error
             raise OnShutdownError(f"consumer on {self.pchannel!r} closed before it opened", channel=self.pchannel)
 
     def __aiter__(self) -> AsyncIterator[MsgPack]:
+        self.start()
         return self
 
     async def __anext__(self) -> MsgPack:
@@ -178,8 +193,9 @@ class Consumer:
         if self._state is _State.CLOSED:
             return
         self._state = _State.DRAINING
+        task = self._task
         try:
-            if self._call is not None and not self._task.done():
+            if self._call is not None and task is not None and not task.done():
                 async with self._write_lock:
                     with contextlib.suppress(StreamingError):
                         await write(self._call, spb.ConsumeRequest(close=spb.ConsumeClose()))
@@ -187,16 +203,16 @@ class Consumer:
                 with contextlib.suppress(TimeoutError):
                     # The reader discards packs while draining, so 'closed' arrives promptly.
                     async with asyncio.timeout(5.0):
-                        await asyncio.shield(self._task)
+                        await asyncio.shield(task)
         finally:
             self._state = _State.CLOSED
-            if not self._task.done():
-                self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StreamingError):
-                await self._task
-            self._ended = True
-            self._ready.set()
-            self._fail_acks(OnShutdownError(f"consumer on {self.pchannel!r} closed", channel=self.pchannel))
+            try:
+                with contextlib.suppress(StreamingError):
+                    await cancel_and_wait(task)
+            finally:
+                self._ended = True
+                self._ready.set()
+                self._fail_acks(OnShutdownError(f"consumer on {self.pchannel!r} closed", channel=self.pchannel))
 
     async def __aenter__(self) -> Consumer:
         try:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Literal
 from streamingnode.client._consumer import Consumer
 from streamingnode.client._producer import Producer
 from wal.errors import ConsumerGroupExistError, InvalidArgumentError, OnShutdownError, StreamingError
+from wal.lifecycle import cancel_and_wait
 from wal.message import AppendResult, Message, MessageType, Position
 from wal.options import DeliverPolicy
 from wal.scanner import MsgPack
@@ -259,9 +260,8 @@ class MsgStream:
     async def _close_consumers(self) -> None:
         for c in self._channels:
             if c.next is not None:
-                c.next.cancel()
-                with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, StreamingError):
-                    await c.next
+                with contextlib.suppress(StopAsyncIteration, StreamingError):
+                    await cancel_and_wait(c.next)
             await c.consumer.aclose()
 
     async def aclose(self) -> None:

@@ -390,11 +390,9 @@ class Producer:
         except grpc.RpcError as exc:
             raise translate(exc) from exc
         finally:
-            if not reader.done():
-                reader.cancel()
             # Retrieve its outcome too when the writer failed first: the writer's error is raised.
-            with contextlib.suppress(asyncio.CancelledError, grpc.RpcError, StreamingError):
-                await reader
+            with contextlib.suppress(grpc.RpcError, StreamingError):
+                await cancel_and_wait(reader)
 
     async def _write(self, call: Any, reader: asyncio.Task[None]) -> None:
         while True:
