@@ -18,7 +18,9 @@ from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from streamingnode.groups import ConsumerGroups
 from streamingnode.retention import ChannelRetention, RetentionConfig
 from tests.flushed import pks
+from tests.waiting import until
 from wal import Message, MessageType, OutOfRangeError, Position, WALManager, bodies
+from wal.backend import TickEntry
 from wal.options import DeliverPolicy, ReadOption
 
 FAST = ChainConfig(tick_interval=0.01, segment_max_rows=10)
@@ -75,8 +77,8 @@ async def data(swal: StreamingWAL, n: int, vchannel: str = "v") -> list[int]:
     return [(await swal.append(Message(MessageType.DATA, vchannel, b"x" * 100))).message_id for _ in range(n)]
 
 
-async def persisted_tick(swal: StreamingWAL) -> None:
-    """Wait until a TimeTick is persisted after everything written so far.
+async def persisted_tick(swal: StreamingWAL) -> TickEntry:
+    """Wait until a TimeTick is persisted after everything written so far; return its index entry.
 
     The time bound of retention comes from persisted ticks (the time index), so a test that expects
     another bound to hold must first let the time bound move past what it looks at.  Ticks are
@@ -86,6 +88,7 @@ async def persisted_tick(swal: StreamingWAL) -> None:
     async with asyncio.timeout(10):
         while (tick := backend.seek_time(key, 2**63 - 1)) is None or tick.message_id < last:
             await asyncio.sleep(0.005)
+    return tick
 
 
 async def test_flusher_checkpoint_holds_the_cut(opened: Opened, tmp_path: Path) -> None:
@@ -127,6 +130,7 @@ async def test_each_consumer_group_holds_the_cut(opened: Opened) -> None:
     swal = opened.swal
     assert swal is not None
     ids = await data(swal, 30)
+    await persisted_tick(swal)  # the groups hold the cut, not the time bound
     groups = await ConsumerGroups.load(swal.wal)
     await groups.create("empty")  # committed nothing: holds nothing back
     await groups.create("a")
@@ -168,7 +172,7 @@ async def test_open_transaction_holds_the_cut_and_no_transaction_is_split(opened
     groups = await ConsumerGroups.load(swal.wal)
     await groups.create("g")
     await groups.commit("g", [("w", Position("p", after[5], 0))])
-    await asyncio.sleep(0.1)  # a persisted TimeTick after the commit: the time bound moves past it
+    await persisted_tick(swal)  # after the commit: the time bound moves past it
     retention = ChannelRetention(swal, groups, None, NOW)
     assert await retention.bound() == (after[5], "group:g")
     await retention.check()
@@ -187,7 +191,10 @@ async def test_retention_time_keeps_every_younger_message(opened: Opened) -> Non
     swal = opened.swal
     assert swal is not None
     old = await data(swal, 10)
-    await asyncio.sleep(0.05)  # a gap in wall time between the two halves
+    # A persisted tick after the old half, then a gap in wall time before the young half: the cutoff
+    # below falls between the two, with the tick's index entry below it.
+    tick_ms = (await persisted_tick(swal)).timetick >> 18
+    await until(lambda: time.time_ns() // 1_000_000 > tick_ms + 20, "20 ms of wall time after the tick")
     young_results = [await swal.append(Message(MessageType.DATA, "v", b"y")) for _ in range(10)]
     await data(swal, 1)
     cutoff_ms = (young_results[0].timetick >> 18) - 10
@@ -210,10 +217,23 @@ async def test_negative_retention_keeps_everything(opened: Opened) -> None:
     swal = opened.swal
     assert swal is not None
     await data(swal, 10)
-    forever = ChannelRetention(swal, None, None, RetentionConfig(retention_seconds=-1, check_seconds=3600))
-    assert not forever._cfg.enabled
+    await persisted_tick(swal)  # nothing else would hold a cut: a check that ran would truncate
+    forever = ChannelRetention(swal, None, None, RetentionConfig(retention_seconds=-1, check_seconds=0.01))
+    # The control: an enabled retention of another pchannel, checking as often on the same loop.  Once
+    # it has checked several times, so would have the other, had it been started.
+    assert opened.manager is not None
+    await opened.manager.create_channel("q")
+    other = await open_streaming_wal(opened.manager, "q", FAST)
+    control = ChannelRetention(other, None, None, RetentionConfig(retention_seconds=0, check_seconds=0.01))
     forever.start()
-    await forever.aclose()
+    control.start()
+    try:
+        await until(lambda: control.stats().checks >= 5, "five checks of the enabled control")
+    finally:
+        await control.aclose()
+        await forever.aclose()
+        await other.aclose()
+    assert forever.stats().checks == 0
     assert swal.wal.first_id == 0
 
 
@@ -235,6 +255,7 @@ async def test_recovery_after_truncation_rebuilds_registry_segments_dedup(opened
     ctx, _ = await swal.begin_txn("v", keepalive_ms=0)
     await swal.rollback_txn(ctx.txn_id)
     await data(swal, 5)
+    await persisted_tick(swal)  # the time bound lets the cut pass the DDL and the first inserts
     before = (swal.shard.collections("v"), swal.shard.growing_segments(), swal.shard.next_segment_id,
               swal.txns.next_txn_id)
     assert before[1] and before[2] > 2
@@ -344,7 +365,7 @@ async def test_an_abandoned_expired_transaction_does_not_hold_the_cut_forever(op
     assert swal is not None
     await data(swal, 5)
     _, begin = await swal.begin_txn("w", keepalive_ms=20)  # never committed nor rolled back
-    await asyncio.sleep(0.1)  # idle past its keepalive: persisted TimeTicks expire it
+    await until(lambda: swal.txns.min_open_begin_id() is None, "ticks to expire the idle transaction")
     await data(swal, 10)
     # The expiry is seen by replay only through a persisted TimeTick after the keepalive; the tick
     # made while the transaction was still open keeps its BeginTxn in the time index, so the time
