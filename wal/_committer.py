@@ -81,6 +81,7 @@ class GroupCommitter:
         durable: bool,
         max_commit_bytes: int,
         syncer: concurrent.futures.ThreadPoolExecutor | None = None,
+        inline_max_seconds: float = _INLINE_MAX_SECONDS,
     ) -> None:
         self._backend = backend
         self._executor = executor
@@ -95,6 +96,9 @@ class GroupCommitter:
         self._slots = asyncio.Semaphore(_MAX_IN_FLIGHT)
         self._last_ack: asyncio.Task[None] | None = None
         self._lone_seconds = 0.0  # moving average of a lone write's duration (see _INLINE_MAX_SECONDS)
+        self.inline_max_seconds = inline_max_seconds
+        """Lone writes run on the event loop while their moving average stays at or under this (a
+        setting, not a measurement: tests fix it so that the disk's speed decides nothing)."""
         self.writer_jobs = 0
         """Other work the manager runs on the writer thread right now: no write on the loop meanwhile."""
         self.commits = 0
@@ -159,7 +163,7 @@ class GroupCommitter:
                     and (self._last_ack is None or self._last_ack.done()))
             split = self._syncer is not None and not lone
             try:
-                if lone and self._lone_seconds <= _INLINE_MAX_SECONDS and not self.writer_jobs:
+                if lone and self._lone_seconds <= self.inline_max_seconds and not self.writer_jobs:
                     commits = self._write_lone(reqs)
                 elif lone:
                     commits = await loop.run_in_executor(self._executor, self._write_lone, reqs)

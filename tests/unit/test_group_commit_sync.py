@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.waiting import until
 from wal import WAL, Message, MessageType, WALManager
 from wal.backends.rocks import RocksBackend
 
@@ -51,6 +52,9 @@ async def opened(tmp_path: pathlib.Path) -> AsyncIterator[tuple[WAL, _Recorder]]
     """Pchannel ``p`` of a RocksDB manager (pipelined sync), its backend's calls recorded from here."""
     manager = await WALManager.start_rocksdb(tmp_path / "db")
     assert isinstance(manager.backend, RocksBackend) and manager.backend.split_sync
+    # Which thread writes must not depend on how fast this machine's disk is right now: every write
+    # counts as fast unless a test says otherwise.
+    manager._committer.inline_max_seconds = 10.0
     rec = _Recorder(manager.backend)
     try:
         await manager.create_channel("p")
@@ -79,7 +83,10 @@ async def test_a_slow_disk_sends_lone_appends_to_the_writer_thread_until_it_is_f
 ) -> None:
     wal, rec = opened
     loop_thread = threading.get_ident()
-    rec.write_delay = 0.01  # far over the inline limit: one such write moves the average over it
+    # A limit of 20 ms: one 200 ms write moves the moving average (1/8 per write) over it, and real
+    # writes, even on a loaded disk, bring it back under.
+    wal._committer.inline_max_seconds = 0.02
+    rec.write_delay = 0.2
     for _ in range(3):
         await wal.append(_msg(100))
     assert rec.threads[0] == loop_thread and loop_thread not in rec.threads[1:]
@@ -95,14 +102,14 @@ async def test_a_slow_disk_sends_lone_appends_to_the_writer_thread_until_it_is_f
 async def test_a_large_append_is_acknowledged_only_after_the_pipelined_sync(opened: tuple[WAL, _Recorder]) -> None:
     wal, rec = opened
     rec.release_sync.clear()  # the sync thread blocks until released
+    committer = wal._committer
     big = asyncio.ensure_future(wal.append(_msg(256 << 10)))
-    for _ in range(100):
-        await asyncio.sleep(0.01)
-        if rec.calls:
-            break
+    await until(lambda: committer.commits == 1, "the large append's write")
     assert rec.calls == [("write", False)], "written without sync, the sync goes to the sync thread"
     small = asyncio.ensure_future(wal.append(_msg(10)))
-    await asyncio.sleep(0.1)
+    await until(lambda: committer.commits == 2, "the small append's write")
+    for _ in range(3):  # an acknowledgement made with the write would reach the callers by now
+        await asyncio.sleep(0)
     assert not big.done() and not small.done(), "nothing is acknowledged before its sync"
     assert ("write", True) not in rec.calls, "with a sync in flight a small append is pipelined too"
     rec.release_sync.set()
@@ -118,18 +125,22 @@ async def test_a_lone_append_waits_behind_other_work_on_the_writer_thread(opened
     backend = wal._manager.backend
     put_meta = backend.put_meta
     running = threading.Event()
+    release = threading.Event()
 
-    def slow_put_meta(key: int, name: str, value: bytes) -> None:
+    def held_put_meta(key: int, name: str, value: bytes) -> None:
         running.set()
-        time.sleep(0.2)
+        if not release.wait(10):
+            raise AssertionError("put_meta was held for 10 s")
         put_meta(key, name, value)
         rec.calls.append(("put_meta", True))
 
-    backend.put_meta = slow_put_meta  # type: ignore[method-assign]
+    backend.put_meta = held_put_meta  # type: ignore[method-assign]
     meta = asyncio.ensure_future(wal.put_meta("m", b"1"))
-    while not running.is_set():
-        await asyncio.sleep(0.005)
-    await wal.append(_msg(100))
+    await until(running.is_set, "put_meta to run on the writer thread")
+    append = asyncio.ensure_future(wal.append(_msg(100)))
+    await until(lambda: wal._next_alloc == 1, "the committer to take the append")
+    release.set()
+    await asyncio.wait_for(append, 10)
     await meta
     assert rec.calls == [("put_meta", True), ("write", True)]
     assert rec.threads[-1] != threading.get_ident()
