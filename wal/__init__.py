@@ -2,55 +2,119 @@
 
 Lifetime: a Backend outlives the WALManager over it, which outlives every WAL it opened, which
 outlives its Scanners.  Nothing here knows about gRPC, interceptors or Parquet.
+
+The names below are loaded on first use (PEP 562), so ``import wal.clock`` or ``import wal.errors``
+costs only those modules: the Spark reader and the CLI's ``--help`` need the clock, not RocksDB.
 """
 
-from wal._codec import decode_block, decode_message, encode_block, encode_message
-from wal.backend import Backend, ChannelInfo, Durability
-from wal.errors import (
-    ChannelExistError,
-    ChannelFencedError,
-    ChannelNotExistError,
-    CodecError,
-    CollectionExistError,
-    CollectionNotExistError,
-    ConsumerGroupExistError,
-    ConsumerGroupNotExistError,
-    CorruptedError,
-    DeadlineExceededError,
-    ErrorCode,
-    ImmutableMessageError,
-    InvalidArgumentError,
-    InvalidTxnStateError,
-    MessageTooLargeError,
-    OnShutdownError,
-    OutOfRangeError,
-    PartitionExistError,
-    PartitionNotExistError,
-    RedoError,
-    ResourceExhaustedError,
-    SchemaMismatchError,
-    StreamingError,
-    TxnExpiredError,
-    TxnNotFoundError,
-    UnavailableError,
-    UnrecoverableError,
-)
-from wal.manager import WALManager
-from wal.message import (
-    BROADCAST_VCHANNEL,
-    AppendResult,
-    Message,
-    MessageID,
-    MessageType,
-    Position,
-    TxnContext,
-    decode_message_id,
-    encode_message_id,
-    new_time_tick,
-)
-from wal.options import DeliverFilter, DeliverPolicy, ReadOption
-from wal.scanner import MsgPack, Scanner
-from wal.wal import WAL, WALState
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from wal._codec import decode_block, decode_message, encode_block, encode_message
+    from wal.backend import Backend, ChannelInfo, Durability
+    from wal.errors import (
+        ChannelExistError,
+        ChannelFencedError,
+        ChannelNotExistError,
+        CodecError,
+        CollectionExistError,
+        CollectionNotExistError,
+        ConsumerGroupExistError,
+        ConsumerGroupNotExistError,
+        CorruptedError,
+        DeadlineExceededError,
+        ErrorCode,
+        ImmutableMessageError,
+        InvalidArgumentError,
+        InvalidTxnStateError,
+        MessageTooLargeError,
+        OnShutdownError,
+        OutOfRangeError,
+        PartitionExistError,
+        PartitionNotExistError,
+        RedoError,
+        ResourceExhaustedError,
+        SchemaMismatchError,
+        StreamingError,
+        TxnExpiredError,
+        TxnNotFoundError,
+        UnavailableError,
+        UnrecoverableError,
+    )
+    from wal.manager import WALManager
+    from wal.message import (
+        BROADCAST_VCHANNEL,
+        AppendResult,
+        Message,
+        MessageID,
+        MessageType,
+        Position,
+        TxnContext,
+        decode_message_id,
+        encode_message_id,
+        new_time_tick,
+    )
+    from wal.options import DeliverFilter, DeliverPolicy, ReadOption
+    from wal.scanner import MsgPack, Scanner
+    from wal.wal import WAL, WALState
+
+_LAZY = {
+    "AppendResult": "wal.message",
+    "BROADCAST_VCHANNEL": "wal.message",
+    "Backend": "wal.backend",
+    "ChannelExistError": "wal.errors",
+    "ChannelFencedError": "wal.errors",
+    "ChannelInfo": "wal.backend",
+    "ChannelNotExistError": "wal.errors",
+    "CodecError": "wal.errors",
+    "CollectionExistError": "wal.errors",
+    "CollectionNotExistError": "wal.errors",
+    "ConsumerGroupExistError": "wal.errors",
+    "ConsumerGroupNotExistError": "wal.errors",
+    "CorruptedError": "wal.errors",
+    "DeadlineExceededError": "wal.errors",
+    "DeliverFilter": "wal.options",
+    "DeliverPolicy": "wal.options",
+    "Durability": "wal.backend",
+    "ErrorCode": "wal.errors",
+    "ImmutableMessageError": "wal.errors",
+    "InvalidArgumentError": "wal.errors",
+    "InvalidTxnStateError": "wal.errors",
+    "Message": "wal.message",
+    "MessageID": "wal.message",
+    "MessageTooLargeError": "wal.errors",
+    "MessageType": "wal.message",
+    "MsgPack": "wal.scanner",
+    "OnShutdownError": "wal.errors",
+    "OutOfRangeError": "wal.errors",
+    "PartitionExistError": "wal.errors",
+    "PartitionNotExistError": "wal.errors",
+    "Position": "wal.message",
+    "ReadOption": "wal.options",
+    "RedoError": "wal.errors",
+    "ResourceExhaustedError": "wal.errors",
+    "Scanner": "wal.scanner",
+    "SchemaMismatchError": "wal.errors",
+    "StreamingError": "wal.errors",
+    "TxnContext": "wal.message",
+    "TxnExpiredError": "wal.errors",
+    "TxnNotFoundError": "wal.errors",
+    "UnavailableError": "wal.errors",
+    "UnrecoverableError": "wal.errors",
+    "WAL": "wal.wal",
+    "WALManager": "wal.manager",
+    "WALState": "wal.wal",
+    "decode_block": "wal._codec",
+    "decode_message": "wal._codec",
+    "decode_message_id": "wal.message",
+    "encode_block": "wal._codec",
+    "encode_message": "wal._codec",
+    "encode_message_id": "wal.message",
+    "new_time_tick": "wal.message",
+}
 
 __all__ = [
     "BROADCAST_VCHANNEL",
@@ -106,3 +170,16 @@ __all__ = [
     "encode_message_id",
     "new_time_tick",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'wal' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

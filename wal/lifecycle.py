@@ -15,17 +15,16 @@ from typing import Any
 async def cancel_and_wait(task: asyncio.Future[Any] | None) -> None:
     """Cancel ``task`` and wait until it has finished.
 
-    The task's own ``CancelledError`` is absorbed; any other exception it ended with is raised, as
-    awaiting it would.  When the *calling* task is being cancelled meanwhile, that cancellation is
-    re-raised, never swallowed.  ``None`` and finished tasks are accepted (a finished task's
-    exception is raised, its cancellation absorbed).
+    The task's own cancellation is absorbed; any other exception it ended with is raised, as awaiting
+    it would.  When the *calling* task is cancelled during the wait, that cancellation propagates,
+    never swallowed (the task is left to finish its cancellation by itself).  A caller already
+    unwinding from its own cancellation (cleanup in a ``finally``) still waits: only a new request
+    interrupts it.  ``None`` and finished tasks are accepted.
     """
     if task is None:
         return
     task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            raise
+    # asyncio.wait never raises the task's outcome: a CancelledError out of it is the caller's own.
+    await asyncio.wait((task,))
+    if not task.cancelled():
+        task.result()

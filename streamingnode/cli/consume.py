@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamingnode.cli.connection import connect
 from streamingnode.cli.parsing import parse_where
+from wal.lifecycle import cancel_and_wait
 
 if TYPE_CHECKING:
     from streamingnode.client import Consumer
@@ -89,9 +90,8 @@ async def _next_pack(consumer: Consumer, stop: asyncio.Event) -> MsgPack | None:
     finally:
         stopper.cancel()
     if not getter.done():
-        getter.cancel()
-        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-            await getter
+        with contextlib.suppress(StopAsyncIteration):  # the read may end while it is cancelled
+            await cancel_and_wait(getter)
         return None
     try:
         return getter.result()

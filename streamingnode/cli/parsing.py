@@ -14,10 +14,12 @@ import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+# The clock is standard library only (wal loads the rest lazily), so --help stays fast.
+from wal.clock import compose, physical_ms
+
 if TYPE_CHECKING:
     from wal.options import DeliverPolicy
 
-LOGICAL_BITS = 18  # the hybrid timestamp is physical_ms << 18 | logical (wal/clock.py)
 
 # Keys of a produce envelope, plus the keys consume prints that produce accepts and ignores, so that
 # `consume | produce` copies messages from one channel to another.
@@ -51,7 +53,7 @@ def parse_time(text: str) -> int:
         if when.tzinfo is None:
             when = when.astimezone()  # a naive time is the user's local time
         seconds = when.timestamp()
-    return max(int(seconds * 1000), 0) << LOGICAL_BITS
+    return compose(max(int(seconds * 1000), 0))
 
 
 def parse_where(text: str, option: str) -> DeliverPolicy:
@@ -75,7 +77,7 @@ def ts_text(ts: int) -> str:
     """A hybrid timestamp as UTC ISO-8601 with milliseconds ('-' for 0: never set)."""
     if ts <= 0:
         return "-"
-    return datetime.fromtimestamp((ts >> LOGICAL_BITS) / 1000, UTC).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(physical_ms(ts) / 1000, UTC).isoformat(timespec="milliseconds")
 
 
 Record = tuple[str, bytes, dict[str, str] | None]
@@ -146,7 +148,6 @@ def non_negative_float(text: str) -> float:
 
 
 __all__ = [
-    "LOGICAL_BITS",
     "CliError",
     "Record",
     "non_negative_float",

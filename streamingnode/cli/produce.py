@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
-import contextlib
 import math
 import os
 import sys
@@ -20,6 +19,7 @@ from typing import Any
 
 from streamingnode.cli.connection import connect
 from streamingnode.cli.parsing import CliError, Record, parse_record
+from wal.lifecycle import cancel_and_wait
 
 # How much produce keeps unacknowledged: enough to fill the producer's pipeline (8 batches of up
 # to 1,000 messages), bounded in bytes so that large messages cannot exhaust memory.
@@ -185,10 +185,7 @@ async def produce(args: argparse.Namespace, addr: str) -> int:
         await window.drained()
         await producer.aclose()
     finally:
-        if ticker is not None:
-            ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ticker
+        await cancel_and_wait(ticker)
         await client.aclose()
         # Also when interrupted (Ctrl-C cancels this task): what was acknowledged is durable, and
         # the summary says how much that was.

@@ -26,8 +26,9 @@ from streamingnode.client._consumer import Consumer
 from streamingnode.client._producer import Producer
 from wal.errors import ConsumerGroupExistError, InvalidArgumentError, OnShutdownError, StreamingError
 from wal.lifecycle import cancel_and_wait
-from wal.message import AppendResult, Message, MessageType, Position
+from wal.message import AppendResult, Message, Position
 from wal.options import DeliverPolicy
+from wal.packs import delivery_units
 from wal.scanner import MsgPack
 
 if TYPE_CHECKING:
@@ -74,22 +75,8 @@ class _Unit:
 
 
 def _units(messages: list[Message]) -> list[_Unit]:
-    out: list[_Unit] = []
-    txn: _Unit | None = None
-    for m in messages:
-        if txn is not None:
-            txn.messages.append(m)
-            txn.ts = m.timetick
-            if m.message_type in (MessageType.COMMIT_TXN, MessageType.ROLLBACK_TXN):
-                out.append(txn)
-                txn = None
-        elif m.message_type is MessageType.BEGIN_TXN:
-            txn = _Unit(m.timetick, [m])
-        else:
-            out.append(_Unit(m.timetick, [m]))
-    if txn is not None:
-        out.append(txn)
-    return out
+    """The pack's delivery units (wal.packs states the rule), each at its last message's timetick."""
+    return [_Unit(messages[stop - 1].timetick, messages[start:stop]) for start, stop in delivery_units(messages)]
 
 
 class _Channel:

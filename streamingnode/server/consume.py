@@ -10,7 +10,6 @@ leaves the stream open.  When the node drains, the stream ends with ON_SHUTDOWN 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +24,7 @@ from streamingnode.server.errors import require
 from streamingnode.status import to_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
 from wal.errors import InvalidArgumentError, OnShutdownError, StreamingError
+from wal.lifecycle import cancel_and_wait
 from wal.options import DeliverFilter, DeliverPolicy, ReadOption
 from wal.packs import split_pack
 from wal.scanner import MsgPack
@@ -96,9 +96,7 @@ class ConsumeStream:
             finally:
                 for task in tasks:
                     if not task.done():
-                        task.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await task
+                        await cancel_and_wait(task)
             if draining in done:
                 raise OnShutdownError("the node is shutting down; reconnect to resume",
                                       channel=channel.stream.pchannel)

@@ -107,3 +107,30 @@ async def test_cancel_and_wait_never_swallows_the_callers_cancellation() -> None
     assert done, "the owner never finished"
     assert parent.cancelled(), "the owner's own cancellation was swallowed"
     assert not carried_on.is_set()
+
+
+async def test_cleanup_after_the_callers_cancellation_still_waits() -> None:
+    """An owner unwinding from its own cancellation stops its helpers in ``finally`` and goes on
+    with the rest of its cleanup (the CLI prints its summary there)."""
+    started = asyncio.Event()
+    cleaned_up = asyncio.Event()
+
+    async def helper() -> None:
+        await asyncio.Event().wait()
+
+    async def owner() -> None:
+        child = asyncio.get_running_loop().create_task(helper())
+        try:
+            started.set()
+            await asyncio.Event().wait()
+        finally:
+            await cancel_and_wait(child)
+            assert child.cancelled()
+            cleaned_up.set()
+
+    task = asyncio.get_running_loop().create_task(owner())
+    await asyncio.wait_for(started.wait(), 10)
+    task.cancel()
+    await asyncio.wait([task], timeout=10)
+    assert task.cancelled()
+    assert cleaned_up.is_set(), "cleanup after cancel_and_wait never ran"

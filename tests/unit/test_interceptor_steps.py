@@ -7,7 +7,6 @@ import asyncio
 import pytest
 
 from interceptors._ack import AckManager
-from wal.clock import HybridClock, compose, physical_ms
 from interceptors.chain import build_chain
 from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE, DedupInterceptor
 from interceptors.lock import LockInterceptor, RWLock
@@ -15,6 +14,7 @@ from interceptors.redo import RedoInterceptor
 from tests.factories import ins
 from wal import AppendResult, Message, MessageType, OutOfRangeError, StreamingError
 from wal.adaptor import append_deadline
+from wal.clock import HybridClock, compose, physical_ms
 from wal.errors import ChannelFencedError, ErrorCode, InvalidArgumentError
 
 
