@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.factories import begin, body, commit, ins, rollback, tick
@@ -18,6 +18,7 @@ from wal import DeliverFilter, DeliverPolicy, Message, MsgPack, ReadOption, WALM
 from wal.backends import MemoryBackend
 
 Op = tuple[str, int, str]  # (kind, txn slot or 0, vchannel)
+EXAMPLE_SECONDS = 3.0
 
 ops_strategy = st.lists(
     st.tuples(
@@ -133,8 +134,21 @@ async def _scan(ops: list[Op], jitter: list[int], vchannel: str | None, from_sto
         await manager.aclose()
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# No explain phase: it re-runs a failing example about a hundred times, which for a hang is as many
+# deadlines (minutes); shrinking is kept.
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
 @given(ops_strategy, st.lists(st.integers(0, 30), min_size=1, max_size=10), st.sampled_from([None, "a"]),
        st.booleans())
 def test_scanner_matches_model(ops: list[Op], jitter: list[int], vchannel: str | None, from_storage: bool) -> None:
-    asyncio.run(_scan(ops, jitter, vchannel, from_storage))
+    asyncio.run(_scan_within_deadline(ops, jitter, vchannel, from_storage))
+
+
+async def _scan_within_deadline(ops: list[Op], jitter: list[int], vchannel: str | None, from_storage: bool) -> None:
+    # A scanner that misses a tick waits for it forever: the deadline turns that into a failing example
+    # (an example takes milliseconds; shrinking a hang costs this much per try).
+    try:
+        async with asyncio.timeout(EXAMPLE_SECONDS):
+            await _scan(ops, jitter, vchannel, from_storage)
+    except TimeoutError:
+        raise AssertionError(f"no answer within {EXAMPLE_SECONDS} s: the scanner waits for a tick it missed") from None
