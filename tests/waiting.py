@@ -10,6 +10,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from interceptors.streaming import StreamingWAL
+    from wal.backend import TickEntry
 
 DEADLINE = 10.0
 """Seconds: generous on a loaded 2-core machine, where the conditions waited on take milliseconds."""
@@ -39,3 +44,36 @@ def until_sync(condition: Callable[[], bool], what: str, *, timeout: float = DEA
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+async def persisted_tick(swal: StreamingWAL, *, timeout: float = DEADLINE) -> TickEntry:
+    """Wait until a TimeTick is persisted after everything written so far; return its time-index entry.
+
+    What reads by time (retention's time bound, ``DeliverPolicy.start_at_time``) sees only persisted
+    ticks.  They are persisted every tick interval while data comes in, and appends can all land
+    before the first."""
+    last = swal.wal.next_id - 1
+    backend, key = swal.wal._manager.backend, swal.wal._channel_key
+    found: list[TickEntry] = []
+
+    def ticked() -> bool:
+        entry = backend.seek_time(key, 2**63 - 1)
+        if entry is None or entry.message_id < last:
+            return False
+        found.append(entry)
+        return True
+
+    await until(ticked, f"a persisted TimeTick after id {last}", timeout=timeout)
+    return found[-1]
+
+
+async def ticks_pass(swal: StreamingWAL, n: int, *, timeout: float = DEADLINE) -> None:
+    """Wait until ``n`` more TimeTicks were emitted (persisted or not)."""
+    seen = [swal.timetick.last_tick]
+
+    def counted() -> bool:
+        if swal.timetick.last_tick != seen[-1]:
+            seen.append(swal.timetick.last_tick)
+        return len(seen) > n
+
+    await until(counted, f"{n} TimeTicks", timeout=timeout, interval=0.001)

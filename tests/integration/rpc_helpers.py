@@ -95,8 +95,10 @@ async def consume(
     *,
     until: int,
     timeout: float = 10.0,
+    opened: asyncio.Event | None = None,
 ) -> list[pb.MsgPack]:
-    """Read packs until ``until`` non-tick messages arrived (or fail after ``timeout``), then close."""
+    """Read packs until ``until`` non-tick messages arrived (or fail after ``timeout``), then close.
+    ``opened`` is set when the node answered the open (its reader exists from then on)."""
     queue: asyncio.Queue[spb.ConsumeRequest | None] = asyncio.Queue()
     await queue.put(spb.ConsumeRequest(open=open_))
 
@@ -110,7 +112,9 @@ async def consume(
     async with asyncio.timeout(timeout):
         async for resp in call:
             kind = resp.WhichOneof("response")
-            if kind == "pack":
+            if kind == "opened" and opened is not None:
+                opened.set()
+            elif kind == "pack":
                 packs.append(resp.pack)
                 seen += sum(1 for m in resp.pack.messages if m.type != pb.MESSAGE_TYPE_TIME_TICK)
                 if seen >= until:

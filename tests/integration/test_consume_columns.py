@@ -14,6 +14,7 @@ from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
 from tests.integration.rpc_helpers import data, produce
+from tests.waiting import until
 from wal.message import Message
 
 pytestmark = pytest.mark.integration
@@ -52,8 +53,13 @@ async def test_column_packs_are_the_message_packs(stub: sgrpc.StreamingNodeStub)
     await stub.RollbackTxn(spb.RollbackTxnRequest(pchannel="p", vchannel="v2", txn_id=dropped.txn_id))
     _, (last,) = await produce(stub, "p", [[data("v1", b"last")]])
     last_id = int.from_bytes(last.appended.results[0].id.id, "big")
-    # Let a persisted tick release everything, so both reads come from storage, packed alike.
-    await asyncio.sleep(0.5)
+    # A persisted tick after the last message releases everything: both reads come from storage,
+    # packed alike.  It is there once the pchannel's last stored id is past the last message.
+    async def ticked() -> bool:
+        (d,) = (await stub.DescribeChannels(spb.DescribeChannelsRequest(channel_names=["p"]))).descriptions
+        return int.from_bytes(d.last_id.id, "big") > last_id
+
+    await until(ticked, "a persisted tick after the last message")
 
     for vchannel, limit in (("", 0), ("v1", 0), ("", 7)):
         base = {"pchannel": "p", "vchannel": vchannel, "max_pack_messages": limit}

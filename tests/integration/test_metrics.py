@@ -3,7 +3,6 @@ pchannel, and the endpoint answers bad HTTP precisely without disturbing the nod
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import urllib.error
 import urllib.request
@@ -14,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from streamingnode.client import AsyncClient
 from streamingnode.server import ServerThread
+from tests.waiting import until
 from wal.errors import SchemaMismatchError
 
 pytestmark = pytest.mark.integration
@@ -141,7 +141,12 @@ async def test_open_streams_and_scanners_are_gauged_while_open(server_thread: Se
                 assert value(s, "streamingnode_consumer_streams", pchannel="p1") == 1
                 # The consumer's scanner and the flusher's, both caught up, so tailing.
                 assert value(s, "streamingnode_scanners", pchannel="p1", mode="tailing") == 2
-        await asyncio.sleep(0.2)  # the server side of the closed streams ends asynchronously
+        # The server side of the closed streams ends asynchronously (and its scanner with it).
+        await until(lambda: value(scrape(address), "streamingnode_scanners", pchannel="p1", mode="tailing") == 1,
+                    "the consumer's scanner to close")
+        await until(lambda: value(scrape(address), "streamingnode_consumer_streams", pchannel="p1") == 0
+                    and value(scrape(address), "streamingnode_producer_streams", pchannel="p1") == 0,
+                    "the node to close its side of both streams")
         s = scrape(address)
         assert value(s, "streamingnode_producer_streams", pchannel="p1") == 0
         assert value(s, "streamingnode_consumer_streams", pchannel="p1") == 0
@@ -206,7 +211,9 @@ async def test_consumer_group_lag_is_zero_once_caught_up_and_stays_so_while_idle
         async with client.producer("p1") as producer:
             for i in range(5):
                 last = await producer.send("v1", b"x%d" % i)
-        await asyncio.sleep(0.3)  # the newest message is a few ticks old when the group is behind
+        # The newest message a few ticks old (as the node's ticks count time) while the group is behind.
+        ticks = server_thread.node.channel("p1").stream.timetick
+        await until(lambda: (ticks.last_tick >> 18) >= (last.timetick >> 18) + 300, "300 ms of ticks after the last")
         behind = scrape(address)
         assert value(behind, "streamingnode_consumer_group_lag_seconds", pchannel="p1", group="g") == 0, (
             "a group that committed nothing has no position to measure time from")
@@ -215,9 +222,16 @@ async def test_consumer_group_lag_is_zero_once_caught_up_and_stays_so_while_idle
                 if pack.end_ts >= last.timetick:
                     await consumer.ack(pack)
                     break
-        await asyncio.sleep(0.3)  # the tick that follows the last message is persisted by now
+        # The tick that follows the last message is persisted: the pchannel's last id is past it.
+        async def persisted() -> bool:
+            (d,) = await client.describe_channels(["p1"])
+            return d.last_id is not None and d.last_id > last.message_id
+
+        await until(persisted, "a persisted tick after the last message")
         caught_up = scrape(address)
-        await asyncio.sleep(1.0)  # idle: time goes on, nothing new is written
+        idle_from = ticks.last_tick
+        # Idle: time goes on (twenty tick intervals of the node's ticks), nothing new is written.
+        await until(lambda: (ticks.last_tick >> 18) >= (idle_from >> 18) + 1000, "a second of idle ticks")
         idle = scrape(address)
     for s in (caught_up, idle):
         assert value(s, "streamingnode_consumer_group_lag_seconds", pchannel="p1", group="g") == 0

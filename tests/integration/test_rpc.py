@@ -108,11 +108,10 @@ async def test_consume_policies_and_filters(stub) -> None:
     assert payloads(typed) == []
 
     # latest: only what is appended after the read opened
-    import asyncio  # noqa: PLC0415
-
+    opened = asyncio.Event()
     task = asyncio.ensure_future(consume(stub, spb.ConsumeOpen(
-        pchannel="p", policy=pb.DeliverPolicy(latest=Empty())), until=1))
-    await asyncio.sleep(0.3)
+        pchannel="p", policy=pb.DeliverPolicy(latest=Empty())), until=1, opened=opened))
+    await asyncio.wait_for(opened.wait(), 10)
     await produce(stub, "p", [[data("v", b"late")]])
     assert payloads(await task) == [b"late"]
 

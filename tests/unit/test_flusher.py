@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from flusher import CHECKPOINT_META, Flusher, FlusherConfig
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from tests.conftest import ManagerFactory
 from tests.flushed import data_files, delete_files, pks, read_all
+from tests.waiting import until
 from wal import Message, SchemaMismatchError, TxnExpiredError, WALManager, bodies
 
 FAST = ChainConfig(tick_interval=0.01, segment_max_rows=1000)
@@ -114,7 +116,7 @@ async def test_committed_transactions_carry_the_commit_ts_and_rolled_back_or_exp
     expiring, _ = await swal.begin_txn("v", keepalive_ms=30)
     await swal.append(bodies.insert("v", "c", rows(300, 2)).with_txn(expiring))
     commit = await swal.commit_txn(ctx.txn_id)
-    await asyncio.sleep(0.3)
+    await until(lambda: swal.txns.min_open_begin_id() is None, "ticks to expire the idle transaction")
     with pytest.raises(TxnExpiredError):
         await swal.commit_txn(expiring.txn_id)
     await f.flush("v")
@@ -203,29 +205,29 @@ async def test_the_age_limit_writes_an_idle_buffer(swal: StreamingWAL, tmp_path:
     await swal.append(bodies.insert("v", "c", rows(0, 3)))
     await settle(f, swal)
     assert data_files(tmp_path) == []
-    for _ in range(100):  # idle TimeTicks keep the flusher's clock going
-        await asyncio.sleep(0.02)
-        if data_files(tmp_path):
-            break
+    # Idle TimeTicks keep the flusher's clock going: the buffer is written once it is 0.2 s old.
+    await until(lambda: bool(data_files(tmp_path)), "the idle buffer to be written")
     assert pks(tmp_path) == [0, 1, 2]
     await f.aclose()
 
 
 async def test_the_age_limit_counts_from_the_data_not_from_a_restart(swal: StreamingWAL, tmp_path: Path) -> None:
-    f = await start(swal, tmp_path, max_age_seconds=2.0)
+    limit = 2.0
+    f = await start(swal, tmp_path, max_age_seconds=limit)
     await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
-    await swal.append(bodies.insert("v", "c", rows(0, 3)))
+    inserted = await swal.append(bodies.insert("v", "c", rows(0, 3)))
     await settle(f, swal)
     await f.aclose()  # a restart before the age limit: the rows were only in memory
     assert data_files(tmp_path) == []
-    await asyncio.sleep(2.1)
+    born_ms = inserted.timetick >> 18
+    await until(lambda: time.time_ns() // 1_000_000 > born_ms + limit * 1000, "the rows to pass the age limit",
+                timeout=limit + 10)
     loop = asyncio.get_running_loop()
     restarted = loop.time()
-    g = await start(swal, tmp_path, max_age_seconds=2.0)  # replays the rows from its checkpoint
-    while not data_files(tmp_path) and loop.time() - restarted < 5:
-        await asyncio.sleep(0.02)
+    g = await start(swal, tmp_path, max_age_seconds=limit)  # replays the rows from its checkpoint
+    await until(lambda: bool(data_files(tmp_path)), "the replayed rows to be written")
     # Already older than the limit when replayed: written at once, not a whole limit after the restart.
-    assert loop.time() - restarted < 1.0
+    assert loop.time() - restarted < limit
     assert pks(tmp_path) == [0, 1, 2]
     await g.aclose()
 
@@ -374,7 +376,7 @@ async def test_a_lost_checkpoint_replays_everything_without_duplicates_even_acro
 async def test_wait_flushed_fails_when_the_flusher_is_closed(swal: StreamingWAL, tmp_path: Path) -> None:
     f = await start(swal, tmp_path)
     waiter = asyncio.ensure_future(f.wait_flushed(1 << 62))
-    await asyncio.sleep(0.05)
+    await until(lambda: bool(f._waiters), "the waiter to register")
     await f.aclose()
     with pytest.raises(Exception, match="closed"):
         await waiter
@@ -402,7 +404,9 @@ async def test_rows_of_a_transaction_committed_after_its_segment_sealed_are_writ
 
 
 async def test_stats_and_checkpoint_follow_the_log(swal: StreamingWAL, tmp_path: Path) -> None:
-    f = await start(swal, tmp_path, checkpoint_interval_seconds=0.01)
+    # No interval: every pack the flusher processes may move the checkpoint, so each settle below is a
+    # chance for it to pass the buffered rows (no waiting on time).
+    f = await start(swal, tmp_path, checkpoint_interval_seconds=0.0)
     assert f.checkpoint.message_id == swal.wal.first_id
     await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
     ins = await swal.append(bodies.insert("v", "c", rows(0, 5)))
@@ -410,11 +414,10 @@ async def test_stats_and_checkpoint_follow_the_log(swal: StreamingWAL, tmp_path:
     s = f.stats()
     assert (s.buffers, s.buffered_rows, s.rows_written) == (1, 5, 0)
     for _ in range(3):
-        await asyncio.sleep(0.05)
         await settle(f, swal)
         assert f.checkpoint.message_id <= ins.message_id  # buffered rows hold the checkpoint back
+    assert f.checkpoint.message_id > swal.wal.first_id, "the checkpoint moved up to the buffered rows"
     await f.flush("v")
-    await asyncio.sleep(0.05)
     ts = await settle(f, swal)
     assert f.checkpoint.message_id > ins.message_id  # written: the checkpoint moves past the rows
     assert f.stats().lag_ms >= 0 and f.stats().processed_timetick >= ts

@@ -40,8 +40,9 @@ def _crash_after(path: Path, body: str, **backend: object) -> None:
 
         asyncio.run(main())
     ''').replace("{body}", textwrap.indent(textwrap.dedent(body), " " * 4))
-    subprocess.run([sys.executable, "-c", script, str(path), json.dumps(backend)], check=True, cwd=ROOT, timeout=60,
-                   env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    done = subprocess.run([sys.executable, "-c", script, str(path), json.dumps(backend)], cwd=ROOT, timeout=60,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, check=False)
+    assert done.returncode == 0, f"the writer exited with {done.returncode}:\n{done.stderr}"
 
 
 async def _payloads(path: Path) -> list[bytes]:
@@ -116,8 +117,12 @@ async def test_a_rotated_journal_is_flushed_and_deleted_in_the_background(tmp_pa
     _crash_after(path, '''
     for i in range(300):
         await wal.append_batch([Message(MessageType.DATA, "v", b"%05d" % i + bytes(1000))])
-    await asyncio.sleep(1.0)  # the background flushes of the rotated files finish
-    print(len(os.listdir(os.path.join(sys.argv[1], "journal"))))
+    # Until the background flushes of the rotated files finish (20 s at most; the test counts them).
+    journal = os.path.join(sys.argv[1], "journal")
+    for _ in range(2000):
+        if len([n for n in os.listdir(journal) if n.endswith(".jnl")]) <= 2:
+            break
+        await asyncio.sleep(0.01)
 ''', journal_rotate_bytes=32 << 10)
     # About 1 KiB per append and a file every 32 KiB: without the background flush there would be
     # about ten files; the flushed ones are gone.

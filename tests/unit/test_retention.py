@@ -3,7 +3,6 @@ the same state from its snapshot, and readers get exactly what is kept (or a pre
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,9 +17,8 @@ from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from streamingnode.groups import ConsumerGroups
 from streamingnode.retention import ChannelRetention, RetentionConfig
 from tests.flushed import pks
-from tests.waiting import until
+from tests.waiting import persisted_tick, until
 from wal import Message, MessageType, OutOfRangeError, Position, WALManager, bodies
-from wal.backend import TickEntry
 from wal.options import DeliverPolicy, ReadOption
 
 FAST = ChainConfig(tick_interval=0.01, segment_max_rows=10)
@@ -75,20 +73,6 @@ async def opened(tmp_path: Path) -> AsyncIterator[Opened]:
 async def data(swal: StreamingWAL, n: int, vchannel: str = "v") -> list[int]:
     """``n`` plain messages, one append each (one stored block each); their ids."""
     return [(await swal.append(Message(MessageType.DATA, vchannel, b"x" * 100))).message_id for _ in range(n)]
-
-
-async def persisted_tick(swal: StreamingWAL) -> TickEntry:
-    """Wait until a TimeTick is persisted after everything written so far; return its index entry.
-
-    The time bound of retention comes from persisted ticks (the time index), so a test that expects
-    another bound to hold must first let the time bound move past what it looks at.  Ticks are
-    persisted every tick interval while data comes in, and appends can all land before the first."""
-    last = swal.wal.next_id - 1
-    backend, key = swal.wal._manager.backend, swal.wal._channel_key
-    async with asyncio.timeout(10):
-        while (tick := backend.seek_time(key, 2**63 - 1)) is None or tick.message_id < last:
-            await asyncio.sleep(0.005)
-    return tick
 
 
 async def test_flusher_checkpoint_holds_the_cut(opened: Opened, tmp_path: Path) -> None:

@@ -7,8 +7,10 @@ import asyncio
 import pytest
 
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from tests import waiting
 from tests.conftest import ManagerFactory
 from tests.factories import data, flat
+from tests.waiting import persisted_tick, ticks_pass
 from wal import (
     DeliverPolicy,
     InvalidTxnStateError,
@@ -49,7 +51,7 @@ async def test_commit_delivers_all_bodies_together_at_the_commit_timestamp(manag
     ctx, _ = await swal.begin_txn("v", keepalive_ms=10_000)
     await swal.append_batch([body("v", ctx, b"a"), body("v", ctx, b"b")])
     plain = await swal.append(data("v", b"plain"))
-    await asyncio.sleep(0.1)  # several ticks pass: the open transaction must not leak out
+    await ticks_pass(swal, 3)  # the open transaction must not leak out with them
     await swal.append(body("v", ctx, b"c"))
     commit = await swal.commit_txn(ctx.txn_id)
     packs = await until(scanner, commit.timetick)
@@ -70,7 +72,7 @@ async def test_rollback_and_expiry_deliver_nothing(manager: WALManager) -> None:
     await swal.rollback_txn(rolled.txn_id)
     expiring, _ = await swal.begin_txn("v", keepalive_ms=30)
     await swal.append(body("v", expiring, b"expired"))
-    await asyncio.sleep(0.3)  # ticks move past its keepalive
+    await waiting.until(lambda: swal.txns.min_open_begin_id() is None, "ticks to move past its keepalive")
     with pytest.raises(TxnExpiredError):
         await swal.commit_txn(expiring.txn_id)
     marker = await swal.append(data("v", b"marker"))
@@ -97,7 +99,7 @@ async def test_scanner_started_mid_transaction_sees_it_whole(manager: WALManager
     swal = await _open(manager)
     ctx, begin = await swal.begin_txn("v", keepalive_ms=10_000)
     await swal.append(body("v", ctx, b"first"))
-    await asyncio.sleep(0.1)
+    await persisted_tick(swal)  # in the time index, after the BeginTxn
     # A reader that starts at a time after the BeginTxn: the time index points it back to the
     # transaction's start (last confirmed), so it still sees the transaction whole.
     scanner = swal.read(ReadOption(deliver_policy=DeliverPolicy.start_at_time(swal.timetick.last_tick)))
