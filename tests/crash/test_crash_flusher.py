@@ -28,6 +28,7 @@ from flusher import Flusher, FlusherConfig
 from flusher.commit import KILL_ENV, STEPS
 from interceptors.streaming import open_streaming_wal
 from tests.crash.child_flusher import CHAIN
+from tests.crash.evidence import stderr_on_failure, tail
 from wal import Message, MessageType, WALManager, bodies
 
 pytestmark = pytest.mark.crash
@@ -49,6 +50,7 @@ class _Child:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, env=env,
         )
         self.out = bytearray()
+        self.err = b""
         self.ready = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -65,14 +67,14 @@ class _Child:
         self._reader.join(10)
         assert self.proc.stdout is not None and self.proc.stderr is not None
         self.proc.stdout.close()
-        err = self.proc.stderr.read()
+        self.err = err = self.proc.stderr.read()
         self.proc.stderr.close()
-        assert self.proc.returncode == -signal.SIGKILL, f"child exited {self.proc.returncode}: {err[-2000:]!r}"
+        assert self.proc.returncode == -signal.SIGKILL, f"child exited {self.proc.returncode}:\n{tail(err)}"
         return bytes(self.out)
 
 
-def _run_hooked(data_dir: Path, root: Path, seed: int, step: str, nth: int) -> tuple[bytes, bool]:
-    """Run until the child kills itself at the ``nth`` time it passes ``step``; (stdout, reached)."""
+def _run_hooked(data_dir: Path, root: Path, seed: int, step: str, nth: int) -> tuple[bytes, bool, bytes]:
+    """Run until the child kills itself at the ``nth`` time it passes ``step``; (stdout, reached, stderr)."""
     child = _Child(data_dir, root, seed, f"{step}:{nth}")
     try:
         child.proc.wait(timeout=60)
@@ -80,15 +82,19 @@ def _run_hooked(data_dir: Path, root: Path, seed: int, step: str, nth: int) -> t
     except subprocess.TimeoutExpired:
         os.kill(child.proc.pid, signal.SIGKILL)
         reached = False
-    return child.finish(), reached
+    return child.finish(), reached, child.err
 
 
-def _run_timed(data_dir: Path, root: Path, seed: int, rng: random.Random) -> bytes:
+def _run_timed(data_dir: Path, root: Path, seed: int, rng: random.Random) -> tuple[bytes, bytes]:
+    """Kill the child at a random moment of its ingestion; (stdout, stderr)."""
     child = _Child(data_dir, root, seed, None)
-    assert child.ready.wait(60), f"child never became ready: {bytes(child.out[-500:])!r}"
+    if not child.ready.wait(60):
+        os.kill(child.proc.pid, signal.SIGKILL)
+        child.finish()
+        raise AssertionError(f"child never became ready: {bytes(child.out[-500:])!r}\n{tail(child.err)}")
     time.sleep(rng.uniform(0.2, 1.5))
     os.kill(child.proc.pid, signal.SIGKILL)
-    return child.finish()
+    return child.finish(), child.err
 
 
 def _acknowledged(logs: list[bytes]) -> tuple[Counter[tuple[str, int]], set[int]]:
@@ -178,25 +184,30 @@ def _visible(
 
 @pytest.mark.spark
 async def test_sigkill_at_every_commit_step_and_during_ingestion_leaves_exactly_the_committed_rows(
-    tmp_path: Path, spark: Any,
+    tmp_path: Path, spark: Any, crash_seed: int,
 ) -> None:
     data_dir, root = tmp_path / "db", tmp_path / "parquet"
-    rng = random.Random(20261123)
+    rng = random.Random(crash_seed)  # where the kills land; the children's own seeds count up
     logs: list[bytes] = []
+    errs: list[bytes] = []
     reached: Counter[str] = Counter()
     seed = 0
     for _ in range(ROUNDS):
         for step in STEPS:
             seed += 1
             nth = rng.randrange(1, 4)
-            out, ok = await asyncio.to_thread(_run_hooked, data_dir, root, seed, step, nth)
+            out, ok, err = await asyncio.to_thread(_run_hooked, data_dir, root, seed, step, nth)
             logs.append(out)
+            errs.append(err)
             reached[step] += ok
         for _ in range(2):
             seed += 1
-            logs.append(await asyncio.to_thread(_run_timed, data_dir, root, seed, rng))
+            out, err = await asyncio.to_thread(_run_timed, data_dir, root, seed, rng)
+            logs.append(out)
+            errs.append(err)
     assert set(reached) == set(STEPS) and all(reached.values()), f"steps never reached: {reached}"
-    rows, deletes = await _verify(data_dir, root, logs)
+    with stderr_on_failure(lambda: b"".join(errs[-3:]), "last three children"):
+        rows, deletes = await _verify(data_dir, root, logs)
     files = len(list(root.rglob("*.parquet")))
     print(f"\nflusher crash: {len(logs)} kills, reached {dict(reached)}, {rows} rows, {deletes} deletes, {files} files")
     assert rows > 100 and deletes > 0

@@ -28,6 +28,7 @@ import pytest
 
 from streamingnode.client import AsyncClient
 from streamingnode.retention import KILL_ENV
+from tests.crash.evidence import stderr_on_failure
 from tests.node_process import NodeProcess, free_port
 from wal.errors import StreamingError, UnavailableError
 
@@ -53,12 +54,12 @@ def _file_pks(root: Path) -> Counter[int]:
 
 
 class _Ledger:
-    def __init__(self) -> None:
+    def __init__(self, seed: int) -> None:
         self.attempted: set[int] = set()
         self.acked: set[int] = set()
         self.next_pk = 0
         self.first_ids: list[int | None] = []
-        self.rng = random.Random(20261123)
+        self.rng = random.Random(seed)
 
     def take(self, n: int) -> list[int]:
         out = list(range(self.next_pk, self.next_pk + n))
@@ -87,10 +88,14 @@ async def _run(data_dir: Path, port: int, run: int, kill_at: str | None, kill_af
     try:
         async with AsyncClient(node.address, timeout=10.0, reconnect_timeout=1.0) as client:
             try:
-                await _work(client, root, run, before, started, kill_after, node, ledger)
+                with stderr_on_failure(lambda: node.stderr, f"node (run {run})"):
+                    await _work(client, root, run, before, started, kill_after, node, ledger)
             except (StreamingError, OSError):
-                await asyncio.sleep(1.0)
-                if node.proc is not None and node.proc.poll() is None:
+                # The call failed: because the node died of the hook (it exits at once), or not.
+                assert node.proc is not None
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await asyncio.to_thread(node.proc.wait, 10)
+                if node.proc.poll() is None:
                     raise  # failed while the node lives: not the kill
         assert node.proc is not None
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -139,10 +144,12 @@ async def _work(client: AsyncClient, root: Path, run: int, before: set[int], sta
 
 
 @pytest.mark.spark
-async def test_sigkill_around_truncation_loses_no_row_and_no_segment_id(tmp_path: Path, spark: Any) -> None:
+async def test_sigkill_around_truncation_loses_no_row_and_no_segment_id(
+    tmp_path: Path, spark: Any, crash_seed: int,
+) -> None:
     data_dir = tmp_path / "data"
     port = free_port()
-    ledger = _Ledger()
+    ledger = _Ledger(crash_seed)
     rng = ledger.rng
     reached: Counter[str] = Counter()
     run = 0

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from interceptors.streaming import ChainConfig, open_streaming_wal
+from tests.crash.evidence import stderr_on_failure, tail
 from tests.factories import data
 from wal import MessageType, WALManager
 
@@ -27,12 +28,13 @@ REPO = Path(__file__).resolve().parents[2]
 TRIALS = max(3, int(os.environ.get("STREAMINGNODE_CRASH_TRIALS", "20")) // 4)
 
 
-def _run_child(data_dir: Path, seed: int, rng: random.Random) -> bytes:
+def _run_child(data_dir: Path, seed: int, rng: random.Random, stderr_path: Path) -> bytes:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen(
-        [sys.executable, str(CHILD), str(data_dir), "p", str(seed)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO, env=env,
-    )
+    with open(stderr_path, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, str(CHILD), str(data_dir), "p", str(seed)],
+            stdout=subprocess.PIPE, stderr=err, cwd=REPO, env=env,
+        )
     out = bytearray()
     ready = threading.Event()
 
@@ -45,7 +47,7 @@ def _run_child(data_dir: Path, seed: int, rng: random.Random) -> bytes:
 
     t = threading.Thread(target=reader, daemon=True)
     t.start()
-    assert ready.wait(60), f"child never became ready: {bytes(out[-500:])!r}"
+    assert ready.wait(60), f"child never became ready: {bytes(out[-500:])!r}\n{tail(stderr_path.read_bytes())}"
     time.sleep(rng.uniform(0.1, 0.5))
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -97,9 +99,11 @@ async def _check(data_dir: Path, logs: list[bytes]) -> None:
         await manager.aclose()
 
 
-def test_sigkill_mid_transaction_is_never_delivered(tmp_path: Path) -> None:
-    seed = random.SystemRandom().randrange(1 << 32)
-    rng = random.Random(seed)
+def test_sigkill_mid_transaction_is_never_delivered(tmp_path: Path, crash_seed: int) -> None:
+    rng = random.Random(crash_seed)
     data_dir = tmp_path / "db"
-    logs = [_run_child(data_dir, seed + k, rng) for k in range(TRIALS)]
-    asyncio.run(_check(data_dir, logs))
+    stderr_paths = [tmp_path / f"child-{k}.stderr" for k in range(TRIALS)]
+    logs = [_run_child(data_dir, crash_seed + k, rng, stderr_paths[k]) for k in range(TRIALS)]
+    with stderr_on_failure(lambda: "".join(f"[child {k}] {tail(p.read_bytes(), 1500)}\n"
+                                           for k, p in enumerate(stderr_paths)), "children"):
+        asyncio.run(_check(data_dir, logs))

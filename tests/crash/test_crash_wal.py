@@ -35,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from tests.crash.child_appender import batch_plan, payload_for, vchannel_for
+from tests.crash.evidence import stderr_on_failure
 from wal import WAL, DeliverPolicy, Message, MessageType, ReadOption, WALManager, new_time_tick
 
 pytestmark = pytest.mark.crash
@@ -45,11 +46,6 @@ PCHANNEL = "crash-p"
 TRIALS = int(os.environ.get("STREAMINGNODE_CRASH_TRIALS", "20"))
 START_TIMEOUT = 60.0
 SCAN_TIMEOUT = 120.0
-
-
-def _seed() -> int:
-    raw = os.environ.get("STREAMINGNODE_CRASH_SEED")
-    return int(raw) if raw else random.SystemRandom().randrange(1 << 32)
 
 
 # --- the child process -------------------------------------------------------------------------------
@@ -289,8 +285,8 @@ def _fail_ctx(seed: int, data_dir: Path) -> str:
     return f"STREAMINGNODE_CRASH_SEED={seed}, data dir {data_dir}"
 
 
-async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
-    seed = _seed()
+async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path, crash_seed: int) -> None:
+    seed = crash_seed
     rng = random.Random(seed)
     data_dir = tmp_path / "db"
     where = _fail_ctx(seed, data_dir)
@@ -321,7 +317,8 @@ async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path) -> 
         opened = await reopen_and_seal(data_dir, run.term + 1, ctx)
         try:
             msgs = await _scan(opened.wal, run.start_id, opened.tick_ts)
-            verify_segment(run, msgs, opened.tick_id, ctx)
+            with stderr_on_failure(child.stderr):
+                verify_segment(run, msgs, opened.tick_id, ctx)
             segments.append((run, opened.tick_id))
             ticks[opened.tick_id] = opened.tick_ts
             term = run.term + 1
@@ -336,16 +333,18 @@ async def test_sigkill_under_load_loses_nothing_acknowledged(tmp_path: Path) -> 
     shutil.rmtree(data_dir)  # hundreds of MB; kept when the test fails
 
 
-async def test_rapid_kills_early_in_group_commit(tmp_path: Path) -> None:
+async def test_rapid_kills_early_in_group_commit(tmp_path: Path, crash_seed: int) -> None:
     """Five children killed 10-50 ms into appending, back to back, with no recovery in between."""
-    seed = _seed()
+    seed = crash_seed
     rng = random.Random(seed)
     data_dir = tmp_path / "db"
     where = _fail_ctx(seed, data_dir)
     runs: list[Run] = []
+    children: list[Child] = []
     for k in range(5):
         durability = "relaxed" if k == 2 else "sync"
         child = Child(data_dir, durability, rng.randrange(1 << 31), tmp_path)
+        children.append(child)
         try:
             await child.wait_ready()
             time.sleep(rng.uniform(0.01, 0.05))  # no event-loop round trip: keep the window short
@@ -366,7 +365,8 @@ async def test_rapid_kills_early_in_group_commit(tmp_path: Path) -> None:
         msgs = await _scan(opened.wal, 0, opened.tick_ts)
         for k, (run, end_id) in enumerate(zip(runs, ends, strict=True)):
             seg = [m for m in msgs if run.start_id <= _id(m) < end_id]
-            last_ts = verify_segment(run, seg, end_id, f"kill {k} [{where}]")
+            with stderr_on_failure(children[k].stderr):
+                last_ts = verify_segment(run, seg, end_id, f"kill {k} [{where}]")
             if k + 1 < len(runs):
                 assert runs[k + 1].start_ts == last_ts, (
                     f"kill {k + 1}: child recovered last timetick {runs[k + 1].start_ts}, stored last is {last_ts}"
