@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tests.seeds import draw_seed
 from wal import Durability, WALManager
 from wal.backend import Backend
 from wal.backends import MemoryBackend, RocksBackend
@@ -49,6 +50,13 @@ def harness(request: pytest.FixtureRequest, tmp_path: Path) -> BackendHarness:
 
 
 ManagerFactory = Callable[..., Awaitable[WALManager]]
+
+
+@pytest.fixture
+def seed(record_property: Callable[[str, object], None]) -> int:
+    """For a randomized test: a fresh seed per run, printed and recorded; ``STREAMINGNODE_TEST_SEED``
+    replays one."""
+    return draw_seed("STREAMINGNODE_TEST_SEED", record_property)
 
 
 @pytest.fixture

@@ -36,12 +36,14 @@ async def _open(manager: WALManager, config: ChainConfig = FAST, name: str = "p"
     return swal
 
 
-async def test_concurrent_producers_are_delivered_in_timestamp_order_exactly_once(manager: WALManager) -> None:
+async def test_concurrent_producers_are_delivered_in_timestamp_order_exactly_once(
+    manager: WALManager, seed: int
+) -> None:
     swal = await _open(manager)
     vchannels = [f"v{i}" for i in range(4)]
     scanners = {v: swal.read(ReadOption(vchannel=v, deliver_policy=DeliverPolicy.latest())) for v in vchannels}
     acked: dict[str, set[int]] = {v: set() for v in vchannels}
-    rng = random.Random(7)
+    rng = random.Random(seed)
 
     async def producer(k: int) -> None:
         v = vchannels[k % 4]
@@ -65,7 +67,7 @@ async def test_concurrent_producers_are_delivered_in_timestamp_order_exactly_onc
     await swal.aclose()
 
 
-async def test_a_live_reader_gets_every_message_in_the_pack_of_its_own_tick(manager: WALManager) -> None:
+async def test_a_live_reader_gets_every_message_in_the_pack_of_its_own_tick(manager: WALManager, seed: int) -> None:
     # A TimeTick at T is a barrier: it may go out only once every append with a smaller timestamp was
     # acknowledged.  Sent early, a slower append lands in a later pack whose begin_ts is already at or
     # past its own timestamp.  Sixteen producers and a reader that tails while they write make the
@@ -75,7 +77,7 @@ async def test_a_live_reader_gets_every_message_in_the_pack_of_its_own_tick(mana
     acked: set[int] = set()
     seen: list[tuple[int, int, int, int]] = []  # (begin_ts, ts, end_ts, id)
     done = asyncio.Event()
-    rng = random.Random(11)
+    rng = random.Random(seed)
 
     async def read() -> None:
         async for pack in scanner:
