@@ -11,7 +11,7 @@ import pytest
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from tests.conftest import ManagerFactory
 from tests.factories import data
-from tests.waiting import until
+from tests.waiting import ticks_pass, until
 from wal import (
     WAL,
     AppendResult,
@@ -223,7 +223,7 @@ async def test_ticks_never_go_backwards_across_reopen(open_manager: ManagerFacto
     m = await open_manager()
     swal = await _open(m)
     first = await swal.append(data("v"))
-    await asyncio.sleep(0.1)  # some not-persisted ticks are handed out meanwhile
+    await ticks_pass(swal, 3)  # some not-persisted ticks are handed out meanwhile
     last_seen = swal.timetick.last_tick
     await swal.aclose()
     await m.aclose()
