@@ -109,6 +109,24 @@ async def test_rollback_expiry_and_midway_start_deliver_nothing(manager: WALMana
     assert [m.timetick // PHYS for m in mid] == [104]
 
 
+@pytest.mark.parametrize("idle_ms", [10, 11])
+async def test_a_reader_expires_a_transaction_exactly_when_the_writer_does(manager: WALManager, idle_ms: int) -> None:
+    """At the keepalive's boundary, reader and writer must agree: idle exactly ``keepalive_ms`` is
+    still open (the commit is delivered), one millisecond more is expired (it never is)."""
+    from wal.clock import txn_expired  # noqa: PLC0415
+
+    wal = await _wal(manager)
+    at = (5 + idle_ms) * PHYS
+    await wal.append_batch([
+        begin("v", 4 * PHYS, 1, keepalive_ms=10), body("v", 5 * PHYS, 1, keepalive_ms=10),
+        tick(at), commit("v", at + 1, 1), tick(at + PHYS),
+    ])
+    got = flat(await packs_until(wal.read(), at + PHYS))
+    writer_expired = txn_expired(10, 5 * PHYS, at)
+    assert writer_expired is (idle_ms > 10)
+    assert [m.timetick for m in got] == ([] if writer_expired else [4 * PHYS, 5 * PHYS, at + 1])
+
+
 async def test_tailing_is_woken_by_appends(manager: WALManager) -> None:
     wal = await _wal(manager)
     scanner = wal.read(ReadOption(deliver_policy=DeliverPolicy.latest()))
