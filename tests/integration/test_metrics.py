@@ -186,10 +186,12 @@ def test_bad_http_gets_a_precise_answer_and_the_node_keeps_serving(server_thread
     assert address is not None
     with pytest.raises(urllib.error.HTTPError) as not_found:
         urllib.request.urlopen(f"http://{address}/nope", timeout=10)
+    not_found.value.close()  # an HTTPError holds the response's socket open until closed
     assert not_found.value.code == 404
     with pytest.raises(urllib.error.HTTPError) as not_allowed:
         urllib.request.urlopen(urllib.request.Request(f"http://{address}/metrics", data=b"x", method="POST"),
                                timeout=10)
+    not_allowed.value.close()
     assert not_allowed.value.code == 405
     assert _raw(address, b"garbage\r\n\r\n").startswith(b"HTTP/1.1 400 ")
     head = _raw(address, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
