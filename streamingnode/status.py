@@ -50,6 +50,12 @@ GRPC_CODE: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.CONSUMER_GROUP_EXIST: grpc.StatusCode.ALREADY_EXISTS,
     ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
     ErrorCode.REDO: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    # The transaction was rolled back (as an expired one is): begin a smaller one.
+    ErrorCode.TXN_TOO_LARGE: grpc.StatusCode.ABORTED,
+    # Not retriable as is: a batch between was never written, the producer must resend from it.
+    ErrorCode.OUT_OF_ORDER_SEQUENCE: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 # What a status without ErrorInfo (raised by gRPC itself: transport failure, deadline, oversize frame)
@@ -64,6 +70,8 @@ _CODE_OF_STATUS: dict[grpc.StatusCode, ErrorCode] = {
     grpc.StatusCode.CANCELLED: ErrorCode.UNAVAILABLE,
     grpc.StatusCode.OUT_OF_RANGE: ErrorCode.OUT_OF_RANGE,
     grpc.StatusCode.DATA_LOSS: ErrorCode.CORRUPTED,
+    grpc.StatusCode.UNAUTHENTICATED: ErrorCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED: ErrorCode.PERMISSION_DENIED,
 }
 
 

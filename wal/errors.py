@@ -40,6 +40,10 @@ class ErrorCode(enum.IntEnum):
     CONSUMER_GROUP_EXIST = 22
     DEADLINE_EXCEEDED = 23
     REDO = 24
+    UNAUTHENTICATED = 25
+    PERMISSION_DENIED = 26
+    TXN_TOO_LARGE = 27
+    OUT_OF_ORDER_SEQUENCE = 28
 
 
 # Codes whose failure is transient: the same request may succeed if tried again.
@@ -214,6 +218,30 @@ class RedoError(StreamingError):
     default_code = ErrorCode.REDO
 
 
+class UnauthenticatedError(StreamingError):
+    """The call carries no credentials the node accepts (no token, an unknown token)."""
+
+    default_code = ErrorCode.UNAUTHENTICATED
+
+
+class PermissionDeniedError(StreamingError):
+    """The caller is known but lacks the permission the call needs (named in ``permission``)."""
+
+    default_code = ErrorCode.PERMISSION_DENIED
+
+
+class TxnTooLargeError(StreamingError):
+    """A transaction went over its bound on messages or bytes; it was rolled back."""
+
+    default_code = ErrorCode.TXN_TOO_LARGE
+
+
+class OutOfOrderSequenceError(StreamingError):
+    """An idempotent producer's sequence skipped ahead: a batch between was never written here."""
+
+    default_code = ErrorCode.OUT_OF_ORDER_SEQUENCE
+
+
 class ImmutableMessageError(StreamingError):
     """A message that already has an id was modified."""
 
@@ -237,15 +265,19 @@ __all__ = [
     "InvalidTxnStateError",
     "MessageTooLargeError",
     "OnShutdownError",
+    "OutOfOrderSequenceError",
     "OutOfRangeError",
     "PartitionExistError",
     "PartitionNotExistError",
+    "PermissionDeniedError",
     "RedoError",
     "ResourceExhaustedError",
     "SchemaMismatchError",
     "StreamingError",
     "TxnExpiredError",
     "TxnNotFoundError",
+    "TxnTooLargeError",
+    "UnauthenticatedError",
     "UnavailableError",
     "UnrecoverableError",
 ]

@@ -16,11 +16,12 @@ CLIENT_ALL = [
     "DataClient", "DeadlineExceededError", "DeliverFilter", "DeliverPolicy", "ErrorCode", "GroupDescription",
     "GroupProgress", "HASH_KEY_PROPERTY", "ImmutableMessageError", "InvalidArgumentError",
     "InvalidTxnStateError", "Message", "MessageTooLargeError", "MessageType", "MsgPack", "MsgStream",
-    "MsgStreamPack", "OnShutdownError", "OutOfRangeError", "Owner", "PartitionExistError",
-    "PartitionNotExistError", "Position", "Producer", "RedoError", "Repack", "ResourceExhaustedError",
-    "SchemaMismatchError", "StreamingError", "SyncConsumer", "SyncMsgStream", "SyncProducer",
-    "SyncTransaction", "Transaction", "TxnExpiredError", "TxnInfo", "TxnNotFoundError", "UnavailableError",
-    "UnrecoverableError", "default_repack", "hash_key", "message_links", "resume_read",
+    "MsgStreamPack", "OnShutdownError", "OutOfOrderSequenceError", "OutOfRangeError", "Owner",
+    "PartitionExistError", "PartitionNotExistError", "PermissionDeniedError", "Position", "Producer",
+    "RedoError", "Repack", "ResourceExhaustedError", "SchemaMismatchError", "StreamingError", "SyncConsumer",
+    "SyncMsgStream", "SyncProducer", "SyncTransaction", "Transaction", "TxnExpiredError", "TxnInfo",
+    "TxnNotFoundError", "TxnTooLargeError", "UnauthenticatedError", "UnavailableError", "UnrecoverableError",
+    "default_repack", "hash_key", "message_links", "resume_read",
 ]
 
 WAL_ALL = [
@@ -29,12 +30,12 @@ WAL_ALL = [
     "ConsumerGroupExistError", "ConsumerGroupNotExistError", "CorruptedError", "DeadlineExceededError",
     "DeliverFilter", "DeliverPolicy", "Durability", "ErrorCode", "ImmutableMessageError",
     "InvalidArgumentError", "InvalidTxnStateError", "Message", "MessageID", "MessageTooLargeError",
-    "MessageType", "MsgPack", "OnShutdownError", "OutOfRangeError", "PartitionExistError",
-    "PartitionNotExistError", "Position", "ReadOption", "RedoError", "ResourceExhaustedError", "Scanner",
-    "SchemaMismatchError", "StreamingError", "TxnContext", "TxnExpiredError", "TxnNotFoundError",
-    "UnavailableError", "UnrecoverableError", "WAL", "WALManager", "WALState", "decode_block",
-    "decode_message", "decode_message_id", "encode_block", "encode_message", "encode_message_id",
-    "new_time_tick",
+    "MessageType", "MsgPack", "OnShutdownError", "OutOfOrderSequenceError", "OutOfRangeError",
+    "PartitionExistError", "PartitionNotExistError", "PermissionDeniedError", "Position", "ReadOption",
+    "RedoError", "ResourceExhaustedError", "Scanner", "SchemaMismatchError", "StreamingError", "TxnContext",
+    "TxnExpiredError", "TxnNotFoundError", "TxnTooLargeError", "UnauthenticatedError", "UnavailableError",
+    "UnrecoverableError", "WAL", "WALManager", "WALState", "decode_block", "decode_message",
+    "decode_message_id", "encode_block", "encode_message", "encode_message_id", "new_time_tick",
 ]
 
 SURFACES = {"streamingnode.client": CLIENT_ALL, "wal": WAL_ALL}
