@@ -86,6 +86,10 @@ def _serve(args: argparse.Namespace) -> None:
         "tick_interval": args.tick_interval, "drain_seconds": args.drain_seconds,
         "retention_seconds": args.retention_seconds, "retention_check_seconds": args.retention_check_seconds,
         "trace_exporter": args.trace_exporter,
+        "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_client_ca": args.tls_client_ca,
+        "auth_tokens": args.auth_tokens, "allow_unauthenticated": args.allow_unauthenticated or None,
+        "txn_max_messages": args.txn_max_messages, "txn_max_bytes": args.txn_max_bytes,
+        "max_streams": args.max_streams, "max_streams_per_connection": args.max_streams_per_connection,
     })
 
     def ready(running: RunningServer) -> None:
@@ -105,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--config", help="TOML file whose keys are the NodeConfig fields")
     serve.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS,
                        help="data directory (default $STREAMINGNODE_DATA_DIR or ./data)")
-    serve.add_argument("--listen", help="gRPC listen address (default 0.0.0.0:19530; port 0 = any free port)")
-    serve.add_argument("--metrics-listen", help="Prometheus /metrics address (default 0.0.0.0:9091; "
+    serve.add_argument("--listen", help="gRPC listen address (default 127.0.0.1:19530; port 0 = any free port)")
+    serve.add_argument("--metrics-listen", help="Prometheus /metrics address (default 127.0.0.1:9091; "
                        "port 0 = any free port; '' = off)")
     serve.add_argument("--durability", choices=["sync", "relaxed"])
     serve.add_argument("--max-message-bytes", type=int)
@@ -118,6 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--retention-check-seconds", type=float, help="how often truncation is checked (default 60)")
     serve.add_argument("--trace-exporter", choices=["none", "console", "otlp"],
                        help="OpenTelemetry spans (default none = off; otlp needs opentelemetry-exporter-otlp)")
+    serve.add_argument("--tls-cert", help="server certificate chain (PEM): serve TLS only (with --tls-key)")
+    serve.add_argument("--tls-key", help="private key (PEM) of --tls-cert")
+    serve.add_argument("--tls-client-ca", help="CA (PEM) client certificates must chain to: mutual TLS")
+    serve.add_argument("--auth-tokens", help="tokens file (TOML): bearer tokens' SHA-256, principals, permissions")
+    serve.add_argument("--allow-unauthenticated", action="store_true",
+                       help="listen on a non-loopback address with neither tokens nor mutual TLS")
+    serve.add_argument("--txn-max-messages", type=int, help="most messages of one transaction (default 100000)")
+    serve.add_argument("--txn-max-bytes", type=int, help="most bytes of one transaction (default 64 MiB)")
+    serve.add_argument("--max-streams", type=int, help="Produce/Consume streams open on the node (default 1024)")
+    serve.add_argument("--max-streams-per-connection", type=int,
+                       help="Produce/Consume streams open on one connection (default 128)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     demo = sub.add_parser("demo", help="durable append/read round trip on pchannel 'demo'")
     demo.add_argument("--count", type=int, default=1000)

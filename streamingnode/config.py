@@ -28,10 +28,21 @@ DEFAULT_ADDR = "localhost:19530"
 class NodeConfig:
     data_dir: Path = field(default_factory=lambda: Path("data"))
     """Where the RocksDB database lives (created if missing)."""
-    listen: str = "0.0.0.0:19530"
-    """gRPC listen address; port 0 picks a free port (the bound one is logged and reported)."""
-    metrics_listen: str = "0.0.0.0:9091"
+    listen: str = "127.0.0.1:19530"
+    """gRPC listen address; port 0 picks a free port (the bound one is logged and reported).  Loopback
+    by default: listening on another interface needs authentication or ``allow_unauthenticated``."""
+    metrics_listen: str = "127.0.0.1:9091"
     """Address of the Prometheus ``/metrics`` endpoint; port 0 picks a free port, empty turns it off."""
+    tls_cert: Path | None = None
+    """Server certificate chain (PEM); with ``tls_key`` the node serves TLS only."""
+    tls_key: Path | None = None
+    """Private key (PEM) of ``tls_cert``."""
+    tls_client_ca: Path | None = None
+    """CA bundle (PEM) that client certificates must chain to: mutual TLS, a client without one is refused."""
+    auth_tokens: Path | None = None
+    """Tokens file (TOML): SHA-256 hashes of bearer tokens, each with a principal and its permissions."""
+    allow_unauthenticated: bool = False
+    """Let the node listen on a non-loopback address with neither tokens nor mutual TLS."""
     durability: str = "sync"
     """``sync``: acknowledged after fsync.  ``relaxed``: after write(2); see wal.backend.Durability."""
     max_message_bytes: int = 4 << 20
@@ -47,6 +58,14 @@ class NodeConfig:
     keeps responses under gRPC's default 4 MiB receive limit of clients in any language."""
     txn_keepalive_ms: int = 60_000
     """Idle time after which a transaction expires, when BeginTxn asks for the node default."""
+    txn_max_messages: int = 100_000
+    """Most messages one transaction may hold; one more fails it (TXN_TOO_LARGE) and rolls it back."""
+    txn_max_bytes: int = 64 << 20
+    """Most bytes (as ``max_message_bytes`` counts them) one transaction may hold; over it, as above."""
+    max_streams: int = 1024
+    """Produce and Consume streams open at once on the node; one more is refused (RESOURCE_EXHAUSTED)."""
+    max_streams_per_connection: int = 128
+    """Produce and Consume streams open at once on one client connection; one more is refused."""
     tick_interval: float = 0.2
     """Seconds between TimeTicks: the delivery latency floor of a consumer."""
     drain_seconds: float = 10.0
@@ -78,13 +97,18 @@ class NodeConfig:
             raise InvalidArgumentError(
                 f"trace_exporter must be 'none', 'console' or 'otlp', got {self.trace_exporter!r}")
         for name in ("max_message_bytes", "max_request_bytes", "produce_max_in_flight", "consume_max_pack_messages",
-                     "consume_max_pack_bytes"):
+                     "consume_max_pack_bytes", "txn_max_messages", "txn_max_bytes", "max_streams",
+                     "max_streams_per_connection"):
             if getattr(self, name) <= 0:
                 raise InvalidArgumentError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if self.max_message_bytes > self.max_request_bytes:
             raise InvalidArgumentError("max_message_bytes must not exceed max_request_bytes")
         if self.tick_interval <= 0 or self.drain_seconds < 0 or self.txn_keepalive_ms < 0:
             raise InvalidArgumentError("tick_interval must be > 0, drain_seconds and txn_keepalive_ms >= 0")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise InvalidArgumentError("tls_cert and tls_key go together: give both or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise InvalidArgumentError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
         if not self.retention_check_seconds > 0:
             raise InvalidArgumentError(f"retention_check_seconds must be > 0, got {self.retention_check_seconds!r}")
 
