@@ -28,7 +28,14 @@ from interceptors.snapshot import import_snapshot, load_snapshot
 from interceptors.timetick import TimeTickInterceptor
 from interceptors.txn import TxnInterceptor, TxnManager, TxnSession, TxnState, commit_message, rollback_message
 from wal.adaptor import WALAdaptor
-from wal.errors import CorruptedError, InvalidTxnStateError, OnShutdownError, StreamingError, TxnNotFoundError
+from wal.errors import (
+    CorruptedError,
+    InvalidTxnStateError,
+    OnShutdownError,
+    StreamingError,
+    TxnNotFoundError,
+    TxnTooLargeError,
+)
 from wal.lifecycle import cancel_and_wait
 from wal.manager import WALManager
 from wal.message import AppendResult, Message, MessageID, Position, TxnContext
@@ -56,6 +63,10 @@ class ChainConfig:
     segment_max_age_seconds: float = 600.0
     seal_check_interval: float = 1.0
     """How often growing segments are checked for age (a seal is also checked on every insert)."""
+    txn_max_messages: int | None = None
+    """Most bodies one transaction may hold (None: unbounded); see ``TxnManager``."""
+    txn_max_bytes: int | None = None
+    """Most bytes (payload, vchannel and properties) the bodies of one transaction may hold."""
 
 
 class _RecoveringChain:
@@ -121,10 +132,30 @@ class StreamingWAL:
         await asyncio.shield(self._recovery)
 
     async def append(self, message: Message, *, deadline: float | None = None) -> AppendResult:
-        return await self.adaptor.append(message, deadline=deadline)
+        try:
+            return await self.adaptor.append(message, deadline=deadline)
+        except TxnTooLargeError as exc:
+            await self._roll_back_too_large(exc)
+            raise
 
     async def append_batch(self, messages: list[Message], *, deadline: float | None = None) -> list[AppendResult]:
-        return await self.adaptor.append_batch(messages, deadline=deadline)
+        try:
+            return await self.adaptor.append_batch(messages, deadline=deadline)
+        except TxnTooLargeError as exc:
+            await self._roll_back_too_large(exc)
+            raise
+
+    async def _roll_back_too_large(self, exc: TxnTooLargeError) -> None:
+        """The txn step failed a transaction that grew over its bound: write its RollbackTxn before the
+        caller hears of it, so readers forget it at once (it can never commit now)."""
+        session = self.txns.get(exc.fields.get("txn_id", -1))
+        if session is None or session.rollback_written or session.failure is None:
+            return  # nothing of it was written, or its rollback is already there
+        try:
+            await self.append(rollback_message(session))
+        except StreamingError as failed:  # e.g. the client's own RollbackTxn came first; expiry still ends it
+            log.warning("rollback of a transaction over its bound failed", pchannel=self.pchannel,
+                        txn_id=session.txn_id, error=repr(failed))
 
     def read(self, option: ReadOption | None = None) -> Scanner:
         return self.wal.read(option)
@@ -241,7 +272,7 @@ class StreamingWAL:
 def default_interceptors(
     wal: WAL, config: ChainConfig
 ) -> tuple[list[Interceptor], TimeTickInterceptor, TxnManager, ShardInterceptor]:
-    txns = TxnManager()
+    txns = TxnManager(max_messages=config.txn_max_messages, max_bytes=config.txn_max_bytes)
     shard = ShardInterceptor(
         max_rows=config.segment_max_rows, max_bytes=config.segment_max_bytes,
         max_age_seconds=config.segment_max_age_seconds,

@@ -82,7 +82,8 @@ class Node:
         self.config = config
         self.tracing = tracing
         """Spans for produce, the chain's steps and consume; None (the default) traces nothing."""
-        self.chain_config = ChainConfig(tick_interval=config.tick_interval)
+        self.chain_config = ChainConfig(tick_interval=config.tick_interval, txn_max_messages=config.txn_max_messages,
+                                        txn_max_bytes=config.txn_max_bytes)
         self._channels: dict[str, Channel] = {}
         self.metrics = NodeMetrics(config.data_dir)
         self._admin = asyncio.Lock()

@@ -17,9 +17,15 @@ from __future__ import annotations
 
 import asyncio
 
-from interceptors.txn.session import FRAMING, SessionTable, TxnSession, TxnState
+from interceptors.txn.session import FRAMING, SessionTable, TxnSession, TxnState, message_bytes
 from wal.clock import txn_expired
-from wal.errors import InvalidArgumentError, InvalidTxnStateError, TxnExpiredError, TxnNotFoundError
+from wal.errors import (
+    InvalidArgumentError,
+    InvalidTxnStateError,
+    TxnExpiredError,
+    TxnNotFoundError,
+    TxnTooLargeError,
+)
 from wal.message import AppendResult, Message, MessageType
 
 _BEGIN = MessageType.BEGIN_TXN
@@ -31,7 +37,7 @@ _TIME_TICK = MessageType.TIME_TICK
 class TxnView:
     """A session's state as seen from inside one batch (earlier messages of the batch applied)."""
 
-    __slots__ = ("bodies", "closing", "last_ts", "max_body_ts", "prev_state", "session", "state")
+    __slots__ = ("bodies", "closing", "last_ts", "max_body_ts", "nbytes", "prev_state", "session", "state")
 
     def __init__(self, session: TxnSession) -> None:
         self.session = session
@@ -40,6 +46,7 @@ class TxnView:
         self.last_ts = session.last_ts
         self.max_body_ts = session.max_body_ts
         self.bodies = 0
+        self.nbytes = 0  # message_bytes of those bodies
         self.closing = False  # the batch holds a RollbackTxn for this expired or failed session
 
 
@@ -67,6 +74,8 @@ class TxnClaim:
             s = v.session
             if v.bodies:
                 s.inflight += v.bodies
+                s.messages += v.bodies
+                s.nbytes += v.nbytes
                 s.max_body_ts = max(s.max_body_ts, v.max_body_ts)
         for v, _ in self.commits:
             s = v.session
@@ -125,6 +134,8 @@ class TxnClaim:
             if tid in self.new:
                 s.last_ts = v.last_ts
                 s.max_body_ts = v.max_body_ts
+                s.messages = v.bodies
+                s.nbytes = v.nbytes
                 s.state = {TxnState.ON_COMMIT: TxnState.COMMITTED, TxnState.ON_ROLLBACK: TxnState.ROLLED_BACK}.get(
                     v.state, v.state
                 )
@@ -170,6 +181,8 @@ class TxnClaim:
                 continue
             s = v.session
             s.inflight -= v.bodies
+            s.messages -= v.bodies
+            s.nbytes -= v.nbytes
             if s.state is TxnState.ON_COMMIT:
                 s._body_failed = True  # the commit waiting for this body must not go ahead without it
             s._wake()
@@ -221,7 +234,10 @@ def claim_batch(table: SessionTable, batch: list[Message]) -> TxnClaim | None:
                 claim.rollbacks.append(v)
         else:
             _refuse(table, v, m, "body")
+            size = message_bytes(m)
+            _check_bounds(table, v, size)
             v.bodies += 1
+            v.nbytes += size
             v.last_ts = max(v.last_ts, ts)
             v.max_body_ts = max(v.max_body_ts, ts)
     if claim is not None:
@@ -269,6 +285,33 @@ def _refuse(table: SessionTable, v: TxnView, m: Message, what: str) -> None:
     if state is TxnState.ROLLED_BACK and s.failure is not None:
         raise InvalidTxnStateError(f"transaction {tid} was failed: {s.failure}", txn_id=tid, reason=s.failure)
     raise InvalidTxnStateError(f"{what} refused: transaction {tid} is {state.words}", txn_id=tid)
+
+
+def _check_bounds(table: SessionTable, v: TxnView, size: int) -> None:
+    """Raise TxnTooLargeError when one more body of ``size`` bytes takes the transaction over a bound
+    of the table; a transaction already written is then failed, for good (its owner writes the
+    RollbackTxn: ``StreamingWAL`` does), so that its later bodies and commit are refused with why.
+
+    The bounds keep every committed transaction deliverable: a reader holds one whole in memory and
+    the node sends it as one unit, whatever its size."""
+    s = v.session
+    tid = s.txn_id
+    if table.max_messages is not None and s.messages + v.bodies >= table.max_messages:
+        bound, limit, what = "txn_max_messages", table.max_messages, f"{s.messages + v.bodies + 1} messages"
+    elif table.max_bytes is not None and s.nbytes + v.nbytes + size > table.max_bytes:
+        bound, limit, what = "txn_max_bytes", table.max_bytes, f"{s.nbytes + v.nbytes + size} bytes"
+    else:
+        return
+    reason = f"transaction {tid} would hold {what}, over {bound} = {limit}"
+    written = table.open.get(tid) is s
+    if written:
+        s.state = TxnState.ROLLED_BACK
+        s.failure = reason
+        table.finish(s)
+        s._wake()
+    raise TxnTooLargeError(
+        f"{reason}; it is rolled back" if written else f"{reason}; nothing of it was written",
+        txn_id=tid, bound=bound, limit=limit)
 
 
 def _check_begin(claim: TxnClaim, m: Message, tid: int, keepalive_ms: int) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from interceptors.txn.claim import TxnClaim, claim_batch
-from interceptors.txn.session import Allocation, SessionTable, TxnSession, TxnState
+from interceptors.txn.session import Allocation, SessionTable, TxnSession, TxnState, message_bytes
 from wal.errors import InvalidArgumentError
 from wal.message import BROADCAST_VCHANNEL, Message, MessageID, MessageType, TxnContext
 
@@ -22,12 +22,16 @@ class TxnManager:
 
     ``max_finished`` bounds how many finished sessions are remembered (so a late message gets a
     precise error rather than TxnNotFoundError); ``max_allocated`` bounds ids handed out whose
-    BeginTxn never came.
+    BeginTxn never came; ``max_messages`` and ``max_bytes`` bound one transaction's bodies (None:
+    unbounded): the body that would go over fails with TxnTooLargeError and fails its transaction.
     """
 
-    def __init__(self, *, max_finished: int = 16384, max_allocated: int = 65536) -> None:
+    def __init__(
+        self, *, max_finished: int = 16384, max_allocated: int = 65536, max_messages: int | None = None,
+        max_bytes: int | None = None,
+    ) -> None:
         self._next_id = 1
-        self._table = SessionTable(max_finished)
+        self._table = SessionTable(max_finished, max_messages, max_bytes)
         self._orphans: list[TxnSession] = []
         self._max_allocated = max_allocated
 
@@ -176,6 +180,8 @@ class TxnManager:
             else:
                 s.last_ts = max(s.last_ts, ts)
                 s.max_body_ts = max(s.max_body_ts, ts)
+                s.messages += 1
+                s.nbytes += message_bytes(m)
 
     def export_state(self) -> dict[str, Any]:
         """What recovery needs that replay would rebuild: the next id (ids are never reused).

@@ -70,6 +70,8 @@ class TxnSession:
         "keepalive_ms",
         "last_ts",
         "max_body_ts",
+        "messages",
+        "nbytes",
         "rollback_written",
         "state",
         "txn_id",
@@ -90,6 +92,10 @@ class TxnSession:
         """Largest timestamp of the bodies accepted so far, written or still in flight."""
         self.inflight = 0
         """Bodies accepted but not yet written (or failed)."""
+        self.messages = 0
+        """Bodies accepted so far, written or still in flight: held to the table's ``max_messages``."""
+        self.nbytes = 0
+        """Their bytes (``message_bytes``), held to the table's ``max_bytes``."""
         self.failure: str | None = None
         """Why an exclusive message failed the session, when it did."""
         self.rollback_written = False
@@ -130,6 +136,17 @@ def commit_message(session: TxnSession) -> Message:
     return Message(MessageType.COMMIT_TXN, session.vchannel, txn=session.context)
 
 
+def message_bytes(m: Message) -> int:
+    """What a body counts toward its transaction's byte bound: payload, vchannel and properties, as
+    the node's ``max_message_bytes`` counts a produced message."""
+    n = len(m._payload) + len(m._vchannel)
+    props = m._properties
+    if props:
+        for k, v in props.items():
+            n += len(k) + len(v)
+    return n
+
+
 class Allocation:
     """An id handed out by ``TxnManager.begin`` whose BeginTxn is not written yet."""
 
@@ -147,12 +164,18 @@ class SessionTable:
     is not written yet.  The manager and the claims of the batches being written share it.
 
     ``max_finished`` bounds how many finished sessions are remembered (so a late message gets a
-    precise error rather than TxnNotFoundError).
+    precise error rather than TxnNotFoundError).  ``max_messages`` and ``max_bytes`` bound the bodies
+    of one transaction (see ``claim.py``): what the node must hold and deliver as one unit.
     """
 
-    __slots__ = ("allocated", "begin_heap", "finished", "max_finished", "on_finish", "open")
+    __slots__ = ("allocated", "begin_heap", "finished", "max_bytes", "max_finished", "max_messages", "on_finish",
+                 "open")
 
-    def __init__(self, max_finished: int) -> None:
+    def __init__(self, max_finished: int, max_messages: int | None = None, max_bytes: int | None = None) -> None:
+        self.max_messages = max_messages
+        """Most bodies one transaction may hold (None: unbounded)."""
+        self.max_bytes = max_bytes
+        """Most ``message_bytes`` the bodies of one transaction may hold (None: unbounded)."""
         self.allocated: OrderedDict[int, Allocation] = OrderedDict()
         self.open: dict[int, TxnSession] = {}
         self.finished: OrderedDict[int, TxnSession] = OrderedDict()
@@ -193,5 +216,6 @@ __all__ = [
     "TxnSession",
     "TxnState",
     "commit_message",
+    "message_bytes",
     "rollback_message",
 ]
