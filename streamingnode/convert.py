@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, cast
 
 from streamingnode.v1 import common_pb2 as pb
+from wal._codec import check_properties, properties_fit
 from wal.errors import InvalidArgumentError, MessageTooLargeError
 from wal.message import (
     MESSAGE_ID_BYTES,
@@ -83,6 +84,8 @@ def produced_message(m: pb.Message, index: int, max_bytes: int) -> Message:
     props: dict[str, str] = {}
     if len(raw_props):
         props = dict(raw_props)
+        if not properties_fit(props):  # what the block codec's fixed-width fields cannot hold
+            check_properties(props, f"messages[{index}].properties")
         for k, v in props.items():
             size += len(k) + len(v)
     if size > max_bytes:
@@ -146,6 +149,8 @@ def produced_columns(cols: pb.MessageColumns, max_bytes: int) -> tuple[list[Mess
                 f"columns.extras[{i}]: no_id and last_confirmed are assigned by the node", field="columns.extras")
         if len(e.properties):
             props_of[i] = dict(e.properties)
+            if not properties_fit(props_of[i]):  # what the block codec's fixed-width fields cannot hold
+                check_properties(props_of[i], f"messages[{i}].properties")
         if e.HasField("txn"):
             txns[i] = e.txn
     # One bound for the whole batch first: only a batch that might hold an oversize message is

@@ -25,7 +25,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Sequence
 
-from wal.errors import CodecError
+from wal.errors import CodecError, InvalidArgumentError
 from wal.message import Message, MessageID, MessageType, TxnContext
 
 MESSAGE_VERSION = 1
@@ -43,8 +43,120 @@ _FLAG_LAST_CONFIRMED = 1
 _FLAG_TXN = 2
 _KNOWN_FLAGS = _FLAG_LAST_CONFIRMED | _FLAG_TXN
 
-_U16_MAX = 0xFFFF
-_U32_MAX = 0xFFFFFFFF
+
+# --- widths ----------------------------------------------------------------------------------------
+# What fits the fixed-width fields above, derived from the struct formats themselves so that a change
+# of format changes the checks with it.  A message that does not fit must be refused before it joins a
+# group commit: there, one unencodable message would fail the block of every pchannel it shares.
+_HEADER_FIELDS = ("version", "type", "flags", "timetick", "term", "last_confirmed", "txn_id", "keepalive_ms",
+                  "vchannel_len", "n_props", "payload_len")
+_PROP_FIELDS = ("key_len", "value_len")
+assert len(_HEADER_FIELDS) == len(_HEADER.format) - 1 and len(_PROP_FIELDS) == len(_PROP.format) - 1
+
+
+def _field_range(code: str) -> tuple[int, int]:
+    """The values a struct format character holds (little-endian, standard sizes)."""
+    bits = 8 * struct.calcsize("<" + code)
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if code.islower() else (0, (1 << bits) - 1)
+
+
+_HEADER_RANGE = dict(zip(_HEADER_FIELDS, map(_field_range, _HEADER.format[1:]), strict=True))
+_PROP_RANGE = dict(zip(_PROP_FIELDS, map(_field_range, _PROP.format[1:]), strict=True))
+
+MAX_VCHANNEL_BYTES = _HEADER_RANGE["vchannel_len"][1]
+MAX_PROPERTIES = _HEADER_RANGE["n_props"][1]
+MAX_PROPERTY_KEY_BYTES = _PROP_RANGE["key_len"][1]
+MAX_PROPERTY_VALUE_BYTES = _PROP_RANGE["value_len"][1]
+MAX_PAYLOAD_BYTES = _HEADER_RANGE["payload_len"][1]
+MAX_KEEPALIVE_MS = _HEADER_RANGE["keepalive_ms"][1]
+MAX_MESSAGE_BYTES = _field_range(_LEN.format[1])[1]
+"""The record's length prefix bounds a whole encoded message."""
+_U16_MAX = MAX_VCHANNEL_BYTES
+_U32_MAX = MAX_PAYLOAD_BYTES
+_TIMETICK_MAX = _HEADER_RANGE["timetick"][1]
+_UTF8_MAX = 4
+"""Bytes per character at most in UTF-8."""
+
+
+def _refuse(field: str, what: str, value: int, limit: tuple[int, int]) -> InvalidArgumentError:
+    lo, hi = limit
+    return InvalidArgumentError(f"{field}: {what} {value} is outside what the log can store ({lo} to {hi})",
+                                field=field, limit=hi)
+
+
+def _utf8(value: str, field: str) -> bytes:
+    try:
+        return value.encode()
+    except UnicodeEncodeError as exc:  # a lone surrogate, from an embedded caller: not UTF-8
+        raise InvalidArgumentError(f"{field} is not valid UTF-8: {exc.reason} at {exc.start}", field=field) from exc
+
+
+def check_properties(props: dict[str, str], field: str = "properties") -> int:
+    """Refuse properties that do not fit the codec (count, key and value lengths), naming ``field``
+    and the limit; return their encoded size."""
+    if len(props) > MAX_PROPERTIES:
+        raise _refuse(field, "count", len(props), (0, MAX_PROPERTIES))
+    size = 0
+    for k, v in props.items():
+        kb = _utf8(k, f"{field} key")
+        if len(kb) > MAX_PROPERTY_KEY_BYTES:
+            raise _refuse(f"{field} key", "length in bytes", len(kb), (0, MAX_PROPERTY_KEY_BYTES))
+        vb = _utf8(v, f"{field}[{k[:64]!r}]")
+        if len(vb) > MAX_PROPERTY_VALUE_BYTES:
+            raise _refuse(f"{field}[{k[:64]!r}]", "length in bytes", len(vb), (0, MAX_PROPERTY_VALUE_BYTES))
+        size += _PROP.size + len(kb) + len(vb)
+    return size
+
+
+def properties_fit(props: dict[str, str]) -> bool:
+    """True when ``check_properties`` surely accepts ``props`` (valid UTF-8 assumed, as protobuf
+    strings are), judged by lengths in characters alone: the produce path's cheap pre-check."""
+    return (len(props) <= MAX_PROPERTIES and max(map(len, props), default=0) * _UTF8_MAX <= MAX_PROPERTY_KEY_BYTES
+            and max(map(len, props.values()), default=0) * _UTF8_MAX <= MAX_PROPERTY_VALUE_BYTES)
+
+
+def check_keepalive(keepalive_ms: int, field: str = "keepalive_ms") -> None:
+    """Refuse a transaction keepalive that the message header cannot hold."""
+    limit = _HEADER_RANGE["keepalive_ms"]
+    if not limit[0] <= keepalive_ms <= limit[1]:
+        raise _refuse(field, "value (ms)", keepalive_ms, limit)
+
+
+def check_encodable(msg: Message, field: str = "message") -> None:
+    """Refuse (``InvalidArgumentError`` naming the field and its limit) a message that some fixed-width
+    field of the format cannot hold; ``field`` prefixes the names (``messages[3]``).
+
+    Not on the hot path: an append calls it only for the messages ``needs_width_check`` picks.
+    """
+    vc = len(_utf8(msg._vchannel, f"{field}.vchannel"))
+    if vc > MAX_VCHANNEL_BYTES:
+        raise _refuse(f"{field}.vchannel", "length in bytes", vc, (0, MAX_VCHANNEL_BYTES))
+    payload = len(msg._payload)
+    if payload > MAX_PAYLOAD_BYTES:
+        raise _refuse(f"{field}.payload", "length in bytes", payload, (0, MAX_PAYLOAD_BYTES))
+    props = check_properties(msg._properties, f"{field}.properties") if msg._properties else 0
+    for name, value in (("timetick", msg._timetick), ("term", msg._term), ("last_confirmed", msg._last_confirmed)):
+        limit = _HEADER_RANGE[name]
+        if value is not None and not limit[0] <= value <= limit[1]:
+            raise _refuse(f"{field}.{name}", "value", value, limit)
+    txn = msg._txn
+    if txn is not None:
+        check_keepalive(txn.keepalive_ms, f"{field}.txn.keepalive_ms")
+        limit = _HEADER_RANGE["txn_id"]
+        if not limit[0] <= txn.txn_id <= limit[1]:
+            raise _refuse(f"{field}.txn.txn_id", "value", txn.txn_id, limit)
+    size = _HEADER_SIZE + vc + props + payload
+    if size > MAX_MESSAGE_BYTES:
+        raise _refuse(field, "encoded length in bytes", size, (0, MAX_MESSAGE_BYTES))
+
+
+def needs_width_check(msg: Message) -> bool:
+    """Whether ``check_encodable`` might refuse ``msg``.  False, at the cost of a few comparisons, for
+    the usual message (no properties, no transaction, a short vchannel and payload, a timestamp in
+    range), so that an append path runs the full check only for the others."""
+    return bool(msg._properties or msg._txn is not None or len(msg._vchannel) * _UTF8_MAX > MAX_VCHANNEL_BYTES
+                or len(msg._payload) > MAX_PAYLOAD_BYTES - _UTF8_MAX * MAX_VCHANNEL_BYTES - _HEADER_SIZE
+                or not 0 <= msg._timetick <= _TIMETICK_MAX)
 
 _TYPES: dict[int, MessageType] = {t.value: t for t in MessageType}
 _MARKED_TYPES = frozenset(
@@ -599,10 +711,22 @@ def decode_block(
 
 __all__ = [
     "BLOCK_VERSION",
+    "MAX_KEEPALIVE_MS",
+    "MAX_MESSAGE_BYTES",
+    "MAX_PAYLOAD_BYTES",
+    "MAX_PROPERTIES",
+    "MAX_PROPERTY_KEY_BYTES",
+    "MAX_PROPERTY_VALUE_BYTES",
+    "MAX_VCHANNEL_BYTES",
     "MESSAGE_VERSION",
     "block_count",
+    "check_encodable",
+    "check_keepalive",
+    "check_properties",
     "decode_block",
     "decode_message",
     "encode_block",
     "encode_message",
+    "needs_width_check",
+    "properties_fit",
 ]

@@ -28,9 +28,16 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from wal._codec import encode_block
+from wal._codec import check_encodable, encode_block
 from wal.backend import Backend, TickEntry, WriteGroup
-from wal.errors import ChannelFencedError, OnShutdownError, StreamingError, UnrecoverableError
+from wal.errors import (
+    ChannelFencedError,
+    CodecError,
+    InvalidArgumentError,
+    OnShutdownError,
+    StreamingError,
+    UnrecoverableError,
+)
 from wal.message import Message, MessageID, MessageType
 
 if TYPE_CHECKING:
@@ -169,6 +176,10 @@ class GroupCommitter:
                     commits = await loop.run_in_executor(self._executor, self._write_lone, reqs)
                 else:
                     commits = await loop.run_in_executor(self._executor, self._write, reqs, self._durable and not split)
+            except _Poisoned as exc:
+                self._slots.release()
+                self._isolate(reqs, exc.errors)
+                continue
             except BaseException as exc:
                 self._slots.release()
                 self._fail(reqs, exc)
@@ -261,6 +272,22 @@ class GroupCommitter:
             if not req.future.done():
                 req.future.set_exception(err)
 
+    def _isolate(self, reqs: list[_Request], errors: dict[int, StreamingError]) -> None:
+        """Nothing was written: fail the requests that cannot be encoded, and queue the others again,
+        first, to be written as the next commit with ids handed out anew (so ids stay dense)."""
+        for req in reversed(reqs):
+            req.wal._next_alloc = min(req.wal._next_alloc, req.first_id)
+            for m in req.messages:
+                m._id = None
+        again: list[_Request] = []
+        for i, req in enumerate(reqs):
+            err = errors.get(i)
+            if err is None:
+                again.append(req)
+            elif not req.future.done():
+                req.future.set_exception(err)
+        self._queue[:0] = again
+
     def _write_lone(self, reqs: list[_Request]) -> list[_Commit]:
         """Write and sync a lone append; keep the moving average of how long that takes."""
         started = time.perf_counter()
@@ -271,6 +298,23 @@ class GroupCommitter:
     def _write(self, reqs: list[_Request], durable: bool) -> list[_Commit]:
         """Seal, encode and write one batch for every request: on the writer thread, or on the loop
         for a lone append (never both at once: the committer awaits each write before the next)."""
+        written_max_ts = {id(req.wal): (req.wal, req.wal._written_max_ts) for req in reqs}
+        try:
+            commits, groups = self._encode(reqs)
+        except Exception as exc:
+            # The appends' checks should keep every unencodable message out; should one get in anyway,
+            # it fails alone instead of failing the commit of every pchannel it shares.
+            for wal, ts in written_max_ts.values():
+                wal._written_max_ts = ts
+            errors = _unencodable(reqs)
+            if not errors:
+                raise
+            raise _Poisoned(errors) from exc
+        self._backend.write(groups, durable)
+        return commits
+
+    def _encode(self, reqs: list[_Request]) -> tuple[list[_Commit], list[WriteGroup]]:
+        """Seal and encode: the commits for the tail buffer and the groups to write."""
         commits: list[_Commit] = []
         groups: list[WriteGroup] = []
         open_commit: dict[int, _Commit] = {}
@@ -297,8 +341,7 @@ class GroupCommitter:
             c.nbytes += req.nbytes
         for c in open_commit.values():
             groups.append(self._group(c))
-        self._backend.write(groups, durable)
-        return commits
+        return commits, groups
 
     @staticmethod
     def _group(c: _Commit) -> WriteGroup:
@@ -309,6 +352,33 @@ class GroupCommitter:
         ]
         c.ticked = bool(ticks)
         return WriteGroup(c.wal._channel_key, c.first_id, encode_block(c.messages), ticks, c.max_timetick)
+
+
+class _Poisoned(Exception):
+    """A commit could not be encoded because of some of its requests (by index: the error each fails
+    with); nothing was written."""
+
+    def __init__(self, errors: dict[int, StreamingError]) -> None:
+        super().__init__(f"{len(errors)} request(s) cannot be encoded")
+        self.errors = errors
+
+
+def _unencodable(reqs: list[_Request]) -> dict[int, StreamingError]:
+    """The requests whose messages cannot be encoded alone, each with the most precise error known."""
+    errors: dict[int, StreamingError] = {}
+    for i, req in enumerate(reqs):
+        try:
+            encode_block(req.messages)
+        except Exception as exc:  # noqa: BLE001  (whatever it is, it is this request's alone)
+            err: StreamingError = CodecError(f"message cannot be encoded: {exc!r}")
+            for j, m in enumerate(req.messages):
+                try:
+                    check_encodable(m, f"messages[{j}]")
+                except InvalidArgumentError as precise:
+                    err = precise
+                    break
+            errors[i] = err
+    return errors
 
 
 def fenced_error(wal: WAL) -> ChannelFencedError:

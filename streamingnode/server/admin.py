@@ -16,6 +16,7 @@ from streamingnode.node import Channel, Node, Owner
 from streamingnode.server.errors import call_deadline, require, unary
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
+from wal._codec import check_keepalive
 from wal.bodies import PROP_COLLECTION
 from wal.errors import InvalidArgumentError, InvalidTxnStateError
 from wal.message import Message, MessageType, Position
@@ -43,6 +44,7 @@ class AdminHandlers:
         vchannel = require(request.vchannel, "vchannel")
         if request.keepalive_ms < 0:
             raise InvalidArgumentError(f"keepalive_ms must be >= 0, got {request.keepalive_ms}", field="keepalive_ms")
+        check_keepalive(request.keepalive_ms)  # the message header holds it in 32 bits
         keepalive = request.keepalive_ms or self.node.config.txn_keepalive_ms
         txn, result = await channel.stream.begin_txn(vchannel, keepalive, deadline=call_deadline(context))
         return spb.BeginTxnResponse(
