@@ -13,7 +13,14 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from streamingnode.cli import admin
-from streamingnode.cli.connection import ADDR_ENV, DEFAULT_ADDR, resolve_addr
+from streamingnode.cli.connection import (
+    ADDR_ENV,
+    DEFAULT_ADDR,
+    TOKEN_ENV,
+    resolve_addr,
+    resolve_credentials,
+    use_credentials,
+)
 from streamingnode.cli.consume import consume as consume_command
 from streamingnode.cli.parsing import CliError, non_negative_float, non_negative_int, positive_int
 from streamingnode.cli.produce import produce as produce_command
@@ -21,7 +28,7 @@ from streamingnode.cli.produce import produce as produce_command
 if TYPE_CHECKING:
     from wal.errors import StreamingError
 
-CLIENT_COMMANDS = frozenset({"produce", "consume", "channels", "groups", "flush"})
+CLIENT_COMMANDS = frozenset({"produce", "consume", "channels", "groups", "flush", "token"})
 
 Handler = Callable[[argparse.Namespace, str], Coroutine[Any, Any, int]]
 
@@ -30,6 +37,11 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     """Register produce, consume, channels, groups and flush on the top-level subparsers."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--addr", help=f"node address (default ${ADDR_ENV} or {DEFAULT_ADDR})")
+    common.add_argument("--token", help=f"bearer token sent on every call (default ${TOKEN_ENV}; prefer the "
+                        "variable: a flag shows in the process list)")
+    common.add_argument("--tls-ca", help="CA file (PEM) to verify the node's certificate with: connect over TLS")
+    common.add_argument("--tls-cert", help="client certificate (PEM) for mutual TLS (with --tls-key)")
+    common.add_argument("--tls-key", help="private key (PEM) of --tls-cert")
     json_out = argparse.ArgumentParser(add_help=False)
     json_out.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -122,12 +134,33 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     flush.add_argument("--collection", help="only this collection")
     flush.set_defaults(client_handler=admin.flush)
 
+    token = sub.add_parser("token", help="bearer tokens for the node's tokens file")
+    tsub = token.add_subparsers(dest="action", required=True)
+    thash = tsub.add_parser(
+        "hash", help="print the SHA-256 of a token read from stdin (the tokens file's sha256 value)",
+        description="Read a token from stdin (its first line, without the line end) and print its SHA-256 "
+        "in hex, for the sha256 key of a [[token]] entry of the node's tokens file.  Reading stdin keeps "
+        "the token out of the shell history and the process list.")
+    thash.set_defaults(client_handler=token_hash)
+
+
+async def token_hash(args: argparse.Namespace, addr: str) -> int:
+    """``streamingnode token hash``: the SHA-256 of the token on stdin."""
+    from streamingnode.server.auth import hash_token  # noqa: PLC0415
+
+    token = sys.stdin.readline().rstrip("\r\n")
+    if not token:
+        raise CliError("no token on stdin (e.g. `printf %s \"$TOKEN\" | streamingnode token hash`)")
+    print(hash_token(token))
+    return 0
+
 
 def run(args: argparse.Namespace) -> int:
     """Run the client command ``args`` selected; the process exit code."""
     from wal.errors import StreamingError  # noqa: PLC0415
 
     addr = resolve_addr(args)
+    use_credentials(resolve_credentials(args))
     handler: Handler = args.client_handler
     try:
         return asyncio.run(handler(args, addr))
@@ -159,6 +192,8 @@ def print_error(exc: StreamingError, addr: str) -> None:
     if exc.code is ErrorCode.UNAVAILABLE and exc.fields.get("grpc_status") == "UNAVAILABLE":
         print(f"hint: is the node running at {addr}?  Start one with `streamingnode serve`, or point "
               f"--addr / ${ADDR_ENV} at it.", file=sys.stderr)
+    elif exc.code is ErrorCode.UNAUTHENTICATED:
+        print(f"hint: the node wants a bearer token: --token or ${TOKEN_ENV}.", file=sys.stderr)
 
 
-__all__ = ["CLIENT_COMMANDS", "add_client_commands", "print_error", "run"]
+__all__ = ["CLIENT_COMMANDS", "add_client_commands", "print_error", "run", "token_hash"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -24,7 +25,68 @@ from wal.message import AppendResult, Position
 from wal.options import DeliverFilter, DeliverPolicy
 
 DEFAULT_ADDR = "localhost:19530"
+TOKEN_ENV = "STREAMINGNODE_TOKEN"  # noqa: S105  (the variable's name, not a secret)
 T = TypeVar("T", Producer, Consumer, MsgStream, DataClient)
+
+
+class _WithMetadata:
+    """A channel whose calls all carry ``metadata`` (the bearer token): the stub asks it for its
+    multicallables, and each call adds the metadata once, when it starts.  Nothing per message."""
+
+    __slots__ = ("_channel", "_metadata")
+
+    def __init__(self, channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._channel = channel
+        self._metadata = metadata
+
+    def __repr__(self) -> str:
+        return "<channel with credentials>"  # never the token
+
+    def _wrap(self, kind: str, *args: Any, **kwargs: Any) -> Any:
+        call = getattr(self._channel, kind)(*args, **kwargs)
+        ours = self._metadata
+
+        def with_metadata(*call_args: Any, metadata: Any = None, **call_kwargs: Any) -> Any:
+            return call(*call_args, metadata=ours if metadata is None else (*metadata, *ours), **call_kwargs)
+
+        return with_metadata
+
+    def unary_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return self._wrap("unary_unary", *args, **kwargs)
+
+    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return self._wrap("unary_stream", *args, **kwargs)
+
+    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return self._wrap("stream_unary", *args, **kwargs)
+
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return self._wrap("stream_stream", *args, **kwargs)
+
+
+def _read_pem(path: str | os.PathLike[str], what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot read {what} {os.fspath(path)!r}: {exc.strerror}", field=what) from None
+
+
+def channel_credentials(
+    tls_ca: str | os.PathLike[str] | None, tls_cert: str | os.PathLike[str] | None,
+    tls_key: str | os.PathLike[str] | None,
+) -> grpc.ChannelCredentials | None:
+    """TLS credentials for a client (None: plaintext): trust ``tls_ca`` (else the system's roots) and,
+    for mutual TLS, present ``tls_cert`` with ``tls_key``."""
+    if (tls_cert is None) != (tls_key is None):
+        raise InvalidArgumentError("tls_cert and tls_key go together: give both or neither", field="tls_cert")
+    if tls_ca is None and tls_cert is None:
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read_pem(tls_ca, "tls_ca") if tls_ca is not None else None,
+        private_key=_read_pem(tls_key, "tls_key") if tls_key is not None else None,
+        certificate_chain=_read_pem(tls_cert, "tls_cert") if tls_cert is not None else None,
+    )
 
 
 class AsyncClient:
@@ -32,7 +94,10 @@ class AsyncClient:
 
     ``timeout`` is the deadline of each unary call in seconds (None: none).  ``reconnect_timeout`` is
     how long producers and consumers keep trying to reopen a broken stream before they give up.
-    Every failure raises the ``wal.errors.StreamingError`` subclass the node raised.
+    ``token`` is sent as ``authorization: Bearer <token>`` on every call (default
+    ``$STREAMINGNODE_TOKEN``; ``""``: none).  ``tls_ca`` (a PEM CA file) turns TLS on; ``tls_cert`` and
+    ``tls_key`` present a client certificate (mutual TLS; with them alone, the system's roots are
+    trusted).  Every failure raises the ``wal.errors.StreamingError`` subclass the node raised.
     """
 
     def __init__(
@@ -43,18 +108,30 @@ class AsyncClient:
         reconnect_timeout: float = 30.0,
         max_message_bytes: int = 64 << 20,
         options: Sequence[tuple[str, Any]] = (),
+        token: str | None = None,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
     ) -> None:
         self.addr = addr
         self.timeout = timeout
         self.reconnect_timeout = reconnect_timeout
-        self._channel = grpc.aio.insecure_channel(addr, options=[
+        credentials = channel_credentials(tls_ca, tls_cert, tls_key)
+        token = os.environ.get(TOKEN_ENV, "") if token is None else token
+        channel_options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
             # Reconnect quickly after a node restart instead of backing off for up to two minutes.
             ("grpc.max_reconnect_backoff_ms", 1000),
             *options,
-        ])
-        self._stub = sgrpc.StreamingNodeStub(self._channel)
+        ]
+        self._channel = (grpc.aio.insecure_channel(addr, options=channel_options) if credentials is None
+                         else grpc.aio.secure_channel(addr, credentials, options=channel_options))
+        # Plain metadata, not call credentials: gRPC sends those only over TLS, and a node behind a
+        # trusted network (or loopback) may take tokens without it.
+        calls: Any = self._channel if not token else _WithMetadata(
+            self._channel, (("authorization", f"Bearer {token}"),))
+        self._stub = sgrpc.StreamingNodeStub(calls)
         self._owned: list[Producer | Consumer | MsgStream | DataClient] = []
         self._closed = False
 
@@ -240,4 +317,4 @@ class AsyncClient:
         return self._own(MsgStream(self))
 
 
-__all__ = ["DEFAULT_ADDR", "AsyncClient"]
+__all__ = ["DEFAULT_ADDR", "TOKEN_ENV", "AsyncClient", "channel_credentials"]

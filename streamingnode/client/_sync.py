@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import threading
 from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
@@ -234,7 +235,8 @@ class SyncMsgStream:
 
 
 class Client:
-    """The synchronous client: the same API as ``AsyncClient``, blocking.  Use ``with`` or ``close``."""
+    """The synchronous client: the same API as ``AsyncClient``, blocking.  Use ``with`` or ``close``.
+    ``token``, ``tls_ca``, ``tls_cert`` and ``tls_key`` are as for ``AsyncClient``."""
 
     def __init__(
         self,
@@ -244,13 +246,18 @@ class Client:
         reconnect_timeout: float = 30.0,
         max_message_bytes: int = 64 << 20,
         options: Sequence[tuple[str, Any]] = (),
+        token: str | None = None,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
     ) -> None:
         self._portal = _Portal()
 
         async def make() -> AsyncClient:
             # grpc.aio channels belong to the loop they are made on.
             return AsyncClient(addr, timeout=timeout, reconnect_timeout=reconnect_timeout,
-                               max_message_bytes=max_message_bytes, options=options)
+                               max_message_bytes=max_message_bytes, options=options, token=token, tls_ca=tls_ca,
+                               tls_cert=tls_cert, tls_key=tls_key)
 
         try:
             self._client = self._portal.call(make())

@@ -3,14 +3,20 @@
 ``start_server`` opens the node, listens, recovers every channel and only then reports SERVING
 (health); ``RunningServer.stop`` drains in the reverse order.  ``serve`` is the process's main loop;
 ``ServerThread`` runs a server on a private loop for tests and synchronous embedders.
+
+The boundary is decided here before anything opens: TLS (``tls_cert``/``tls_key``, mutual with
+``tls_client_ca``), bearer tokens (``auth_tokens``, see ``auth``), and the protected mode that refuses
+to listen beyond loopback with neither tokens nor client certificates unless told to.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import signal
 import threading
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
@@ -21,9 +27,10 @@ from grpc_reflection.v1alpha import reflection
 
 from streamingnode.config import NodeConfig
 from streamingnode.node import Node
+from streamingnode.server.auth import AuthInterceptor, TokenTable
 from streamingnode.server.service import SERVICE_NAME, StreamingNodeService, add_service
 from streamingnode.tracing import Tracing
-from wal.errors import UnavailableError
+from wal.errors import InvalidArgumentError, UnavailableError
 
 log = structlog.get_logger(__name__)
 
@@ -69,6 +76,10 @@ async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) ->
     ``tracing`` (a provider of the caller's, who shuts it down) overrides ``config.trace_exporter``;
     otherwise the server makes that exporter's provider and shuts it down when it stops.
     """
+    # Everything that can refuse the configuration does so before the node opens its data.
+    check_protected_mode(config)
+    tokens = TokenTable.load(config.auth_tokens) if config.auth_tokens is not None else None
+    credentials = server_credentials(config)
     owned = Tracing.from_exporter(config.trace_exporter) if tracing is None else None
     try:
         node = await Node.start(config, tracing if tracing is not None else owned)
@@ -77,7 +88,7 @@ async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) ->
             owned.shutdown()
         raise
     try:
-        server = grpc.aio.server(options=[
+        server = grpc.aio.server(interceptors=[AuthInterceptor(tokens)] if tokens is not None else None, options=[
             ("grpc.max_receive_message_length", config.max_request_bytes),
             ("grpc.max_send_message_length", config.max_request_bytes),
             ("grpc.so_reuseport", 0),
@@ -91,7 +102,7 @@ async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) ->
         )
         for name in ("", SERVICE_NAME):
             await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        address = _listen(server, config.listen)
+        address = _listen(server, config.listen, credentials)
         # Metrics come up before recovery, so a long recovery is visible while it runs.
         metrics_address = await node.metrics.serve(config.metrics_listen) if config.metrics_listen else None
         await server.start()
@@ -110,18 +121,67 @@ async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) ->
             owned.shutdown()
         raise
     log.info("serving", address=address, metrics=metrics_address, data_dir=str(config.data_dir),
-             durability=config.durability)
+             durability=config.durability, tls="mutual" if config.tls_client_ca else "on" if credentials else "off",
+             auth="tokens" if tokens is not None else "none")
     return running
 
 
-def _listen(server: grpc.aio.Server, listen: str) -> str:
-    """Bind ``listen``; return a connectable host:port (the real port when 0 was asked for)."""
+def is_loopback(listen: str) -> bool:
+    """True when the host of ``listen`` (host:port) is a loopback address or ``localhost``."""
+    host = listen.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
     try:
-        port = server.add_insecure_port(listen)
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # an empty host (every interface), 0.0.0.0 or a name that may resolve anywhere
+
+
+def check_protected_mode(config: NodeConfig) -> None:
+    """Refuse to listen beyond loopback with neither tokens nor client certificates, unless
+    ``allow_unauthenticated`` says so (anyone who reaches the port could otherwise destroy channels)."""
+    if is_loopback(config.listen) or config.auth_tokens is not None or config.tls_client_ca is not None:
+        return
+    if config.allow_unauthenticated:
+        log.warning("serving without authentication on a non-loopback address", listen=config.listen)
+        return
+    raise InvalidArgumentError(
+        f"refusing to listen on {config.listen[:200]!r} without authentication: give a tokens file "
+        "(--auth-tokens) or a client CA for mutual TLS (--tls-client-ca), listen on loopback, or accept "
+        "the risk with --allow-unauthenticated (STREAMINGNODE_ALLOW_UNAUTHENTICATED=1)", field="listen")
+
+
+def _read_pem(path: Path, field: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot read {field} {str(path)[:200]!r}: {exc.strerror}", field=field) from None
+
+
+def server_credentials(config: NodeConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials from ``tls_cert``/``tls_key`` (requiring client certificates chained to
+    ``tls_client_ca`` when set); None when the node serves plaintext."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    chain = _read_pem(config.tls_cert, "tls_cert")
+    key = _read_pem(config.tls_key, "tls_key")
+    ca = _read_pem(config.tls_client_ca, "tls_client_ca") if config.tls_client_ca is not None else None
+    try:
+        return grpc.ssl_server_credentials([(key, chain)], root_certificates=ca, require_client_auth=ca is not None)
+    except (ValueError, TypeError) as exc:  # grpc checks only that the PEMs are non-empty here
+        raise InvalidArgumentError(f"bad TLS configuration: {exc}", field="tls_cert") from None
+
+
+def _listen(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None = None) -> str:
+    """Bind ``listen`` (TLS only, when ``credentials``); return a connectable host:port (the real port
+    when 0 was asked for)."""
+    try:
+        port = server.add_insecure_port(listen) if credentials is None else server.add_secure_port(listen, credentials)
     except RuntimeError:
         port = 0
     if port == 0:
-        raise UnavailableError(f"cannot listen on {listen!r}: address in use or invalid", address=listen)
+        unusable = "" if credentials is None else ", or the TLS certificate and key do not form a usable pair"
+        raise UnavailableError(f"cannot listen on {listen!r}: address in use or invalid{unusable}", address=listen)
     host = listen.rsplit(":", 1)[0]
     host = "127.0.0.1" if host in ("0.0.0.0", "[::]", "") else host  # noqa: S104  (a connectable form)
     return f"{host}:{port}"
@@ -199,4 +259,5 @@ class ServerThread:
         self.stop()
 
 
-__all__ = ["RunningServer", "ServerThread", "serve", "start_server"]
+__all__ = ["RunningServer", "ServerThread", "check_protected_mode", "is_loopback", "serve", "server_credentials",
+           "start_server"]

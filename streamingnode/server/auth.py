@@ -1,0 +1,361 @@
+"""Bearer-token authentication and per-pchannel permissions, as one grpc.aio server interceptor.
+
+The tokens file (TOML, ``NodeConfig.auth_tokens``) holds only SHA-256 hashes of tokens, each with a
+principal and its permissions::
+
+    [[token]]
+    principal = "ingest"
+    sha256 = "<64 hex digits: streamingnode token hash < token-file>"
+    permissions = ["produce:orders-*", "consume:*"]
+
+A permission is ``admin`` or ``produce:<glob>`` / ``consume:<glob>``, the glob matched against the
+pchannel name as ``fnmatch.fnmatchcase`` does.  ``RULES`` says which permission each RPC needs.
+
+Clients send ``authorization: Bearer <token>``.  The interceptor sees only the method and the
+metadata, so it authenticates there (one hash and one dict lookup per call) and, for RPCs whose
+permission depends on a pchannel, wraps the handler's behaviour to check it against the request: a
+unary request as it arrives; a stream's first request (its ``open``) by handing the handler a context
+whose first ``read`` checks and then steps aside, so later reads cost nothing extra.  Health and
+reflection are other services and pass untouched.  The token itself is never stored, logged, or put
+into an error; only its hash is kept.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+import hashlib
+import os
+import re
+import tomllib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import message_factory
+from google.protobuf.message import DecodeError, Message
+
+from streamingnode.status import to_grpc_status
+from streamingnode.v1 import streaming_pb2 as spb
+from wal.errors import InvalidArgumentError, PermissionDeniedError, StreamingError, UnauthenticatedError
+
+_SERVICE = spb.DESCRIPTOR.services_by_name["StreamingNode"]
+_PREFIX = f"/{_SERVICE.full_name}/"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_ENTRY_KEYS = ("principal", "sha256", "permissions")
+_BEARER = "bearer "
+
+
+class Need(enum.Enum):
+    """What an RPC needs: a permission on its request's pchannel, or ``admin``."""
+
+    PRODUCE = "produce"
+    CONSUME = "consume"
+    ADMIN = "admin"
+    # DescribeChannels: any permission on every named pchannel (a producer's or consumer's probe that
+    # its channel exists); naming none means every channel, which needs admin.
+    DESCRIBE = "describe"
+    # DescribeConsumerGroups: consume on the pchannel (a group consumer reads its committed position);
+    # an empty pchannel means every pchannel, which needs admin.
+    CONSUME_OR_ALL = "consume-or-all"
+
+
+RULES: Mapping[str, Need] = {
+    "Produce": Need.PRODUCE,
+    "BeginTxn": Need.PRODUCE,
+    "CommitTxn": Need.PRODUCE,
+    "RollbackTxn": Need.PRODUCE,
+    "Consume": Need.CONSUME,
+    "GetLatestPosition": Need.CONSUME,
+    "DescribeConsumerGroups": Need.CONSUME_OR_ALL,
+    "DescribeChannels": Need.DESCRIBE,
+    "CreateChannels": Need.ADMIN,
+    "DestroyChannels": Need.ADMIN,
+    "CreateConsumerGroup": Need.ADMIN,
+    "DestroyConsumerGroup": Need.ADMIN,
+    "SeekConsumerGroup": Need.ADMIN,
+    "Flush": Need.ADMIN,
+}
+"""The permission each RPC of ``streaming.proto`` needs (a test keeps it covering all of them)."""
+
+
+def hash_token(token: str) -> str:
+    """The hex SHA-256 of ``token`` (UTF-8): what the tokens file stores."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a token stands for and what it may do (patterns are pchannel globs)."""
+
+    name: str
+    admin: bool = False
+    produce: tuple[str, ...] = ()
+    consume: tuple[str, ...] = ()
+
+    def may(self, action: Need, pchannel: str) -> bool:
+        """True when ``action`` (PRODUCE or CONSUME) on ``pchannel`` is allowed.  admin is not a
+        superset: an operator token does not also write data unless it says so."""
+        patterns = self.produce if action is Need.PRODUCE else self.consume
+        return any(fnmatch.fnmatchcase(pchannel, p) for p in patterns)
+
+    def denial(self, need: Need, request: Any) -> StreamingError | None:
+        """Why this principal may not make the call ``request`` (None: it may)."""
+        if need is Need.ADMIN:
+            return None if self.admin else self._denied("admin", None)
+        if need is Need.DESCRIBE:
+            names = list(request.channel_names)
+            if not names:
+                return None if self.admin else self._denied("admin", None, "describing every pchannel")
+            for name in names:
+                if not (self.admin or self.may(Need.PRODUCE, name) or self.may(Need.CONSUME, name)):
+                    return self._denied(f"produce:{name} or consume:{name}", name)
+            return None
+        if need is Need.CONSUME_OR_ALL:
+            if not request.pchannel:
+                return None if self.admin else self._denied("admin", None, "describing the groups of every pchannel")
+            need = Need.CONSUME
+        streamed = isinstance(request, (spb.ProduceRequest, spb.ConsumeRequest))
+        pchannel: str = request.open.pchannel if streamed else request.pchannel
+        if self.may(need, pchannel):
+            return None
+        return self._denied(f"{need.value}:{pchannel}", pchannel)
+
+    def _denied(self, permission: str, pchannel: str | None, what: str = "") -> PermissionDeniedError:
+        shown = permission if len(permission) <= 200 else permission[:200] + "..."
+        target = f" ({what})" if what else ""
+        fields: dict[str, Any] = {"permission": shown, "principal": self.name}
+        if pchannel is not None:
+            fields["pchannel"] = pchannel[:200]
+        return PermissionDeniedError(f"principal {self.name!r} lacks permission {shown!r}{target}", **fields)
+
+
+class TokenTable:
+    """The tokens file, loaded: token hash → principal."""
+
+    def __init__(self, principals: Mapping[str, Principal]) -> None:
+        self._by_hash = dict(principals)
+
+    def __repr__(self) -> str:
+        return f"TokenTable({len(self._by_hash)} tokens)"
+
+    def authenticate(self, token: str) -> Principal | None:
+        """The principal of ``token``, or None when it is unknown."""
+        return self._by_hash.get(hash_token(token))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> TokenTable:
+        """Read and check a tokens file; INVALID_ARGUMENT naming the entry and the problem."""
+        where = f"tokens file {os.fspath(path)!r}"
+        try:
+            with open(path, "rb") as f:
+                doc = tomllib.load(f)
+        except OSError as exc:
+            raise InvalidArgumentError(f"cannot read {where}: {exc.strerror}", field="auth_tokens") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidArgumentError(f"{where} is not valid TOML: {exc}", field="auth_tokens") from None
+        return cls(_parse(doc, where))
+
+
+def _parse(doc: dict[str, Any], where: str) -> dict[str, Principal]:
+    def bad(message: str) -> InvalidArgumentError:
+        return InvalidArgumentError(f"{where}: {message}", field="auth_tokens")
+
+    unknown = sorted(set(doc) - {"token"})
+    if unknown:
+        raise bad(f"unknown key {unknown[0][:200]!r} (only [[token]] tables are allowed)")
+    entries = doc.get("token", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise bad("'token' must be an array of tables ([[token]])")
+    found: dict[str, Principal] = {}
+    for number, entry in enumerate(entries, 1):
+        at = f"token #{number}"
+        for key in entry:
+            if key not in _ENTRY_KEYS:
+                raise bad(f"{at}: unknown key {key[:200]!r} (allowed: {', '.join(_ENTRY_KEYS)})")
+        for key in _ENTRY_KEYS:
+            if key not in entry:
+                raise bad(f"{at}: missing key {key!r}")
+        name = entry["principal"]
+        if not isinstance(name, str) or not name:
+            raise bad(f"{at}: principal must be a non-empty string")
+        at = f"token #{number} (principal {name[:200]!r})"
+        digest = entry["sha256"]
+        # The value is never quoted: a raw token pasted here by mistake must not reach a log.
+        if not isinstance(digest, str) or not _HEX64.fullmatch(digest.lower()):
+            size = f"{len(digest)} characters" if isinstance(digest, str) else type(digest).__name__
+            raise bad(f"{at}: sha256 must be 64 hex digits (the SHA-256 of the token, from `streamingnode "
+                      f"token hash`), got {size}")
+        digest = digest.lower()
+        if digest in found:
+            raise bad(f"{at}: the same sha256 as principal {found[digest].name!r}")
+        found[digest] = _principal(name, entry["permissions"], lambda m, at=at: bad(f"{at}: {m}"))
+    return found
+
+
+def _principal(name: str, permissions: Any, bad: Callable[[str], InvalidArgumentError]) -> Principal:
+    if not isinstance(permissions, list) or not all(isinstance(p, str) for p in permissions):
+        raise bad("permissions must be a list of strings")
+    admin = False
+    produce: list[str] = []
+    consume: list[str] = []
+    for permission in permissions:
+        kind, sep, pattern = permission.partition(":")
+        if permission == "admin":
+            admin = True
+        elif sep and kind in ("produce", "consume") and pattern:
+            (produce if kind == "produce" else consume).append(pattern)
+        else:
+            raise bad(f"unknown permission {permission[:200]!r} (expected 'admin', 'produce:<pchannel glob>' "
+                      "or 'consume:<pchannel glob>')")
+    return Principal(name, admin, tuple(produce), tuple(consume))
+
+
+def bearer_token(metadata: Any) -> str | None:
+    """The token of an ``authorization: Bearer <token>`` metadata entry (None: there is none)."""
+    for key, value in metadata or ():
+        if key == "authorization" and isinstance(value, str) and value[:7].lower() == _BEARER:
+            return value[7:].strip() or None
+    return None
+
+
+Behaviour = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+Check = Callable[[Any], StreamingError | None]
+"""Why a request may not be served (None: it may)."""
+
+
+class _CheckFirstRead:
+    """The servicer context a stream's handler sees: its first ``read`` checks the request, then
+    ``read`` is the real one again.  Everything else goes to the real context."""
+
+    __slots__ = ("_check", "_context", "read")
+
+    def __init__(self, context: grpc.aio.ServicerContext, check: Check) -> None:
+        self._context = context
+        self._check = check
+        self.read: Callable[[], Awaitable[Any]] = self._first_read
+
+    async def _first_read(self) -> Any:
+        request = await self._context.read()
+        self.read = self._context.read
+        # Only an open names the pchannel; anything else the handler refuses with INVALID_ARGUMENT.
+        if request is not grpc.aio.EOF and request.WhichOneof("request") == "open":
+            denied = self._check(request)
+            if denied is not None:
+                await self._context.abort_with_status(to_grpc_status(denied))
+        return request
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+def _refusing(err: StreamingError, *, streaming: bool) -> Behaviour:
+    status = to_grpc_status(err)
+
+    async def refuse(_request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if streaming:
+            # Take the client's first request before answering: a status sent while the client's
+            # first write is still under way makes that write fail locally with INTERNAL ("Internal
+            # error from Core"), which the client then sees instead of this status.
+            await context.read()
+        await context.abort_with_status(status)
+
+    return refuse
+
+
+def _request_class(method: str) -> type[Message]:
+    return message_factory.GetMessageClass(_SERVICE.methods_by_name[method].input_type)
+
+
+def _unary_checked(behaviour: Behaviour, check: Check, cls: type[Message]) -> Behaviour:
+    async def checked(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        parsed = request
+        if isinstance(request, (bytes, bytearray, memoryview)):
+            # The handler parses its own request (and answers INVALID_ARGUMENT when it cannot): an
+            # authenticated caller with an unparsable request is left to it.
+            try:
+                parsed = cls.FromString(bytes(request))
+            except DecodeError:
+                parsed = None
+        if parsed is not None:
+            denied = check(parsed)
+            if denied is not None:
+                await context.abort_with_status(to_grpc_status(denied))
+        return await behaviour(request, context)
+
+    return checked
+
+
+def _stream_checked(behaviour: Behaviour, check: Check) -> Behaviour:
+    async def checked(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await behaviour(request_iterator, _CheckFirstRead(context, check))
+
+    return checked
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Authenticates every call of the StreamingNode service and checks the permission ``RULES``
+    names; other services (health, reflection) pass untouched."""
+
+    def __init__(self, tokens: TokenTable) -> None:
+        self.tokens = tokens
+        self._missing = UnauthenticatedError(
+            "no bearer token: send metadata 'authorization: Bearer <token>'", reason="missing token")
+        self._unknown = UnauthenticatedError("unknown bearer token", reason="unknown token")
+        self._classes = {name: _request_class(name) for name in RULES}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method: str = handler_call_details.method
+        if handler is None or not method.startswith(_PREFIX):
+            return handler
+        name = method[len(_PREFIX):]
+        token = bearer_token(handler_call_details.invocation_metadata)
+        principal = None if token is None else self.tokens.authenticate(token)
+        if principal is None:
+            err = self._missing if token is None else self._unknown
+            return _replace(handler, _refusing(err, streaming=handler.request_streaming), raw=True)
+        need = RULES.get(name, Need.ADMIN)  # a method added later is admin's until RULES says otherwise
+        if need is Need.ADMIN:
+            denied = principal.denial(need, None)
+            if denied is None:
+                return handler
+            return _replace(handler, _refusing(denied, streaming=handler.request_streaming), raw=True)
+
+        def check(request: Any) -> StreamingError | None:
+            return principal.denial(need, request)
+
+        behaviour = _behaviour(handler)
+        if handler.request_streaming:
+            return _replace(handler, _stream_checked(behaviour, check))
+        return _replace(handler, _unary_checked(behaviour, check, self._classes[name]))
+
+
+_FACTORIES = {
+    (False, False): ("unary_unary", grpc.unary_unary_rpc_method_handler),
+    (False, True): ("unary_stream", grpc.unary_stream_rpc_method_handler),
+    (True, False): ("stream_unary", grpc.stream_unary_rpc_method_handler),
+    (True, True): ("stream_stream", grpc.stream_stream_rpc_method_handler),
+}
+
+
+def _behaviour(handler: grpc.RpcMethodHandler) -> Behaviour:
+    attribute, _ = _FACTORIES[(handler.request_streaming, handler.response_streaming)]
+    behaviour: Behaviour = getattr(handler, attribute)
+    return behaviour
+
+
+def _replace(handler: grpc.RpcMethodHandler, behaviour: Behaviour, *, raw: bool = False) -> grpc.RpcMethodHandler:
+    """A handler of the same kind and (de)serializers as ``handler`` whose behaviour is ``behaviour``;
+    ``raw``: requests arrive as bytes, never parsed (a refused call's garbage cannot change its answer)."""
+    _, make = _FACTORIES[(handler.request_streaming, handler.response_streaming)]
+    return make(behaviour, request_deserializer=None if raw else handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+
+
+__all__ = ["RULES", "AuthInterceptor", "Need", "Principal", "TokenTable", "bearer_token", "hash_token"]
