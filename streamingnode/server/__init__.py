@@ -5,7 +5,8 @@
 - ``admin``: the unary RPCs (transactions, channels, consumer groups, latest position, Flush).
 - ``errors``: how failures become gRPC statuses, the same way on every RPC.
 - ``service``: the servicer that puts them together, and its registration.
-- ``lifecycle``: start, serve, drain and stop a node's server.
+- ``auth``: the interceptor that authenticates bearer tokens and checks each call's permission.
+- ``lifecycle``: start, serve, drain and stop a node's server (TLS and the protected mode there).
 """
 
 from streamingnode.server.lifecycle import RunningServer, ServerThread, serve, start_server

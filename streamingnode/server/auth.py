@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import fnmatch
+import functools
 import hashlib
 import os
 import re
@@ -190,8 +191,12 @@ def _parse(doc: dict[str, Any], where: str) -> dict[str, Principal]:
         digest = digest.lower()
         if digest in found:
             raise bad(f"{at}: the same sha256 as principal {found[digest].name!r}")
-        found[digest] = _principal(name, entry["permissions"], lambda m, at=at: bad(f"{at}: {m}"))
+        found[digest] = _principal(name, entry["permissions"], functools.partial(_prefixed, bad, at))
     return found
+
+
+def _prefixed(bad: Callable[[str], InvalidArgumentError], at: str, message: str) -> InvalidArgumentError:
+    return bad(f"{at}: {message}")
 
 
 def _principal(name: str, permissions: Any, bad: Callable[[str], InvalidArgumentError]) -> Principal:
@@ -265,7 +270,8 @@ def _refusing(err: StreamingError, *, streaming: bool) -> Behaviour:
 
 
 def _request_class(method: str) -> type[Message]:
-    return message_factory.GetMessageClass(_SERVICE.methods_by_name[method].input_type)
+    cls: type[Message] = message_factory.GetMessageClass(_SERVICE.methods_by_name[method].input_type)
+    return cls
 
 
 def _unary_checked(behaviour: Behaviour, check: Check, cls: type[Message]) -> Behaviour:

@@ -127,11 +127,11 @@ def bearer(token: str) -> tuple[tuple[str, str], ...]:
 
 
 def reason(exc: grpc.aio.AioRpcError) -> str:
-    status = rpc_status.from_call(exc)  # type: ignore[arg-type]
+    status = rpc_status.from_call(exc)
     assert status is not None, f"{exc.code().name} without rich status: {exc.details()}"
     info = error_details_pb2.ErrorInfo()
     assert status.details and status.details[0].Unpack(info) and info.domain == "streamingnode"
-    return info.reason
+    return str(info.reason)
 
 
 Metadata = tuple[tuple[str, str], ...]

@@ -149,11 +149,12 @@ def test_non_loopback_without_auth_refuses_to_start(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("secure", ["allow_unauthenticated", "auth_tokens", "tls_client_ca"])
 def test_non_loopback_with_auth_or_the_flag_starts(tmp_path: Path, pki: Pki, secure: str) -> None:
-    extra: dict[str, object] = {
+    options: dict[str, dict[str, object]] = {
         "allow_unauthenticated": {"allow_unauthenticated": True},
         "auth_tokens": {"auth_tokens": _empty_tokens(tmp_path)},
         "tls_client_ca": {"tls_cert": pki.server_cert, "tls_key": pki.server_key, "tls_client_ca": pki.client_ca},
-    }[secure]
+    }
+    extra = options[secure]
     with ServerThread(node_config(tmp_path / "data", listen="0.0.0.0:0", **extra)) as srv:
         assert srv.address.startswith("127.0.0.1:")
 
