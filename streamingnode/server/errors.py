@@ -19,12 +19,16 @@ from typing import Any, TypeVar
 
 import grpc
 import structlog
-from google.protobuf.message import DecodeError
+from google.protobuf import message_factory
+from google.protobuf.message import DecodeError, Message
 
 from streamingnode.status import to_grpc_status
+from streamingnode.v1 import streaming_pb2 as spb
 from wal.errors import DeadlineExceededError, ErrorCode, InvalidArgumentError, StreamingError
 
 log = structlog.get_logger(__name__)
+
+_SERVICE = spb.DESCRIPTOR.services_by_name["StreamingNode"]
 
 R = TypeVar("R")
 S = TypeVar("S")
@@ -37,14 +41,33 @@ def internal(exc: BaseException) -> StreamingError:
     return StreamingError(f"internal error: {type(exc).__name__}: {exc}", code=ErrorCode.UNKNOWN)
 
 
+def _request_class(method: str) -> type[Message] | None:
+    """The request message class of the service's method ``method`` (None: no such method)."""
+    desc = _SERVICE.methods_by_name.get(method)
+    return None if desc is None else message_factory.GetMessageClass(desc.input_type)
+
+
 def unary(
     fn: Callable[[S, Any, grpc.aio.ServicerContext], Awaitable[R]],
 ) -> Callable[[S, Any, grpc.aio.ServicerContext], Awaitable[R]]:
-    """Run a unary handler; turn its StreamingError (or a bug) into the status it fails with."""
+    """Run a unary handler; turn its StreamingError (or a bug) into the status it fails with.
+
+    The wrapper parses the request when it arrives as bytes (``service.add_service`` registers unary
+    methods without a deserializer): gRPC turns a deserializer's exception into UNKNOWN, while here an
+    unparsable request is answered INVALID_ARGUMENT with ErrorInfo, like every other bad request.
+    ``fn`` always receives the parsed message.
+    """
+    cls = _request_class(fn.__name__)
 
     @functools.wraps(fn)
     async def wrapper(self: S, request: Any, context: grpc.aio.ServicerContext) -> R:
         try:
+            if cls is not None and isinstance(request, bytes):
+                try:
+                    request = cls.FromString(request)
+                except DecodeError as exc:
+                    raise InvalidArgumentError(
+                        f"request is not a valid {cls.DESCRIPTOR.name}: {exc}", field="request") from exc
             with structlog.contextvars.bound_contextvars(
                 rpc=fn.__name__, request_id=request_id(context), pchannel=getattr(request, "pchannel", None) or None,
             ):

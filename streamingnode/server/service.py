@@ -16,6 +16,7 @@ from streamingnode.node import Node
 from streamingnode.server.admin import AdminHandlers
 from streamingnode.server.consume import ConsumeStream
 from streamingnode.server.errors import stream_errors
+from streamingnode.server.limits import StreamLimits
 from streamingnode.server.produce import ProduceStream
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
@@ -29,14 +30,17 @@ class StreamingNodeService(AdminHandlers, sgrpc.StreamingNodeServicer):  # type:
 
     def __init__(self, node: Node) -> None:
         self.node = node
+        self.limits = StreamLimits(node.config.max_streams, node.config.max_streams_per_connection, node.metrics)
 
     @stream_errors
     async def Produce(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        await ProduceStream(self.node, context).run()
+        with self.limits.hold(context.peer(), "Produce"):
+            await ProduceStream(self.node, context).run()
 
     @stream_errors
     async def Consume(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        await ConsumeStream(self.node, context).run()
+        with self.limits.hold(context.peer(), "Consume"):
+            await ConsumeStream(self.node, context).run()
 
 
 def _serialize_consume(response: spb.ConsumeResponse | bytes) -> bytes:
@@ -44,9 +48,20 @@ def _serialize_consume(response: spb.ConsumeResponse | bytes) -> bytes:
 
 
 def add_service(service: StreamingNodeService, server: grpc.aio.Server) -> None:
-    """Register the service as the generated code does, except that Consume may write ready-made
-    response bytes (packs are encoded by ``convert.consume_pack_response`` or
-    ``convert.consume_columns_response``)."""
+    """Register the service as the generated code does, except for two things.
+
+    Consume may write ready-made response bytes (packs are encoded by ``convert.consume_pack_response``
+    or ``convert.consume_columns_response``).
+
+    Unary methods are registered without a request deserializer: their handlers (and any server
+    interceptor that wraps them) receive the request as the raw ``bytes`` from the wire, and
+    ``errors.unary`` parses it inside the error translation, so that an unparsable request is answered
+    INVALID_ARGUMENT with ErrorInfo (gRPC would answer a deserializer's exception with UNKNOWN).  An
+    interceptor that needs a field must parse the bytes itself and leave a ``DecodeError`` to the
+    handler.  The streams (Produce, Consume) keep their deserializer: it runs in the handler's own
+    ``context.read()``, where ``errors.stream_errors`` turns a ``DecodeError`` into INVALID_ARGUMENT;
+    an interceptor sees their messages parsed.
+    """
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in spb.DESCRIPTOR.services_by_name["StreamingNode"].methods:
         request = message_factory.GetMessageClass(method.input_type)
@@ -58,7 +73,9 @@ def add_service(service: StreamingNodeService, server: grpc.aio.Server) -> None:
             (True, False): grpc.stream_unary_rpc_method_handler,
             (True, True): grpc.stream_stream_rpc_method_handler,
         }[(method.client_streaming, method.server_streaming)]
-        handlers[method.name] = make(getattr(service, method.name), request_deserializer=request.FromString,
+        unary = not (method.client_streaming or method.server_streaming)
+        handlers[method.name] = make(getattr(service, method.name),
+                                     request_deserializer=None if unary else request.FromString,
                                      response_serializer=serialize)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)

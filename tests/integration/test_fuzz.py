@@ -1,17 +1,18 @@
-"""Fuzz every RPC with random and garbled requests; the node must answer each precisely and keep
-every stored byte.
+"""Fuzz every RPC with random, garbled and truncated requests; the node must answer each precisely and
+keep every stored byte.
 
 Requests are generated from the request types' descriptors (any field, any value, unknown enum
-numbers, nested messages), plus raw garbage bytes sent to each method.  A request that is a valid
-protobuf must be answered with success or a precise status (never UNKNOWN or INTERNAL, which would
-mean an unhandled error inside the node).  Garbage that does not even parse is refused by gRPC
-itself before the node sees it.  Afterwards a normal produce/consume works and the messages stored
-before the fuzzing are byte-identical.
+numbers, nested messages), plus raw garbage bytes and truncated valid requests sent to each of the 14
+methods.  Every call must end in success or a precise status, never UNKNOWN or INTERNAL (which would
+mean an error the node did not handle, or a request gRPC failed to parse before the node saw it).
+Each call has a deadline, and so has the whole run.  Afterwards the node still reports SERVING, a
+normal produce/consume works and the messages stored before the fuzzing are byte-identical.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,9 @@ import grpc
 import pytest
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -96,8 +100,18 @@ def calls(draw: st.DrawFn) -> tuple[str, list[bytes], bool]:
     name = draw(st.sampled_from(sorted(METHODS)))
     method = METHODS[name]
     count = draw(st.integers(1, 6)) if method.client_streaming else 1
-    if draw(st.integers(0, 9)) == 0:
+    garble = draw(st.integers(0, 9))
+    if garble == 0:
         return name, [draw(st.binary(min_size=1, max_size=64)) for _ in range(count)], True
+    if garble <= 2:
+        # A valid request cut short (a length-delimited field or varint left open), or one with
+        # garbage appended: mostly undecodable, sometimes a valid prefix.
+        out = []
+        for _ in range(count):
+            whole = _message(draw, method.input_type).SerializeToString() or b"\x0a\x05"
+            cut = draw(st.integers(0, max(len(whole) - 1, 0)))
+            out.append(whole[:cut] + draw(st.sampled_from([b"", b"\xff", b"\x0a\xff\xff", b"\x80"])))
+        return name, out, True
     requests = []
     for i in range(count):
         msg = _message(draw, method.input_type)
@@ -124,19 +138,30 @@ def _parses(name: str, raw: list[bytes]) -> bool:
     return True
 
 
-def _call(channel: grpc.Channel, name: str, raw: list[bytes]) -> grpc.StatusCode:
+CALL_SECONDS = 2.0
+"""Each call's deadline: a stream the fuzz leaves open ends with DEADLINE_EXCEEDED, a precise code."""
+RUN_SECONDS = 45.0
+"""The whole fuzz run's deadline (the calls of a normal run take a few seconds)."""
+
+
+def _call(channel: grpc.Channel, name: str, raw: list[bytes], timeout: float) -> grpc.StatusCode:
     path = f"/{SERVICE.full_name}/{name}"
     method = METHODS[name]
     try:
         if method.client_streaming:
             call = channel.stream_stream(path, request_serializer=None, response_deserializer=None)
-            for _ in call(iter(raw), timeout=1.0):
+            for _ in call(iter(raw), timeout=timeout):
                 pass
         else:
-            channel.unary_unary(path, request_serializer=None, response_deserializer=None)(raw[0], timeout=5.0)
+            channel.unary_unary(path, request_serializer=None, response_deserializer=None)(raw[0], timeout=timeout)
     except grpc.RpcError as exc:
         return exc.code()  # type: ignore[no-any-return]
     return grpc.StatusCode.OK
+
+
+def _serving(channel: grpc.Channel) -> bool:
+    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5.0)
+    return reply.status == health_pb2.HealthCheckResponse.SERVING  # type: ignore[no-any-return]
 
 
 def _stored(stub: sgrpc.StreamingNodeStub, count: int) -> list[bytes]:
@@ -172,19 +197,30 @@ def test_fuzz_every_rpc_keeps_the_node_serving_and_the_log_intact(tmp_path: Path
         before = _stored(stub, 20)
         assert len(before) == 20
 
-        @settings(max_examples=1400, deadline=None, derandomize=True,
+        deadline = time.monotonic() + RUN_SECONDS
+        seen: set[str] = set()
+        garbage = {"sent": 0, "undecodable": 0}
+
+        @settings(max_examples=1400, deadline=None, derandomize=True, database=None,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
         @given(calls())
         def one(call: tuple[str, list[bytes], bool]) -> None:
             name, raw, garbled = call
-            code = _call(channel, name, raw)
+            left = deadline - time.monotonic()
+            assert left > 0, f"the fuzz run took over {RUN_SECONDS} s ({SENT['requests']} requests sent)"
+            code = _call(channel, name, raw, min(CALL_SECONDS, left))
             SENT["requests"] += len(raw)
-            if garbled and not _parses(name, raw):
-                return  # refused by gRPC's own deserializer, before the node sees it
-            assert code not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL), (name, raw)
+            seen.add(name)
+            if garbled:
+                garbage["sent"] += 1
+                garbage["undecodable"] += not _parses(name, raw)
+            assert code not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL), (name, raw, code)
 
         one()
         assert SENT["requests"] >= 2000, SENT
+        assert seen == set(METHODS), set(METHODS) - seen
+        assert garbage["undecodable"] >= 100, garbage  # the undecodable case was exercised, on every kind
+        assert _serving(channel)
 
         # The node still serves a normal round trip, and the old messages did not change.
         done = list(stub.Produce(iter([produce_open, spb.ProduceRequest(batch=spb.ProduceBatch(
@@ -192,3 +228,34 @@ def test_fuzz_every_rpc_keeps_the_node_serving_and_the_log_intact(tmp_path: Path
         (result,) = [r.result for r in done if r.WhichOneof("response") == "result"]
         assert result.HasField("appended"), result
         assert _stored(stub, 20) == before
+
+
+UNARY = sorted(n for n, m in METHODS.items() if not (m.client_streaming or m.server_streaming))
+UNDECODABLE = (b"\xff", b"\x0a\x05ab", b"\x0a\xff\xff", b"\x08")
+"""Bytes no request type parses: a bad wire type, a field cut short, a length cut short, no value."""
+
+
+def test_an_undecodable_request_is_invalid_argument_with_error_info_on_every_rpc(tmp_path: Path) -> None:
+    assert len(UNARY) == 12
+    with ServerThread(node_config(tmp_path / "data", channels=("p",))) as srv, \
+            grpc.insecure_channel(srv.address) as channel:
+        for name in [*UNARY, "Produce", "Consume"]:
+            for raw in UNDECODABLE:
+                path = f"/{SERVICE.full_name}/{name}"
+                with pytest.raises(grpc.RpcError) as caught:
+                    if name in UNARY:
+                        channel.unary_unary(path, request_serializer=None, response_deserializer=None)(raw, timeout=5)
+                    else:
+                        call = channel.stream_stream(path, request_serializer=None, response_deserializer=None)
+                        list(call(iter([raw]), timeout=5))
+                exc = caught.value
+                assert exc.code() is grpc.StatusCode.INVALID_ARGUMENT, (name, raw, exc.code(), exc.details())
+                status = rpc_status.from_call(exc)  # type: ignore[arg-type]
+                assert status is not None, (name, raw)
+                infos = [d for d in status.details if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR)]
+                assert len(infos) == 1, status
+                info = error_details_pb2.ErrorInfo()
+                infos[0].Unpack(info)
+                assert (info.reason, info.domain) == ("INVALID_ARGUMENT", "streamingnode"), info
+                assert METHODS[name].input_type.name in status.message, status.message
+        assert _serving(channel)
