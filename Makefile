@@ -12,7 +12,8 @@ $(VENV_STAMP): pyproject.toml
 
 install: $(VENV_STAMP)
 
-# The main job: the node, gRPC on :19530, data in ./data (or $$STREAMINGNODE_DATA_DIR); Ctrl-C drains.
+# The main job: the node, gRPC on 127.0.0.1:19530 (loopback: no authentication needed; see README's
+# Security section for anything wider), data in ./data (or $$STREAMINGNODE_DATA_DIR); Ctrl-C drains.
 run: $(VENV_STAMP)
 	.venv/bin/streamingnode serve
 
