@@ -281,3 +281,23 @@ def test_missing_tokens_file(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError, match="cannot read tokens file"):
         TokenTable.load(tmp_path / "absent.toml")
 
+
+
+def test_cli_token_flag_environment_and_hash(secured: ServerThread) -> None:
+    from tests.integration.test_cli import _env, cli  # noqa: PLC0415
+
+    env = _env()
+    env.pop("STREAMINGNODE_TOKEN", None)
+    anonymous = cli(secured.address, "channels", "describe", PCH, env=env)
+    assert anonymous.returncode == 1 and "UNAUTHENTICATED" in anonymous.stderr and "--token" in anonymous.stderr
+    token = TOKENS["ingest"][0]
+    produced = cli(secured.address, "produce", "--channel", PCH, "--token", token, stdin='{"payload": "x"}\n', env=env)
+    assert produced.returncode == 0, produced.stderr
+    # The ingest token may not read: the refusal names the permission and pchannel, never the token.
+    denied = cli(secured.address, "consume", "--channel", PCH, "--count", "1",
+                 env={**env, "STREAMINGNODE_TOKEN": token})
+    assert denied.returncode == 1 and "PERMISSION_DENIED" in denied.stderr and f"consume:{PCH}" in denied.stderr
+    for proc in (anonymous, produced, denied):
+        assert token not in proc.stdout + proc.stderr
+    hashed = cli(None, "token", "hash", stdin=f"{token}\n", env=env)
+    assert hashed.returncode == 0 and hashed.stdout.strip() == hash_token(token)
