@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -15,7 +18,7 @@ from streamingnode.client import AsyncClient
 from streamingnode.status import from_rpc_error
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
-from tests.node_process import NodeProcess
+from tests.node_process import REPO, NodeProcess, free_port
 from wal.errors import ErrorCode, MessageTooLargeError
 from wal.message import MessageType
 
@@ -71,7 +74,6 @@ async def test_sigterm_drains_reports_not_serving_and_exits_zero(tmp_path: Path)
 async def test_config_file_env_and_flags(tmp_path: Path) -> None:
     config = tmp_path / "node.toml"
     config.write_text('durability = "relaxed"\nchannels = ["from-file"]\nmax_message_bytes = 1024\n')
-    import os  # noqa: PLC0415
 
     env = dict(os.environ, STREAMINGNODE_MAX_MESSAGE_BYTES="2048")
     node = NodeProcess(tmp_path / "data", None, "--config", str(config), env=env).start()
@@ -117,3 +119,26 @@ async def test_metrics_on_by_default_and_a_taken_port_is_a_clear_error(tmp_path:
         assert off.metrics_url is None
     finally:
         off.kill()
+
+
+async def test_protected_mode_in_a_real_process(tmp_path: Path) -> None:
+    """Every interface without authentication: refused, naming the flag; the environment variable
+    that accepts the risk lets it start (and it says so in its log)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMINGNODE_")}
+    port = free_port()
+    refused = subprocess.run(
+        [sys.executable, "-m", "streamingnode", "serve", "--data-dir", str(tmp_path / "data"), "--listen",
+         f"0.0.0.0:{port}", "--metrics-listen", ""], capture_output=True, text=True, timeout=60, check=False,
+        cwd=REPO, env=env)
+    assert refused.returncode == 1, refused.stderr
+    assert "INVALID_ARGUMENT" in refused.stderr and "--allow-unauthenticated" in refused.stderr
+    assert not (tmp_path / "data").exists()
+
+    node = NodeProcess(tmp_path / "data", port, "--listen", f"0.0.0.0:{port}",
+                       env={**env, "STREAMINGNODE_ALLOW_UNAUTHENTICATED": "1"}).start()
+    try:
+        async with AsyncClient(node.address) as client:
+            assert await client.describe_channels() == []
+    finally:
+        assert node.terminate() == 0
+    assert any("without authentication" in line for line in node.stderr)
