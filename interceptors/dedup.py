@@ -6,6 +6,15 @@ used first out), so memory is bounded.  A sequence already written returns the s
 still being written waits for it; one older than the window is refused, since its fate is no longer
 known.  The table is rebuilt from the stored messages on reopen, so it survives restarts.
 
+A sequence more than one past the highest this step has let through for the producer is refused
+(OUT_OF_ORDER_SEQUENCE, the whole batch, nothing written): a batch between was never received, so
+writing this one would leave a hole the producer believes filled.  "Let through" counts batches the
+chain then refused (their producer heard of the failure and moves on; a resend of them is still
+accepted) and batches refused before the chain (``skip``).  The rule is checked only against what
+this process saw: a producer it does not know yet -- new, dropped from the table, or known only from
+the stored messages after a reopen (which cannot tell a lost batch from one refused before the
+restart) -- may start at any sequence, and its first batch sets where it must go on.
+
 It runs first in the chain, before any lock or timestamp is taken for a message that will not be
 written.
 """
@@ -14,10 +23,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 from interceptors.base import AppendNext
-from wal.errors import InvalidArgumentError, OutOfRangeError
+from wal.errors import InvalidArgumentError, OutOfOrderSequenceError, OutOfRangeError
 from wal.message import AppendResult, Message
 
 PROP_PRODUCER = "producer_id"
@@ -25,12 +35,16 @@ PROP_SEQUENCE = "producer_seq"
 
 
 class _Producer:
-    __slots__ = ("inflight", "max_seq", "results")
+    __slots__ = ("admitted", "inflight", "max_seq", "results")
 
     def __init__(self) -> None:
         self.results: OrderedDict[int, AppendResult] = OrderedDict()
         self.inflight: dict[int, asyncio.Future[AppendResult]] = {}
         self.max_seq = -1
+        # The highest sequence let through (or skipped) since this process knew the producer; -1: none
+        # yet, so the next batch may start anywhere.  Never lowered: a batch that failed in the chain
+        # was answered, and its producer goes on after it.
+        self.admitted = -1
 
 
 def _key(m: Message) -> tuple[str, int] | None:
@@ -84,6 +98,9 @@ class DedupInterceptor:
         known: dict[int, AppendResult | asyncio.Future[AppendResult]] = {}
         fresh: list[int] = []
         seen: set[tuple[str, int]] = set()
+        # The highest sequence of each producer once this batch is let through: checked for every
+        # message before any is, so a refused batch changes nothing.
+        high: dict[str, int] = {}
         for i, k in enumerate(keys):
             if k is None:
                 fresh.append(i)
@@ -91,19 +108,33 @@ class DedupInterceptor:
             if k in seen:
                 raise InvalidArgumentError(f"sequence {k[1]} of producer {k[0]!r} appears twice in one batch")
             seen.add(k)
-            p = self._producer(k[0])
-            if k[1] in p.results:
-                known[i] = p.results[k[1]]
-            elif k[1] in p.inflight:
-                known[i] = p.inflight[k[1]]
-            elif k[1] <= p.max_seq and p.results and k[1] < next(iter(p.results)):
+            pid, seq = k
+            p = self._producer(pid)
+            if seq in p.results:
+                known[i] = p.results[seq]
+            elif seq in p.inflight:
+                known[i] = p.inflight[seq]
+            elif seq <= p.max_seq and p.results and seq < next(iter(p.results)):
                 raise OutOfRangeError(
-                    f"sequence {k[1]} of producer {k[0]!r} is older than the dedup window "
+                    f"sequence {seq} of producer {pid!r} is older than the dedup window "
                     f"(oldest remembered {next(iter(p.results))})",
-                    producer_id=k[0],
+                    producer_id=pid,
                 )
             else:
+                top = high.get(pid, p.admitted)
+                if top >= 0 and seq > top + 1:
+                    raise OutOfOrderSequenceError(
+                        f"sequence {seq} of producer {pid!r} skips ahead: the next expected is {top + 1} "
+                        f"(sequences {top + 1}..{seq - 1} never reached the node); nothing of the batch "
+                        "was written",
+                        producer_id=pid, expected=top + 1, got=seq,
+                    )
+                high[pid] = max(top, seq)
                 fresh.append(i)
+        for pid, top in high.items():
+            entry = self._producers.get(pid)
+            if entry is not None:  # (gone only if this one batch named more producers than the table holds)
+                entry.admitted = top
         loop = asyncio.get_running_loop()
         futures: dict[int, asyncio.Future[AppendResult]] = {}
         for i in fresh:
@@ -133,6 +164,13 @@ class DedupInterceptor:
         for i, r_or_f in known.items():
             out[i] = await r_or_f if isinstance(r_or_f, asyncio.Future) else r_or_f
         return out  # type: ignore[return-value]
+
+    def skip(self, producer_id: str, first: int, count: int) -> None:
+        """Sequences ``first .. first + count - 1`` of ``producer_id`` were refused before the chain
+        (a bad batch, answered as such): its producer goes on after them, which is no gap."""
+        p = self._producers.get(producer_id)
+        if p is not None and p.admitted >= 0 and first <= p.admitted + 1:
+            p.admitted = max(p.admitted, first + count - 1)
 
     def replay(self, batch: list[Message]) -> None:
         for m in batch:
@@ -166,4 +204,12 @@ class DedupInterceptor:
         self._producers.clear()
 
 
-__all__ = ["PROP_PRODUCER", "PROP_SEQUENCE", "DedupInterceptor"]
+def skip_sequences(steps: Iterable[object], producer_id: str, first: int, count: int) -> None:
+    """Tell the dedup step among ``steps`` (a chain's interceptors) that a batch of ``producer_id``
+    was refused before reaching it (see ``DedupInterceptor.skip``); no dedup step, nothing to do."""
+    for step in steps:
+        if isinstance(step, DedupInterceptor):
+            step.skip(producer_id, first, count)
+
+
+__all__ = ["PROP_PRODUCER", "PROP_SEQUENCE", "DedupInterceptor", "skip_sequences"]

@@ -14,6 +14,13 @@ When the stream breaks for a reason a new stream cures (see ``_calls.reconnectab
   sending it again could duplicate it, so its futures fail with ``UnavailableError``.  Batches never
   written are sent on the new stream.
 
+An idempotent producer's sequences have no holes: the node refuses a batch that skips ahead of what
+it has seen from the producer (``OutOfOrderSequenceError``, not retried: resending the same batch
+cannot fill the hole).  Batches failed before they were ever written give their sequences back.  After
+batches failed with their fate unknown (the node stayed away longer than ``reconnect_timeout``), the
+node may not have them: a later batch can then be refused, and the producer should start over under
+a new ``producer_id``.
+
 Lifecycle: running -> draining (``aclose``: everything queued is still sent and answered) -> closed.
 """
 
@@ -58,11 +65,13 @@ class _Batch:
     """A sealed batch: its request, built once in column form (a resend after a reconnect reuses it
     with a new request id), and one future per message."""
 
-    __slots__ = ("futures", "request")
+    __slots__ = ("futures", "request", "sent")
 
     def __init__(self, request: spb.ProduceRequest, futures: list[asyncio.Future[AppendResult]]) -> None:
         self.request = request
         self.futures = futures
+        self.sent = False
+        """Written to a stream at least once (the node may have its sequences)."""
 
     @property
     def request_id(self) -> int:
@@ -321,7 +330,15 @@ class Producer:
                 f"producer on {self.pchannel!r} failed: {exc!r}", channel=self.pchannel))
 
     def _fail_all(self, exc: BaseException) -> None:
-        for batch in (*self._in_flight, *self._sealed):
+        batches = (*self._in_flight, *self._sealed)
+        if self.producer_id is not None:
+            # Batches never written leave their sequences unused: hand them out again, or the next
+            # batch would skip them and the node refuse it (OUT_OF_ORDER_SEQUENCE).  Batches are
+            # written in sequence order, so the unwritten ones are the tail.
+            unsent = [b for b in batches if not b.sent]
+            if unsent:
+                self._next_sequence = unsent[0].request.batch.first_sequence
+        for batch in batches:
             batch.fail(exc)
         self._in_flight.clear()
         self._sealed.clear()
@@ -410,6 +427,7 @@ class Producer:
             batch.request.batch.request_id = next(self._request_ids)
             # In flight before the write: a write that fails half way leaves the batch's fate unknown.
             self._in_flight.append(batch)
+            batch.sent = True
             self.batches_written += 1
             self.largest_batch = max(self.largest_batch, len(batch.futures))
             await write(call, batch.request)

@@ -17,7 +17,7 @@ import functools
 import grpc
 import structlog
 
-from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE
+from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE, skip_sequences
 from streamingnode import convert
 from streamingnode.node import Channel, Node
 from streamingnode.server.errors import internal, require
@@ -131,6 +131,9 @@ class ProduceStream:
                 except StreamingError as exc:
                     fut = loop.create_future()
                     fut.set_exception(exc)
+                    if producer_id is not None:  # answered as refused: its sequences are no gap
+                        skip_sequences(channel.stream.chain.interceptors, producer_id, batch.first_sequence,
+                                       len(batch.messages) or len(batch.columns.payloads))
                 else:
                     seen.add(rid)
                     if tracing is None:

@@ -42,6 +42,7 @@ from wal.errors import (
     InvalidArgumentError,
     OnShutdownError,
     StreamingError,
+    UnavailableError,
     UnrecoverableError,
 )
 from wal.message import MessageID
@@ -83,6 +84,14 @@ def _data_key(key: int, message_id: MessageID) -> bytes:
     return b"D" + _KEY_ID.pack(key, message_id)
 
 
+def _lock_held(exc: Exception) -> bool:
+    """Whether opening failed because RocksDB's LOCK file is held: by another process ("While lock
+    file: <dir>/LOCK: Resource temporarily unavailable") or by an earlier open in this one ("lock hold
+    by current process ... <dir>/LOCK: No locks available")."""
+    text = str(exc)
+    return text.startswith("IO error") and "/LOCK" in text and ("lock hold by" in text or "While lock file" in text)
+
+
 def _tick_key(key: int, ts: int) -> bytes:
     return b"T" + _KEY_ID.pack(key, ts)
 
@@ -122,6 +131,13 @@ class RocksBackend(Backend):
             os.makedirs(self.path, exist_ok=True)
             self._db: Any = rocksdict.Rdict(self.path, options=opts)
         except Exception as exc:  # rocksdict raises plain Exception for every engine error
+            if _lock_held(exc):
+                # Nothing is wrong with the data: another process (or another open in this one) has the
+                # database.  Retriable: a node still shutting down lets go of it.
+                raise UnavailableError(
+                    f"WAL database at {self.path} is in use by another process (its LOCK file is held): stop "
+                    f"that node or use another data directory", path=self.path, reason="in use",
+                ) from exc
             raise CorruptedError(
                 f"cannot open WAL database at {self.path}: {exc}", path=self.path
             ) from exc
