@@ -190,6 +190,14 @@ class NodeMetrics:
             "consume_bytes", "Payload bytes delivered to Consume streams.", ["pchannel"], namespace=ns, registry=r)
         self.consume_packs = Counter(
             "consume_packs", "MsgPacks delivered to Consume streams.", ["pchannel"], namespace=ns, registry=r)
+        # Node-wide, not per pchannel: the caps they watch (max_streams, max_streams_per_connection)
+        # count a stream before it names its channel.
+        self.open_streams = Gauge(
+            "open_streams", "Produce and Consume streams open on the node (what max_streams caps), by rpc.",
+            ["rpc"], namespace=ns, registry=r)
+        self.streams_refused = Counter(
+            "streams_refused", "Streams refused with RESOURCE_EXHAUSTED because a cap was full, by cap "
+            "(node: max_streams, connection: max_streams_per_connection).", ["limit"], namespace=ns, registry=r)
         r.register(_StateCollector(self))
         self._http: asyncio.Server | None = None
 
