@@ -122,6 +122,29 @@ def commit_file(directory: Path, name: str, write: Callable[[BinaryIO], None]) -
     return final
 
 
+class PathOutsideRootError(RuntimeError):
+    """A path built from a name lies outside the directory it was built under.
+
+    Names are checked where they enter (``wal.names``), so this is a bug, not a user error: nothing
+    has been touched when it is raised.
+    """
+
+
+def inside(root: Path, *parts: str) -> Path:
+    """``root / parts`` after checking that it resolves (symbolic links and ``..`` followed) to a
+    path strictly inside ``root``; raises PathOutsideRootError otherwise.
+
+    Every directory the node and the flusher derive from a name goes through here, as a second
+    line behind the name rules.  The path returned is the unresolved one, so paths reported to
+    clients keep the root as configured.
+    """
+    path = root.joinpath(*parts)
+    base = root.resolve()
+    if base not in path.resolve().parents:
+        raise PathOutsideRootError(f"{str(path)[:300]!r} is not inside {str(root)!r}")
+    return path
+
+
 def remove_temporaries(root: Path) -> int:
     """Delete temporary files left under ``root`` by a crash; returns how many."""
     removed = 0
@@ -135,4 +158,14 @@ def remove_temporaries(root: Path) -> int:
     return removed
 
 
-__all__ = ["KILL_ENV", "STEPS", "commit_file", "crash_point", "fsync_dir", "make_dirs", "remove_temporaries"]
+__all__ = [
+    "KILL_ENV",
+    "STEPS",
+    "PathOutsideRootError",
+    "commit_file",
+    "crash_point",
+    "fsync_dir",
+    "inside",
+    "make_dirs",
+    "remove_temporaries",
+]

@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -44,7 +44,7 @@ import structlog
 
 from flusher import _layout
 from flusher._buffers import Buffer
-from flusher.commit import commit_file, crash_point, remove_temporaries
+from flusher.commit import commit_file, crash_point, inside, remove_temporaries
 from interceptors.shard import ShardInterceptor
 from interceptors.snapshot import load_snapshot
 from interceptors.streaming import StreamingWAL
@@ -422,7 +422,7 @@ class Flusher:
             await self._write(b)
         marker = json.dumps({"collection": c.name, "vchannel": m.vchannel, "timetick": ts,
                              "message_id": m.message_id}).encode()
-        await self._in_thread(commit_file, self._root / c.name, _layout.DROPPED_MARKER,
+        await self._in_thread(_commit_under, self._root, c.name, _layout.DROPPED_MARKER,
                               lambda f: f.write(marker))
         c.dropped = True
         self._registry_dirty = True
@@ -513,7 +513,7 @@ class Flusher:
             pq.write_table(table, f, compression=compression, coerce_timestamps="us",
                            allow_truncated_timestamps=True)
 
-        path = await self._in_thread(commit_file, self._root / b.directory, name, write)
+        path = await self._in_thread(_commit_under, self._root, b.directory, name, write)
         size = path.stat().st_size
         del self._buffers[b.directory]
         self._buffered -= b.nbytes
@@ -529,6 +529,12 @@ class Flusher:
         if self._current_files is not None:
             self._current_files.append(rel)
         log.debug("flusher wrote", pchannel=self._wal.pchannel, file=rel, rows=b.rows, bytes=size)
+
+
+def _commit_under(root: Path, directory: str, name: str, write: Callable[[BinaryIO], None]) -> Path:
+    """``commit_file`` into ``root/directory``, a directory derived from collection and partition
+    names read back from the log: checked to lie inside ``root`` before anything is written."""
+    return commit_file(inside(root, directory), name, write)
 
 
 def _key(m: Message, ts: int) -> _layout.DeliveryKey:

@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from interceptors._segments import Segment, SegmentInfo, SegmentState, SegmentTable
 from interceptors.base import AppendNext
-from wal import bodies
+from wal import bodies, names
 from wal.bodies import DEFAULT_PARTITION, PROP_COLLECTION, PROP_PARTITION, PROP_PRIMARY_KEY, PROP_ROWS
 from wal.clock import LOGICAL_BITS
 from wal.errors import (
@@ -190,6 +190,8 @@ class ShardInterceptor:
             raise InvalidArgumentError("segments are created by the shard step, not by messages")
         if m.vchannel == BROADCAST_VCHANNEL and t is not _T.MANUAL_FLUSH:
             raise InvalidArgumentError(f"{t.name} needs a vchannel, not a broadcast")
+        # The registry is keyed by vchannel: embedded callers get the rule the service applies.
+        names.VCHANNEL.check(m.vchannel, "vchannel", allow_empty=True)
         before: list[Message] = []
         after: list[Message] = []
         _HANDLERS[t](self, plan, m, before, after)
@@ -212,6 +214,7 @@ class ShardInterceptor:
         name = _prop(m, PROP_COLLECTION)
         c = self._lookup(plan, m.vchannel, name)
         if c is None or c.info.dropped:
+            bodies.validate_name("collection", name)  # a hostile name is refused as such, not quoted
             state = "was dropped" if c is not None else "does not exist"
             raise CollectionNotExistError(f"collection {name!r} {state} on vchannel {m.vchannel!r}",
                                           collection=name, vchannel=m.vchannel)
@@ -222,6 +225,7 @@ class ShardInterceptor:
         if p is None:
             raise InvalidArgumentError(f"{m.message_type.name} message has no {PROP_PARTITION!r} property")
         if p not in c.info.partitions:
+            bodies.validate_name("partition", p)
             raise PartitionNotExistError(f"partition {p!r} of collection {c.info.name!r} does not exist",
                                          collection=c.info.name, partition=p)
         return p

@@ -22,6 +22,7 @@ from wal.message import (
     TxnContext,
     encode_message_id,
 )
+from wal.names import VCHANNEL
 from wal.options import DeliverFilter, DeliverPolicy, FilterKind, PolicyKind
 from wal.scanner import MsgPack
 
@@ -78,7 +79,7 @@ def produced_message(m: pb.Message, index: int, max_bytes: int) -> Message:
             f"messages[{index}]: type {t.name} is written by the node, not by producers", field="type"
         )
     payload = m.payload
-    vchannel = m.vchannel
+    vchannel = VCHANNEL.check(m.vchannel, f"messages[{index}].vchannel", allow_empty=True)
     size = len(payload) + len(vchannel)
     raw_props = m.properties
     props: dict[str, str] = {}
@@ -128,6 +129,10 @@ def produced_columns(cols: pb.MessageColumns, max_bytes: int) -> tuple[list[Mess
         raise InvalidArgumentError(
             f"columns has {n} types, {len(vchannels)} vchannels and {len(payloads)} payloads: "
             "every message needs one of each", field="columns")
+    # Checked once per distinct vchannel: a batch usually names one or a few.
+    bad = next((v for v in set(vchannels) if not VCHANNEL.is_valid(v, allow_empty=True)), None)
+    if bad is not None:
+        VCHANNEL.check(bad, f"columns.vchannels[{vchannels.index(bad)}]", allow_empty=True)
     for name in _ASSIGNED_COLUMNS:
         if len(getattr(cols, name)):
             raise InvalidArgumentError(

@@ -13,6 +13,7 @@ import asyncio
 import json
 from dataclasses import dataclass
 
+from wal import names
 from wal.clock import physical_ms
 from wal.errors import ConsumerGroupExistError, ConsumerGroupNotExistError, CorruptedError, InvalidArgumentError
 from wal.message import MessageID, Position
@@ -21,9 +22,9 @@ from wal.wal import WAL
 META_KEY = "consumer_groups"
 
 
-def check_group_name(name: str) -> None:
-    if not name or len(name.encode()) > 255 or "\x00" in name:
-        raise InvalidArgumentError(f"invalid consumer group name {name!r}: 1-255 bytes, no NUL", field="group")
+def check_group_name(name: str, field: str = "group") -> str:
+    """``name`` when ``wal.names.CONSUMER_GROUP`` accepts it, else InvalidArgumentError naming ``field``."""
+    return names.CONSUMER_GROUP.check(name, field)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +78,7 @@ class ConsumerGroups:
     def require(self, group: str) -> dict[str, tuple[MessageID, int]]:
         found = self._groups.get(group)
         if found is None:
+            check_group_name(group)  # a hostile name is refused as such, not quoted as a missing group
             raise ConsumerGroupNotExistError(
                 f"consumer group {group!r} does not exist on pchannel {self._wal.pchannel!r}",
                 channel=self._wal.pchannel, group=group,
@@ -117,11 +119,13 @@ class ConsumerGroups:
             await self._store(groups)
 
     async def commit(self, group: str, positions: list[tuple[str, Position]]) -> None:
-        """Replace the group's committed position on each (vchannel, position)."""
-        for _, pos in positions:
+        """Replace the group's committed position on each (vchannel, position); the vchannel "" holds
+        the position of a read of every vchannel."""
+        for vchannel, pos in positions:
+            names.VCHANNEL.check(vchannel, allow_empty=True)
             if pos.pchannel != self._wal.pchannel:
                 raise InvalidArgumentError(
-                    f"position of pchannel {pos.pchannel!r} cannot be committed on {self._wal.pchannel!r}",
+                    f"position of pchannel {names.shorten(pos.pchannel)} cannot be committed on {self._wal.pchannel!r}",
                     channel=self._wal.pchannel,
                 )
         async with self._lock:

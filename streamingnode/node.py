@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from dataclasses import dataclass
 
 import structlog
 
+from flusher import incarnation
 from flusher.flusher import Flusher, FlusherConfig
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from streamingnode.config import NodeConfig
@@ -31,6 +31,7 @@ from wal.errors import (
     UnavailableError,
 )
 from wal.manager import WALManager
+from wal.names import PCHANNEL, shorten
 
 log = structlog.get_logger(__name__)
 
@@ -108,20 +109,26 @@ class Node:
                     await self.manager.create_channel(name, Owner(role="node").properties())
                     existing.add(name)
             for name in sorted(existing):
+                if not PCHANNEL.is_valid(name):
+                    # Created before the name rules: its name could be a path, so it is not served
+                    # (its data stays in the database untouched).
+                    log.error("pchannel not opened: its name breaks the pchannel name rule",
+                              pchannel=shorten(name))
+                    continue
                 await self._open(name)
         self.ready.set()
         log.info("node ready", channels=len(self._channels), data_dir=str(self.config.data_dir))
 
-    async def _open(self, name: str) -> Channel:
+    async def _open(self, name: str, *, new: bool = False) -> Channel:
         # Bound while the channel opens, so the tasks started here (recovery, time ticks, flusher,
         # retention) log with the pchannel and term; the caller's context gets neither.
         with structlog.contextvars.bound_contextvars(pchannel=name):
             try:
-                return await self._open_channel(name)
+                return await self._open_channel(name, new)
             finally:
                 structlog.contextvars.unbind_contextvars("term")
 
-    async def _open_channel(self, name: str) -> Channel:
+    async def _open_channel(self, name: str, new: bool) -> Channel:
         tracer = None if self.tracing is None else self.tracing.tracer
         stream = await open_streaming_wal(self.manager, name, self.chain_config, tracer=tracer)
         structlog.contextvars.bind_contextvars(term=stream.term)
@@ -131,7 +138,11 @@ class Node:
             groups = await ConsumerGroups.load(stream.wal)
             if self.config.flusher:
                 cfg = self.config
-                flusher = Flusher(stream, cfg.parquet_root / name, FlusherConfig(
+                # This incarnation's own directory: one left by a destroyed channel of the same name
+                # is moved aside first, never read or overwritten as this one's.
+                key = (await self.manager.describe_channel(name)).key
+                root = await asyncio.to_thread(incarnation.claim, cfg.parquet_root, name, key, new=new)
+                flusher = Flusher(stream, root, FlusherConfig(
                     max_rows=cfg.flush_max_rows, max_bytes=cfg.flush_max_bytes,
                     max_age_seconds=cfg.flush_max_age_seconds, memory_cap_bytes=cfg.flush_memory_cap_bytes,
                 ))
@@ -149,7 +160,10 @@ class Node:
         return channel
 
     # --- lookup ----------------------------------------------------------------------------------
-    def channel(self, name: str) -> Channel:
+    def channel(self, name: str, field: str = "pchannel") -> Channel:
+        """The open channel ``name``; InvalidArgumentError (naming ``field``) for a name the pchannel
+        rule refuses, ChannelNotExistError for a valid name the node does not serve."""
+        PCHANNEL.check(name, field)
         if self._closing:
             raise OnShutdownError("the node is shutting down", channel=name)
         found = self._channels.get(name)
@@ -175,6 +189,8 @@ class Node:
         if max(num, len(names)) > MAX_CREATE:
             raise InvalidArgumentError(
                 f"at most {MAX_CREATE} channels per call, asked for {max(num, len(names))}", field="num_channels")
+        for i, name in enumerate(names):
+            PCHANNEL.check(name, f"channel_names[{i}]")
         if len(set(names)) != len(names):
             raise InvalidArgumentError("channel_names has duplicates", field="channel_names")
         async with self._admin:
@@ -190,7 +206,7 @@ class Node:
                 for name in names:
                     await self.manager.create_channel(name, owner.properties())
                     created.append(name)
-                    await self._open(name)
+                    await self._open(name, new=True)
             except BaseException:
                 # All or nothing: a channel created before the failure is removed again.
                 for name in created:
@@ -202,6 +218,8 @@ class Node:
     async def destroy_channels(self, names: list[str]) -> None:
         if not names:
             raise InvalidArgumentError("channel_names is empty", field="channel_names")
+        for i, name in enumerate(names):
+            PCHANNEL.check(name, f"channel_names[{i}]")
         async with self._admin:
             existing = set(await self.manager.list_channels())
             for name in names:
@@ -218,15 +236,13 @@ class Node:
             await channel.aclose()
         info = await self.manager.describe_channel(name)
         await self.manager.destroy_channel(name)
-        # Its Parquet files are user data: kept, but moved aside (a dot directory no reader lists), so a
-        # new channel of the same name, whose ids start again, never mistakes them for its own.
-        root = self.config.parquet_root / name
-        if root.exists():
-            graveyard = self.config.parquet_root / ".destroyed"
-            graveyard.mkdir(parents=True, exist_ok=True)
-            await asyncio.to_thread(root.rename, graveyard / f"{name}-{info.key}-{int(time.time())}")
+        # Its Parquet files are user data: kept, but moved aside under a name no later incarnation
+        # takes (see flusher.incarnation).  A crash before the move is caught when the name is reused.
+        await asyncio.to_thread(incarnation.retire, self.config.parquet_root, name, info.key)
 
     async def describe_channels(self, names: list[str]) -> list[ChannelInfo]:
+        for i, name in enumerate(names):
+            PCHANNEL.check(name, f"channel_names[{i}]")
         if not names:
             names = await self.manager.list_channels()
         return [await self.manager.describe_channel(name) for name in names]

@@ -103,8 +103,48 @@ def make_error(code: ErrorCode, message: str, fields: dict[str, Any] | None = No
     return error_class(code)(message, code=code, **(fields or {}))
 
 
+# gRPC refuses response headers over 16 KiB (the default max_metadata_size) and the client then sees
+# RESOURCE_EXHAUSTED, a code it retries, instead of the error.  The status message travels twice (in
+# grpc-message, percent-encoded: up to 3 characters per UTF-8 byte, and inside the base64 details), so
+# every part is bounded in UTF-8 bytes: at most 1 KiB of message and 2 KiB of metadata stay under
+# 8 KiB of headers whatever the error holds.
+MAX_MESSAGE_BYTES = 1024
+MAX_METADATA_KEYS = 16
+MAX_METADATA_KEY_BYTES = 64
+MAX_METADATA_VALUE_BYTES = 256
+MAX_METADATA_BYTES = 2048
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes (on a character boundary), marked when cut."""
+    raw = text.encode("utf-8", "backslashreplace")
+    if len(raw) <= limit:
+        return raw.decode()  # the text itself, with any lone surrogate (unencodable) escaped
+    marker = f"... ({len(raw)} bytes)"
+    return raw[: limit - len(marker)].decode("utf-8", "ignore") + marker
+
+
+def bounded_message(err: StreamingError) -> str:
+    """The error's message as a status carries it: at most ``MAX_MESSAGE_BYTES``."""
+    return _cut(str(err), MAX_MESSAGE_BYTES)
+
+
 def _metadata(err: StreamingError) -> dict[str, str]:
-    return {str(k): str(v) for k, v in err.fields.items() if v is not None}
+    """The error's fields as ErrorInfo metadata: each key and value and the whole bounded."""
+    out: dict[str, str] = {}
+    total = 0
+    for k, v in err.fields.items():
+        if v is None:
+            continue
+        if len(out) == MAX_METADATA_KEYS:
+            break
+        key, value = _cut(str(k), MAX_METADATA_KEY_BYTES), _cut(str(v), MAX_METADATA_VALUE_BYTES)
+        size = len(key.encode()) + len(value.encode())
+        if total + size > MAX_METADATA_BYTES:
+            break
+        out[key] = value
+        total += size
+    return out
 
 
 def to_grpc_status(err: StreamingError) -> grpc.Status:
@@ -112,14 +152,14 @@ def to_grpc_status(err: StreamingError) -> grpc.Status:
     info = error_details_pb2.ErrorInfo(reason=err.code.name, domain=DOMAIN, metadata=_metadata(err))
     detail = any_pb2.Any()
     detail.Pack(info)
-    status = status_pb2.Status(code=GRPC_CODE[err.code].value[0], message=str(err), details=[detail])
+    status = status_pb2.Status(code=GRPC_CODE[err.code].value[0], message=bounded_message(err), details=[detail])
     return rpc_status.to_status(status)
 
 
 def to_error_detail(err: StreamingError) -> pb.ErrorDetail:
     """The in-band form, for errors that leave a stream open."""
     code = cast(Any, int(err.code))
-    return pb.ErrorDetail(code=code, message=str(err), metadata=_metadata(err), retriable=err.retriable)
+    return pb.ErrorDetail(code=code, message=bounded_message(err), metadata=_metadata(err), retriable=err.retriable)
 
 
 def from_error_detail(detail: pb.ErrorDetail) -> StreamingError:
@@ -174,6 +214,9 @@ def _rich_status(exc: grpc.RpcError) -> status_pb2.Status | None:
 __all__ = [
     "DOMAIN",
     "GRPC_CODE",
+    "MAX_MESSAGE_BYTES",
+    "MAX_METADATA_BYTES",
+    "bounded_message",
     "error_class",
     "from_error_detail",
     "from_rpc_error",

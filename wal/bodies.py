@@ -32,12 +32,12 @@ Builders raise ``InvalidArgumentError`` for bad arguments; parsers raise only ``
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 
+from wal import names
 from wal.errors import CodecError, InvalidArgumentError, SchemaMismatchError
 from wal.message import Message, MessageType
 
@@ -64,7 +64,6 @@ SEAL_AGE = "age"
 SEAL_MANUAL = "manual"
 SEAL_DROP = "drop"
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]{0,254}")
 _SCALARS = (
     pa.int64(), pa.int32(), pa.float32(), pa.float64(), pa.bool_(),
     pa.string(), pa.large_string(), pa.binary(), pa.large_binary(),
@@ -74,13 +73,9 @@ _PK_TYPES = (pa.int64(), pa.string(), pa.large_string())
 
 # --- validation -------------------------------------------------------------------------------------
 def validate_name(kind: str, name: object) -> str:
-    """Check a collection or partition name (``kind`` says which, for the message); returns it."""
-    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
-        raise InvalidArgumentError(
-            f"invalid {kind} name {name!r}: use letters, digits, '_' and '-' (not first), at most 255",
-            name=name,
-        )
-    return name
+    """Check a collection or partition name (``kind`` says which); returns it.  The rules are
+    ``wal.names.COLLECTION`` and ``wal.names.PARTITION``."""
+    return (names.PARTITION if kind == "partition" else names.COLLECTION).check(name)
 
 
 def is_vector(t: pa.DataType) -> bool:

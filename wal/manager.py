@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import structlog
 
+from wal import names
 from wal._committer import GroupCommitter
 from wal.backend import Backend, ChannelInfo, Durability
 from wal.errors import ChannelNotExistError, InvalidArgumentError, OnShutdownError
@@ -109,8 +110,9 @@ class WALManager:
 
     # --- channels --------------------------------------------------------------------------------
     async def create_channel(self, name: str, properties: dict[str, str] | None = None) -> ChannelInfo:
-        """Create an empty pchannel.  Raises ChannelExistError."""
-        _check_name(name)
+        """Create an empty pchannel.  Raises ChannelExistError, or InvalidArgumentError for a name
+        ``wal.names.PCHANNEL`` refuses."""
+        names.PCHANNEL.check(name)
         return await self._run_write(self.backend.create_channel, name, dict(properties or {}))
 
     async def describe_channel(self, name: str) -> ChannelInfo:
@@ -134,7 +136,7 @@ class WALManager:
 
     async def open(self, name: str) -> WAL:
         """Open a pchannel with a new term; a WAL already open on it is fenced."""
-        _check_name(name)
+        names.PCHANNEL.check(name)
         old = self._wals.get(name)
         if old is not None:
             # Fenced before the term changes on the writer thread: an append the old handle already
@@ -195,11 +197,6 @@ class WALManager:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-
-def _check_name(name: str) -> None:
-    if not isinstance(name, str) or not name or len(name.encode()) > 255 or "\x00" in name:
-        raise InvalidArgumentError(f"invalid pchannel name {name!r}: 1-255 bytes, no NUL")
 
 
 __all__ = ["ChannelNotExistError", "ManagerState", "WALManager"]

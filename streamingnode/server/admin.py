@@ -12,6 +12,7 @@ import asyncio
 import grpc
 
 from streamingnode import convert
+from streamingnode.groups import check_group_name
 from streamingnode.node import Channel, Node, Owner
 from streamingnode.server.errors import call_deadline, require, unary
 from streamingnode.v1 import common_pb2 as pb
@@ -20,6 +21,7 @@ from wal._codec import check_keepalive
 from wal.bodies import PROP_COLLECTION
 from wal.errors import InvalidArgumentError, InvalidTxnStateError
 from wal.message import Message, MessageType, Position
+from wal.names import COLLECTION, VCHANNEL
 from wal.options import DeliverPolicy, ReadOption
 
 
@@ -31,7 +33,7 @@ class AdminHandlers:
     # --- transactions ----------------------------------------------------------------------------
     def _txn_channel(self, pchannel: str, vchannel: str, txn_id: int) -> Channel:
         channel = self.node.channel(require(pchannel, "pchannel"))
-        require(vchannel, "vchannel")
+        VCHANNEL.check(vchannel, "vchannel")
         session = channel.stream.txns.get(txn_id)
         if session is not None and session.vchannel != vchannel:
             raise InvalidTxnStateError(
@@ -41,7 +43,7 @@ class AdminHandlers:
     @unary
     async def BeginTxn(self, request: spb.BeginTxnRequest, context: grpc.aio.ServicerContext) -> spb.BeginTxnResponse:
         channel = self.node.channel(require(request.pchannel, "pchannel"))
-        vchannel = require(request.vchannel, "vchannel")
+        vchannel = VCHANNEL.check(request.vchannel, "vchannel")
         if request.keepalive_ms < 0:
             raise InvalidArgumentError(f"keepalive_ms must be >= 0, got {request.keepalive_ms}", field="keepalive_ms")
         check_keepalive(request.keepalive_ms)  # the message header holds it in 32 bits
@@ -127,6 +129,8 @@ class AdminHandlers:
         self, request: spb.DescribeConsumerGroupsRequest, context: grpc.aio.ServicerContext
     ) -> spb.DescribeConsumerGroupsResponse:
         names = [request.pchannel] if request.pchannel else self.node.channel_names()
+        for i, group in enumerate(request.groups):
+            check_group_name(group, f"groups[{i}]")
         out = []
         for name in names:
             channel = self.node.channel(name)
@@ -180,6 +184,7 @@ class AdminHandlers:
         self, request: spb.GetLatestPositionRequest, context: grpc.aio.ServicerContext
     ) -> spb.GetLatestPositionResponse:
         channel = self.node.channel(require(request.pchannel, "pchannel"))
+        VCHANNEL.check(request.vchannel, "vchannel", allow_empty=True)  # echoed in the position
         out = spb.GetLatestPositionResponse(mvcc_timetick=channel.stream.mvcc_timetick())
         latest = channel.stream.latest_position()
         if latest is not None:
@@ -189,8 +194,10 @@ class AdminHandlers:
     @unary
     async def Flush(self, request: spb.FlushRequest, context: grpc.aio.ServicerContext) -> spb.FlushResponse:
         channel = self.node.channel(require(request.pchannel, "pchannel"))
-        vchannel = require(request.vchannel, "vchannel")
-        props = {PROP_COLLECTION: request.collection} if request.HasField("collection") else {}
+        vchannel = VCHANNEL.check(request.vchannel, "vchannel")
+        props: dict[str, str] = {}
+        if request.HasField("collection"):
+            props[PROP_COLLECTION] = COLLECTION.check(request.collection, "collection")
         deadline = call_deadline(context)
         result = await channel.stream.append(
             Message(MessageType.MANUAL_FLUSH, vchannel, b"", props), deadline=deadline)

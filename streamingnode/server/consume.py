@@ -18,6 +18,7 @@ import grpc
 import structlog
 
 from streamingnode import convert
+from streamingnode.groups import check_group_name
 from streamingnode.metrics import ChannelMetrics
 from streamingnode.node import Channel, Node
 from streamingnode.server.errors import require
@@ -25,6 +26,7 @@ from streamingnode.status import to_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
 from wal.errors import InvalidArgumentError, OnShutdownError, StreamingError
 from wal.lifecycle import cancel_and_wait
+from wal.names import VCHANNEL
 from wal.options import DeliverFilter, DeliverPolicy, ReadOption
 from wal.packs import split_pack
 from wal.scanner import MsgPack
@@ -62,11 +64,11 @@ class ConsumeStream:
         if first.WhichOneof("request") != "open":
             raise InvalidArgumentError("the first request of a Consume stream must be 'open'", field="open")
         opened = first.open
-        channel = self.node.channel(require(opened.pchannel, "open.pchannel"))
-        vchannel = opened.vchannel
+        channel = self.node.channel(require(opened.pchannel, "open.pchannel"), "open.pchannel")
+        vchannel = VCHANNEL.check(opened.vchannel, "open.vchannel", allow_empty=True)
         policy = convert.policy_from_pb(opened.policy if opened.HasField("policy") else None)
         filters = convert.filters_from_pb(opened.filters)
-        group = opened.consumer_group or None
+        group = check_group_name(opened.consumer_group, "open.consumer_group") if opened.consumer_group else None
         if group is not None:
             committed = channel.groups.committed(group, vchannel)
             if committed is not None:

@@ -72,7 +72,7 @@ class ProduceStream:
         if first.WhichOneof("request") != "open":
             raise InvalidArgumentError("the first request of a Produce stream must be 'open'", field="open")
         opened = first.open
-        channel = self.node.channel(require(opened.pchannel, "open.pchannel"))
+        channel = self.node.channel(require(opened.pchannel, "open.pchannel"), "open.pchannel")
         producer_id = opened.producer_id if opened.HasField("producer_id") else None
         if producer_id == "":
             raise InvalidArgumentError("open.producer_id must not be empty when set", field="producer_id")
