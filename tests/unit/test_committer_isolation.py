@@ -90,11 +90,15 @@ async def test_a_lone_unencodable_request_fails_and_the_wal_goes_on(two: tuple[W
 async def test_the_append_refuses_what_the_codec_cannot_hold_naming_field_and_limit(
     two: tuple[WALManager, WAL, WAL], kind: str
 ) -> None:
-    _, a, _ = two
+    manager, a, _ = two
     poison = _poisons()[kind]
     assert needs_width_check(poison)
+    submitted: list[object] = []
+    submit = manager._committer.submit
+    manager._committer.submit = lambda *args: submitted.append(args) or submit(*args)  # type: ignore[method-assign]
     with pytest.raises(InvalidArgumentError, match=kind) as caught:
         await a.append_batch([_data(b"ok"), poison])
+    assert not submitted, "refused before it joined a group commit"
     assert "messages[1]" in str(caught.value) and "outside what the log can store" in str(caught.value)
     assert caught.value.fields["limit"] in {MAX_VCHANNEL_BYTES, MAX_PROPERTIES, MAX_KEEPALIVE_MS}
     assert a.next_id == 0
