@@ -150,13 +150,20 @@ def check_encodable(msg: Message, field: str = "message") -> None:
         raise _refuse(field, "encoded length in bytes", size, (0, MAX_MESSAGE_BYTES))
 
 
+PLAIN_VCHANNEL_CHARS = MAX_VCHANNEL_BYTES // _UTF8_MAX
+"""A vchannel of at most this many characters fits, whatever they are."""
+PLAIN_PAYLOAD_BYTES = MAX_MESSAGE_BYTES - MAX_VCHANNEL_BYTES - _HEADER_SIZE
+"""A payload of at most this many bytes fits, with any vchannel that fits and no properties."""
+MAX_TIMETICK = _TIMETICK_MAX
+
+
 def needs_width_check(msg: Message) -> bool:
     """Whether ``check_encodable`` might refuse ``msg``.  False, at the cost of a few comparisons, for
     the usual message (no properties, no transaction, a short vchannel and payload, a timestamp in
-    range), so that an append path runs the full check only for the others."""
-    return bool(msg._properties or msg._txn is not None or len(msg._vchannel) * _UTF8_MAX > MAX_VCHANNEL_BYTES
-                or len(msg._payload) > MAX_PAYLOAD_BYTES - _UTF8_MAX * MAX_VCHANNEL_BYTES - _HEADER_SIZE
-                or not 0 <= msg._timetick <= _TIMETICK_MAX)
+    range), so that an append path runs the full check only for the others.  (``WAL.append_batch``
+    inlines this test: a call per message would cost more than the test.)"""
+    return bool(msg._properties or msg._txn is not None or len(msg._vchannel) > PLAIN_VCHANNEL_CHARS
+                or len(msg._payload) > PLAIN_PAYLOAD_BYTES or not 0 <= msg._timetick <= MAX_TIMETICK)
 
 _TYPES: dict[int, MessageType] = {t.value: t for t in MessageType}
 _MARKED_TYPES = frozenset(
@@ -717,8 +724,11 @@ __all__ = [
     "MAX_PROPERTIES",
     "MAX_PROPERTY_KEY_BYTES",
     "MAX_PROPERTY_VALUE_BYTES",
+    "MAX_TIMETICK",
     "MAX_VCHANNEL_BYTES",
     "MESSAGE_VERSION",
+    "PLAIN_PAYLOAD_BYTES",
+    "PLAIN_VCHANNEL_CHARS",
     "block_count",
     "check_encodable",
     "check_keepalive",

@@ -15,7 +15,14 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from wal._codec import block_checksum_ok, check_encodable, decode_block, needs_width_check
+from wal._codec import (
+    MAX_TIMETICK,
+    PLAIN_PAYLOAD_BYTES,
+    PLAIN_VCHANNEL_CHARS,
+    block_checksum_ok,
+    check_encodable,
+    decode_block,
+)
 from wal._committer import GroupCommitter, fenced_error
 from wal._tail import TailBuffer
 from wal.backend import Backend, ChannelInfo
@@ -157,11 +164,14 @@ class WAL:
                 raise InvalidArgumentError(f"message {m._id} was already appended", message_id=m._id)
             if m._not_persisted:
                 raise InvalidArgumentError("a not-persisted message cannot be appended to storage")
-            if needs_width_check(m):
-                # Here, not in the group commit: a message the block's fixed-width fields cannot hold
-                # would fail the shared write of every pchannel in it.
+            size = len(m._payload)
+            # Here, not in the group commit: a message the block's fixed-width fields cannot hold would
+            # fail the shared write of every pchannel in it.  The test is _codec.needs_width_check's,
+            # inlined (this loop runs per message); only a message it picks gets the full check.
+            if (m._properties or m._txn is not None or len(m._vchannel) > PLAIN_VCHANNEL_CHARS
+                    or size > PLAIN_PAYLOAD_BYTES or not 0 <= m._timetick <= MAX_TIMETICK):
                 check_encodable(m, f"messages[{next(i for i, x in enumerate(batch) if x is m)}]")
-            nbytes += len(m._payload) + 64
+            nbytes += size + 64
         self._inflight += 1
         self._idle.clear()
         try:
