@@ -325,3 +325,27 @@ async def test_a_recreated_pchannel_never_mixes_with_its_former_incarnation(serv
         assert set(_files(parquet / "p")) == set(third_files)
         kept = {frozenset(_files(d).items()) for d in (parquet / ".destroyed").iterdir()}
         assert kept == {frozenset(first.items()), frozenset(second.items())}
+
+
+async def test_a_stored_pchannel_whose_name_breaks_the_rule_is_not_opened(
+    decoys: tuple[Path, list[Path]], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A database written before the rules may hold a pchannel named like a path: the node serves the
+    others and leaves that one (and the directory its name points at) alone."""
+    from wal.manager import WALManager  # noqa: PLC0415
+    from wal.names import NameRule  # noqa: PLC0415
+
+    data, planted = decoys
+    before = [_tree(d) for d in planted]
+    with monkeypatch.context() as patched:
+        patched.setattr(NameRule, "check", lambda self, value, field=None, **_: value)
+        async with await WALManager.start_rocksdb(data) as manager:
+            await manager.create_channel("../victim")
+            await manager.create_channel("ok")
+    node = await Node.start(node_config(data))
+    try:
+        await node.open_all()
+        assert node.channel_names() == ["ok"]
+    finally:
+        await node.aclose()
+    assert [_tree(d) for d in planted] == before
