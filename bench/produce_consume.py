@@ -149,12 +149,14 @@ class _Proc:
 
 
 @contextlib.contextmanager
-def _node(data_dir: str, log_dir: str, channels: str, profile: str | None = None) -> Iterator[_Proc]:
+def _node(data_dir: str, log_dir: str, channels: str, profile: str | None = None,
+          extra: tuple[str, ...] = ()) -> Iterator[_Proc]:
+    """The node on a free port; ``extra`` serve flags (TLS, tokens: see bench/secure.py)."""
     argv = [PYTHON]
     if profile:
         argv += ["-m", "cProfile", "-o", profile]
     argv += ["-m", "streamingnode", "serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0",
-             "--metrics-listen", "127.0.0.1:0", "--channels", channels, "--log-level", "warning"]
+             "--metrics-listen", "127.0.0.1:0", "--channels", channels, "--log-level", "warning", *extra]
     p = _Proc(argv, log_dir, "node", r"streamingnode serving on (\S+)")
     try:
         yield p
@@ -318,8 +320,9 @@ async def _delivery_stub(addr: str, pchannel: str, n: int, size: int) -> list[fl
 
 # --- ours, SDK -------------------------------------------------------------------------------------
 async def _produce_sdk(sdk: Any, addr: str, pchannel: str, n: int, size: int, linger: float, max_bytes: int,
-                       window: int) -> float:
-    client = sdk.AsyncClient(addr)
+                       window: int, **connect: Any) -> float:
+    """``connect``: AsyncClient keywords (token, TLS files) beyond the address."""
+    client = sdk.AsyncClient(addr, **connect)
     try:
         producer = client.producer(pchannel, linger=linger, max_batch_bytes=max_bytes)
         payload = os.urandom(size)
@@ -363,8 +366,8 @@ async def _consume_sdk(sdk: Any, addr: str, pchannel: str, n: int) -> float:
     return n / elapsed
 
 
-async def _latency_sdk(sdk: Any, addr: str, pchannel: str, n: int, size: int) -> list[float]:
-    client = sdk.AsyncClient(addr)
+async def _latency_sdk(sdk: Any, addr: str, pchannel: str, n: int, size: int, **connect: Any) -> list[float]:
+    client = sdk.AsyncClient(addr, **connect)
     try:
         # linger 0: a lone message goes out at once instead of waiting for company.
         producer = client.producer(pchannel, linger=0)
