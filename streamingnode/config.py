@@ -45,8 +45,11 @@ class NodeConfig:
     """Let the node listen on a non-loopback address with neither tokens nor mutual TLS."""
     durability: str = "sync"
     """``sync``: acknowledged after fsync.  ``relaxed``: after write(2); see wal.backend.Durability."""
-    max_message_bytes: int = 4 << 20
-    """Largest message a producer may send (payload + vchannel + properties)."""
+    max_message_bytes: int = (4 << 20) - (512 << 10)
+    """Largest message a producer may send (payload + vchannel + properties, in bytes).  3.5 MiB: with
+    every envelope byte of a ConsumeResponse (up to 65,535 properties' framing, positions, ids: under
+    400 KiB) one such message still fits gRPC's default 4 MiB receive limit of any client.  Raising
+    it needs consumers that raise theirs (ConsumeOpen.max_response_bytes)."""
     max_request_bytes: int = 64 << 20
     """Largest gRPC request (a produce batch); over it gRPC refuses the request with RESOURCE_EXHAUSTED."""
     produce_max_in_flight: int = 64

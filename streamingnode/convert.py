@@ -88,7 +88,7 @@ def produced_message(m: pb.Message, index: int, max_bytes: int) -> Message:
         if not properties_fit(props):  # what the block codec's fixed-width fields cannot hold
             check_properties(props, f"messages[{index}].properties")
         for k, v in props.items():
-            size += len(k) + len(v)
+            size += len(k.encode()) + len(v.encode())  # bytes, as the limit is: a character may take 4
     if size > max_bytes:
         raise MessageTooLargeError(
             f"messages[{index}] is {size} bytes, over the limit of {max_bytes}", size=size, limit=max_bytes
@@ -162,7 +162,8 @@ def produced_columns(cols: pb.MessageColumns, max_bytes: int) -> tuple[list[Mess
     # checked message by message.
     if props_of or max(map(len, payloads)) + max(map(len, vchannels)) > max_bytes:
         for i, (vchannel, payload) in enumerate(zip(vchannels, payloads, strict=True)):
-            size = len(payload) + len(vchannel) + sum(len(k) + len(v) for k, v in props_of.get(i, {}).items())
+            size = len(payload) + len(vchannel) + sum(
+                len(k.encode()) + len(v.encode()) for k, v in props_of.get(i, {}).items())
             if size > max_bytes:
                 raise MessageTooLargeError(
                     f"messages[{i}] is {size} bytes, over the limit of {max_bytes}", size=size, limit=max_bytes)
@@ -283,19 +284,39 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _pack_head(pack: MsgPack, vchannel: str) -> pb.MsgPack:
-    return pb.MsgPack(
+def _pack_head(pack: MsgPack, vchannel: str, continued: bool = False) -> pb.MsgPack:
+    head = pb.MsgPack(
         begin_ts=pack.begin_ts,
         end_ts=pack.end_ts,
         start_positions=[position_to_pb(pack.start_position, vchannel)],
         end_positions=[position_to_pb(pack.end_position, vchannel)],
     )
+    if continued:
+        head.continued = True
+    return head
 
 
-def consume_pack_response(pack: MsgPack, vchannel: str) -> bytes:
+def pack_head_bytes(pack: MsgPack, vchannel: str) -> int:
+    """Bytes of a ConsumeResponse carrying ``pack`` besides its messages' own (``wal.packs.wire_bound``):
+    the header with its positions, the continued flag and the framing of the response."""
+    size: int = _pack_head(pack, vchannel, True).ByteSize()
+    return size + 16
+
+
+def continued_part(pack: MsgPack, start: int, stop: int, last: bool) -> MsgPack:
+    """Messages ``start:stop`` of ``pack`` as one part of it sent over several responses (see
+    ``MsgPack.continued`` in common.proto): the pack's timestamps and start position, and its end
+    position only on the last part (the others end where the pack starts: acking or resuming from one
+    re-reads the whole pack, never half of it)."""
+    end = pack.end_position if last else pack.start_position
+    return MsgPack(pack.begin_ts, pack.end_ts, pack.messages[start:stop], pack.start_position, end)
+
+
+def consume_pack_response(pack: MsgPack, vchannel: str, continued: bool = False) -> bytes:
     """The wire bytes of ``ConsumeResponse(pack=msgpack_to_pb(pack, vchannel))``, built fragment by
-    fragment (see ``_FRAGMENT``); field order differs, which every protobuf parser accepts."""
-    parts = [_pack_head(pack, vchannel).SerializeToString()]
+    fragment (see ``_FRAGMENT``); field order differs, which every protobuf parser accepts.
+    ``continued`` sets ``MsgPack.continued``: the next response continues this pack."""
+    parts = [_pack_head(pack, vchannel, continued).SerializeToString()]
     msgs = pack.messages
     for i in range(0, len(msgs), _FRAGMENT):
         fragment = pb.MsgPack()
@@ -328,11 +349,14 @@ def _extras(index: int, m: Message, dense_lc: bool) -> pb.MessageExtras | None:
     return e
 
 
-def consume_columns_response(pack: MsgPack, vchannel: str, *, fragment: int = _COLUMN_FRAGMENT) -> bytes:
+def consume_columns_response(
+    pack: MsgPack, vchannel: str, continued: bool = False, *, fragment: int = _COLUMN_FRAGMENT,
+) -> bytes:
     """The wire bytes of ``ConsumeResponse(pack=...)`` with the messages as ``MsgPack.columns``
     (ConsumeOpen.columns): the header, then a ``MsgPack(columns=...)`` per ``fragment`` messages.
-    Concatenated, the columns append and parse as one; extras indices count over the whole pack."""
-    parts = [b"", _pack_head(pack, vchannel).SerializeToString()]
+    Concatenated, the columns append and parse as one; extras indices count over the whole pack.
+    ``continued`` as for ``consume_pack_response``."""
+    parts = [b"", _pack_head(pack, vchannel, continued).SerializeToString()]
     msgs = pack.messages
     # Every stored message has a last_confirmed, so it normally travels as a column; the whole pack
     # decides, since a column must have an entry for every message or none.
@@ -444,6 +468,15 @@ def msgpack_from_pb(p: pb.MsgPack) -> MsgPack:
     else:
         messages = [message_from_pb(m) for m in p.messages]
     return MsgPack(p.begin_ts, p.end_ts, messages, start[0], end[0])
+
+
+def join_continued(parts: list[MsgPack], last: MsgPack) -> MsgPack:
+    """The pack sent as ``parts`` (each ``MsgPack.continued``) then ``last``: their messages in order,
+    the first part's start, the last part's end (see ``MsgPack.continued`` in common.proto)."""
+    first = parts[0]
+    messages = [m for p in parts for m in p.messages]
+    messages.extend(last.messages)
+    return MsgPack(first.begin_ts, last.end_ts, messages, first.start_position, last.end_position)
 
 
 # --- read options --------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ runs against the embedded WAL and code that runs against a remote node catch the
 
 from __future__ import annotations
 
+import re
 from typing import Any, cast
 
 import grpc
@@ -76,6 +77,11 @@ _CODE_OF_STATUS: dict[grpc.StatusCode, ErrorCode] = {
 
 
 _LOCAL_CORE_FAILURE = "Internal error from Core"
+
+# gRPC's own refusal of a frame over a receive or send limit (RESOURCE_EXHAUSTED, no ErrorInfo), in the
+# words of its core: "Received message larger than max (5000000 vs. 4194304)".  RESOURCE_EXHAUSTED is
+# retriable, but the same frame never fits: without this rule a consumer reconnected forever.
+_OVERSIZE = re.compile(r"message larger than max \((\d+) vs\. (\d+)\)")
 
 
 def _classes() -> dict[ErrorCode, type[StreamingError]]:
@@ -185,6 +191,15 @@ def from_rpc_error(exc: grpc.RpcError) -> StreamingError:
                 if info.domain == DOMAIN and info.reason in ErrorCode.__members__:
                     return make_error(ErrorCode[info.reason], status.message or text, dict(info.metadata))
     code = _CODE_OF_STATUS.get(status_code, ErrorCode.UNKNOWN)
+    oversize = _OVERSIZE.search(text) if status_code is grpc.StatusCode.RESOURCE_EXHAUSTED else None
+    if oversize is not None:
+        size, limit = int(oversize[1]), int(oversize[2])
+        return make_error(ErrorCode.MESSAGE_TOO_LARGE, (
+            f"{status_code.name}: {text}: a {size}-byte gRPC message over the limit of {limit} bytes; not "
+            "retried, the same message never fits.  Raise the limit: the SDK's max_receive_bytes= to receive "
+            "(it also sets ConsumeOpen.max_response_bytes) or max_message_bytes= to send; other clients: the "
+            "channel options grpc.max_receive_message_length / grpc.max_send_message_length"),
+            {"grpc_status": status_code.name, "size": size, "limit": limit})
     if status_code is grpc.StatusCode.INTERNAL and text.startswith(_LOCAL_CORE_FAILURE):
         # Made by the local gRPC core when an operation hits a call the transport already lost (the
         # node died mid-stream): a broken connection, so retriable, not a failure of the node.

@@ -8,6 +8,11 @@ pack it printed only in part.
 A part of a pack ends at the timetick of its last unit (a transaction's is its commit), and its end
 position resumes there: the pack's start id with ``timetick_gt`` = that timetick delivers exactly
 the rest of the pack, by the resume rule of ``Position``.
+
+A part that still does not fit one response (a unit larger than the limit: a big transaction) is
+sent over consecutive responses (``MsgPack.continued``) that the client reassembles;
+``continued_runs`` cuts it at message boundaries by ``wire_bound``, an upper bound of each message's
+encoded size, so every response fits.
 """
 
 from __future__ import annotations
@@ -22,6 +27,12 @@ from wal.scanner import MsgPack
 MESSAGE_OVERHEAD = 256
 """Bytes counted per message on top of its payload when sizing a part: headers, properties and
 framing, roughly."""
+
+WIRE_MESSAGE_OVERHEAD = 128
+"""Most bytes a message's encoding adds to its payload, vchannel and properties (in MsgPack.messages
+or MsgPack.columns): every fixed field with its tag, ids, the txn context, the length prefixes."""
+WIRE_PROPERTY_OVERHEAD = 18
+"""Most bytes one property's map entry adds to its key and value (tags and length prefixes)."""
 
 _BEGIN = MessageType.BEGIN_TXN
 _TXN_END = (MessageType.COMMIT_TXN, MessageType.ROLLBACK_TXN)
@@ -124,4 +135,36 @@ def _split_plain(pack: MsgPack, lens: list[int], limit: int, max_bytes: int) -> 
     return parts
 
 
-__all__ = ["MESSAGE_OVERHEAD", "delivery_units", "split_pack"]
+def wire_bound(m: Message) -> int:
+    """An upper bound of ``m``'s encoded size in a ConsumeResponse (either form)."""
+    n = len(m._payload) + len(m._vchannel.encode()) + WIRE_MESSAGE_OVERHEAD
+    for k, v in m._properties.items():
+        n += len(k.encode()) + len(v.encode()) + WIRE_PROPERTY_OVERHEAD
+    return n
+
+
+def continued_runs(messages: Sequence[Message], budget: int) -> list[tuple[int, int]]:
+    """Cut ``messages`` into consecutive runs, as ``(start, stop)`` index pairs, whose ``wire_bound``
+    sums stay within ``budget`` bytes; a message larger than that alone is a run of its own (a single
+    message is never cut).  Runs cover ``messages`` in order; there is at least one."""
+    runs: list[tuple[int, int]] = []
+    start = size = 0
+    for i, m in enumerate(messages):
+        n = wire_bound(m)
+        if i > start and size + n > budget:
+            runs.append((start, i))
+            start, size = i, 0
+        size += n
+    runs.append((start, len(messages)))
+    return runs
+
+
+__all__ = [
+    "MESSAGE_OVERHEAD",
+    "WIRE_MESSAGE_OVERHEAD",
+    "WIRE_PROPERTY_OVERHEAD",
+    "continued_runs",
+    "delivery_units",
+    "split_pack",
+    "wire_bound",
+]

@@ -107,6 +107,7 @@ class AsyncClient:
         timeout: float | None = 30.0,
         reconnect_timeout: float = 30.0,
         max_message_bytes: int = 64 << 20,
+        max_receive_bytes: int = 4 << 20,
         options: Sequence[tuple[str, Any]] = (),
         token: str | None = None,
         tls_ca: str | os.PathLike[str] | None = None,
@@ -116,11 +117,15 @@ class AsyncClient:
         self.addr = addr
         self.timeout = timeout
         self.reconnect_timeout = reconnect_timeout
+        # What consumers tell the node they can receive (ConsumeOpen.max_response_bytes): gRPC's default
+        # of every language unless raised here, so that the node cuts packs alike for every client and
+        # a message larger than that is an explicit choice of the consumer (also the channel's limit).
+        self.max_receive_bytes = max_receive_bytes
         credentials = channel_credentials(tls_ca, tls_cert, tls_key)
         token = os.environ.get(TOKEN_ENV, "") if token is None else token
         channel_options = [
             ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max(max_message_bytes, max_receive_bytes)),
             # Reconnect quickly after a node restart instead of backing off for up to two minutes.
             ("grpc.max_reconnect_backoff_ms", 1000),
             *options,
@@ -304,7 +309,7 @@ class AsyncClient:
         consumer = Consumer(
             self._stub, pchannel, vchannel, policy=policy, filters=filters, group=group,
             max_pack_messages=max_pack_messages, max_buffered_packs=max_buffered_packs,
-            reconnect_timeout=self.reconnect_timeout, timeout=self.timeout)
+            reconnect_timeout=self.reconnect_timeout, timeout=self.timeout, max_receive_bytes=self.max_receive_bytes)
         consumer.start()
         return self._own(consumer)
 

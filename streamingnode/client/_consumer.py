@@ -7,6 +7,10 @@ it opens a new one that resumes exactly there, by the resume rule of ``Position`
 ``DeliverPolicy.start_from(pos.message_id)`` plus ``DeliverFilter.timetick_gt(pos.timetick)``.  So the
 caller sees every pack once, with no gap and no duplicate, across node restarts.
 
+A pack larger than one response arrives in parts (``MsgPack.continued``); the reader joins them and
+hands the caller the whole pack, so a transaction is never seen in part.  ``max_receive_bytes`` (the
+client's) tells the node how large a response this consumer can take.
+
 With a consumer group the node replaces the policy by the group's committed position (which is at or
 before what this consumer received, unless someone moved the group), but it keeps the filters, so the
 ``timetick_gt`` filter still cuts everything already received.
@@ -79,11 +83,14 @@ class Consumer:
         max_buffered_packs: int = 8,
         reconnect_timeout: float = 30.0,
         timeout: float | None = None,
+        max_receive_bytes: int = 0,
     ) -> None:
         if not pchannel:
             raise InvalidArgumentError("pchannel is required", field="pchannel")
-        if max_pack_messages < 0 or max_buffered_packs <= 0:
-            raise InvalidArgumentError("max_pack_messages must be >= 0 and max_buffered_packs > 0")
+        if max_pack_messages < 0 or max_buffered_packs <= 0 or max_receive_bytes < 0:
+            raise InvalidArgumentError(
+                "max_pack_messages and max_receive_bytes must be >= 0 and max_buffered_packs > 0")
+        self._max_receive_bytes = max_receive_bytes
         self._stub = stub
         self.pchannel = pchannel
         self.vchannel = vchannel
@@ -303,7 +310,7 @@ class Consumer:
             filters=convert.filters_to_pb(filters), consumer_group=self.group or "",
             # Column packs cost a fraction per message to encode and decode; msgpack_from_pb reads
             # both forms, so a node that ignores the flag still works.
-            max_pack_messages=self._max_pack_messages, columns=True)
+            max_pack_messages=self._max_pack_messages, columns=True, max_response_bytes=self._max_receive_bytes)
         call = self._stub.Consume()
         try:
             await write(call, spb.ConsumeRequest(open=open_))
@@ -325,6 +332,7 @@ class Consumer:
         return call
 
     async def _pump(self, call: Any) -> None:
+        parts: list[MsgPack] = []  # the continued parts of the pack being received (this stream's)
         while True:
             while len(self._packs) >= self._max_buffered and not self._acks and self._state is _State.RUNNING:
                 self._space.clear()
@@ -340,6 +348,12 @@ class Consumer:
                 if self._state is not _State.RUNNING:
                     continue  # closing: nobody will read it
                 pack = convert.msgpack_from_pb(resp.pack)
+                if resp.pack.continued:
+                    parts.append(pack)  # nothing of it is delivered, nor resumed from, before the last part
+                    continue
+                if parts:
+                    pack = convert.join_continued(parts, pack)
+                    parts = []
                 self._received = pack.end_position
                 self._packs.append(pack)
                 self._ready.set()

@@ -245,6 +245,7 @@ class Client:
         timeout: float | None = 30.0,
         reconnect_timeout: float = 30.0,
         max_message_bytes: int = 64 << 20,
+        max_receive_bytes: int = 4 << 20,
         options: Sequence[tuple[str, Any]] = (),
         token: str | None = None,
         tls_ca: str | os.PathLike[str] | None = None,
@@ -256,7 +257,8 @@ class Client:
         async def make() -> AsyncClient:
             # grpc.aio channels belong to the loop they are made on.
             return AsyncClient(addr, timeout=timeout, reconnect_timeout=reconnect_timeout,
-                               max_message_bytes=max_message_bytes, options=options, token=token, tls_ca=tls_ca,
+                               max_message_bytes=max_message_bytes, max_receive_bytes=max_receive_bytes,
+                               options=options, token=token, tls_ca=tls_ca,
                                tls_cert=tls_cert, tls_key=tls_key)
 
         try:

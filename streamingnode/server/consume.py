@@ -2,8 +2,11 @@
 
 A read starts from the open request's deliver policy and filters, or, for a consumer group with a
 committed position, just after that position.  Packs too large for one response are split at
-delivery units (``wal.packs``), so a transaction always arrives whole; they are encoded straight to
-bytes (``convert``).  Acks commit the group's position and are answered in-band, so a failed ack
+delivery units (``wal.packs``), so a transaction always arrives whole; a unit still too large (a big
+transaction) goes over consecutive responses marked ``MsgPack.continued``, which the client joins.
+Every response fits the client's receive limit (``ConsumeOpen.max_response_bytes``, 4 MiB unless it
+says more); a single message that cannot ends the stream with MESSAGE_TOO_LARGE.  Packs are encoded
+straight to bytes (``convert``).  Acks commit the group's position and are answered in-band, so a failed ack
 leaves the stream open.  When the node drains, the stream ends with ON_SHUTDOWN at once.
 """
 
@@ -24,12 +27,15 @@ from streamingnode.node import Channel, Node
 from streamingnode.server.errors import require
 from streamingnode.status import to_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
-from wal.errors import InvalidArgumentError, OnShutdownError, StreamingError
+from wal.errors import InvalidArgumentError, MessageTooLargeError, OnShutdownError, StreamingError
 from wal.lifecycle import cancel_and_wait
 from wal.names import VCHANNEL
 from wal.options import DeliverFilter, DeliverPolicy, ReadOption
-from wal.packs import split_pack
+from wal.packs import MESSAGE_OVERHEAD, continued_runs, split_pack
 from wal.scanner import MsgPack
+
+DEFAULT_RESPONSE_BYTES = 4 << 20
+"""The receive limit assumed of a client that does not state one: gRPC's default in every language."""
 
 
 class ConsumeStream:
@@ -46,6 +52,10 @@ class ConsumeStream:
         self.context = context
         self.write_lock = asyncio.Lock()
         self.consumer_id = next(self._ids)
+        self.receive_limit = DEFAULT_RESPONSE_BYTES
+        """The largest response the client can receive (ConsumeOpen.max_response_bytes)."""
+        self.max_bytes = node.config.consume_max_pack_bytes
+        """What one response may hold: the node's consume_max_pack_bytes within receive_limit."""
 
     async def _write(self, response: spb.ConsumeResponse | bytes) -> None:
         # Shielded: a write cancelled half-way would leave gRPC's send operation pending, and the next
@@ -76,6 +86,8 @@ class ConsumeStream:
                 policy = DeliverPolicy.start_from(committed.message_id)
                 filters = (*filters, DeliverFilter.timetick_gt(committed.timetick))
         limit = opened.max_pack_messages or self.node.config.consume_max_pack_messages
+        self.receive_limit = opened.max_response_bytes or DEFAULT_RESPONSE_BYTES
+        self.max_bytes = min(self.node.config.consume_max_pack_bytes, self.receive_limit)
         scanner = channel.stream.read(ReadOption(vchannel or None, policy, filters))
         structlog.contextvars.bind_contextvars(pchannel=channel.stream.pchannel, term=channel.stream.term,
                                                consumer_id=self.consumer_id)
@@ -112,20 +124,43 @@ class ConsumeStream:
 
     async def _send_packs(
         self, scanner: Any, vchannel: str, limit: int, metrics: ChannelMetrics | None,
-        encode: Callable[[MsgPack, str], bytes],
+        encode: Callable[[MsgPack, str, bool], bytes],
     ) -> None:
-        max_bytes = self.node.config.consume_max_pack_bytes
+        max_bytes = self.max_bytes
         tracing = self.node.tracing
         async for pack in scanner:
             for part, nbytes in split_pack(pack, limit, max_bytes):
                 # Written as bytes: encoded fragment by fragment, which upb does faster than one big tree.
                 if tracing is not None and part.messages:  # a span per pack with messages, linked to producers
                     with tracing.consume_span(part.start_position.pchannel, vchannel, part.messages):
-                        await self._write(encode(part, vchannel))
+                        await self._send_part(part, nbytes, vchannel, encode)
                 else:
-                    await self._write(encode(part, vchannel))
+                    await self._send_part(part, nbytes, vchannel, encode)
                 if metrics is not None:
                     metrics.observe_pack(len(part.messages), nbytes)
+
+    async def _send_part(
+        self, part: MsgPack, nbytes: int, vchannel: str, encode: Callable[[MsgPack, str, bool], bytes],
+    ) -> None:
+        max_bytes, receive_limit = self.max_bytes, self.receive_limit
+        n = len(part.messages)
+        if n < 2 or nbytes + MESSAGE_OVERHEAD * n <= max_bytes:  # the common case: one response
+            data = encode(part, vchannel, False)
+            if len(data) <= receive_limit:
+                await self._write(data)
+                return
+            if n < 2:
+                raise _too_large(part, len(data), receive_limit)
+        # A unit larger than one response (a big transaction, or properties the estimate leaves out):
+        # consecutive responses, each within max_bytes by an upper bound of its messages' sizes.
+        runs = continued_runs(part.messages, max_bytes - convert.pack_head_bytes(part, vchannel))
+        for k, (start, stop) in enumerate(runs):
+            last = k == len(runs) - 1
+            piece = convert.continued_part(part, start, stop, last)
+            data = encode(piece, vchannel, not last)
+            if len(data) > receive_limit:  # a single message: runs fit max_bytes otherwise
+                raise _too_large(piece, len(data), receive_limit)
+            await self._write(data)
 
     async def _receive(self, channel: Channel, group: str | None, vchannel: str) -> None:
         while True:
@@ -151,4 +186,13 @@ class ConsumeStream:
                 await self._write(spb.ConsumeResponse(acked=spb.ConsumeAcked(positions=request.ack.positions)))
 
 
-__all__ = ["ConsumeStream"]
+def _too_large(part: MsgPack, size: int, limit: int) -> MessageTooLargeError:
+    m = part.messages[0]
+    return MessageTooLargeError(
+        f"message {m.message_id} of pchannel {part.start_position.pchannel!r} needs a {size}-byte response, over "
+        f"this consumer's receive limit of {limit} bytes (ConsumeOpen.max_response_bytes, 0 = 4 MiB): open "
+        "the read with a larger max_response_bytes and a channel receive limit to match (SDK: "
+        "max_receive_bytes=)", size=size, limit=limit, message_id=m.message_id, field="max_response_bytes")
+
+
+__all__ = ["DEFAULT_RESPONSE_BYTES", "ConsumeStream"]

@@ -35,6 +35,10 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_CONSUMER_GROUP_EXIST: _ClassVar[ErrorCode]
     ERROR_CODE_DEADLINE_EXCEEDED: _ClassVar[ErrorCode]
     ERROR_CODE_REDO: _ClassVar[ErrorCode]
+    ERROR_CODE_UNAUTHENTICATED: _ClassVar[ErrorCode]
+    ERROR_CODE_PERMISSION_DENIED: _ClassVar[ErrorCode]
+    ERROR_CODE_TXN_TOO_LARGE: _ClassVar[ErrorCode]
+    ERROR_CODE_OUT_OF_ORDER_SEQUENCE: _ClassVar[ErrorCode]
 
 class MessageType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -78,6 +82,10 @@ ERROR_CODE_CONSUMER_GROUP_NOT_EXIST: ErrorCode
 ERROR_CODE_CONSUMER_GROUP_EXIST: ErrorCode
 ERROR_CODE_DEADLINE_EXCEEDED: ErrorCode
 ERROR_CODE_REDO: ErrorCode
+ERROR_CODE_UNAUTHENTICATED: ErrorCode
+ERROR_CODE_PERMISSION_DENIED: ErrorCode
+ERROR_CODE_TXN_TOO_LARGE: ErrorCode
+ERROR_CODE_OUT_OF_ORDER_SEQUENCE: ErrorCode
 MESSAGE_TYPE_UNDEFINED: MessageType
 MESSAGE_TYPE_CREATE_COLLECTION: MessageType
 MESSAGE_TYPE_DROP_COLLECTION: MessageType
@@ -191,20 +199,22 @@ class Position(_message.Message):
     def __init__(self, pchannel: _Optional[str] = ..., message_id: _Optional[_Union[MessageID, _Mapping]] = ..., timetick: _Optional[int] = ..., vchannel: _Optional[str] = ...) -> None: ...
 
 class MsgPack(_message.Message):
-    __slots__ = ("begin_ts", "end_ts", "messages", "start_positions", "end_positions", "columns")
+    __slots__ = ("begin_ts", "end_ts", "messages", "start_positions", "end_positions", "columns", "continued")
     BEGIN_TS_FIELD_NUMBER: _ClassVar[int]
     END_TS_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     START_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     END_POSITIONS_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    CONTINUED_FIELD_NUMBER: _ClassVar[int]
     begin_ts: int
     end_ts: int
     messages: _containers.RepeatedCompositeFieldContainer[Message]
     start_positions: _containers.RepeatedCompositeFieldContainer[Position]
     end_positions: _containers.RepeatedCompositeFieldContainer[Position]
     columns: MessageColumns
-    def __init__(self, begin_ts: _Optional[int] = ..., end_ts: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., start_positions: _Optional[_Iterable[_Union[Position, _Mapping]]] = ..., end_positions: _Optional[_Iterable[_Union[Position, _Mapping]]] = ..., columns: _Optional[_Union[MessageColumns, _Mapping]] = ...) -> None: ...
+    continued: bool
+    def __init__(self, begin_ts: _Optional[int] = ..., end_ts: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., start_positions: _Optional[_Iterable[_Union[Position, _Mapping]]] = ..., end_positions: _Optional[_Iterable[_Union[Position, _Mapping]]] = ..., columns: _Optional[_Union[MessageColumns, _Mapping]] = ..., continued: _Optional[bool] = ...) -> None: ...
 
 class DeliverPolicy(_message.Message):
     __slots__ = ("all", "latest", "start_from", "start_after", "start_at_time")

@@ -110,7 +110,7 @@ class ConsumeRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[ConsumeOpen, _Mapping]] = ..., ack: _Optional[_Union[ConsumeAck, _Mapping]] = ..., close: _Optional[_Union[ConsumeClose, _Mapping]] = ...) -> None: ...
 
 class ConsumeOpen(_message.Message):
-    __slots__ = ("pchannel", "vchannel", "policy", "filters", "consumer_group", "max_pack_messages", "columns")
+    __slots__ = ("pchannel", "vchannel", "policy", "filters", "consumer_group", "max_pack_messages", "columns", "max_response_bytes")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     VCHANNEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -118,6 +118,7 @@ class ConsumeOpen(_message.Message):
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     MAX_PACK_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESPONSE_BYTES_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
     vchannel: str
     policy: _common_pb2.DeliverPolicy
@@ -125,7 +126,8 @@ class ConsumeOpen(_message.Message):
     consumer_group: str
     max_pack_messages: int
     columns: bool
-    def __init__(self, pchannel: _Optional[str] = ..., vchannel: _Optional[str] = ..., policy: _Optional[_Union[_common_pb2.DeliverPolicy, _Mapping]] = ..., filters: _Optional[_Iterable[_Union[_common_pb2.DeliverFilter, _Mapping]]] = ..., consumer_group: _Optional[str] = ..., max_pack_messages: _Optional[int] = ..., columns: _Optional[bool] = ...) -> None: ...
+    max_response_bytes: int
+    def __init__(self, pchannel: _Optional[str] = ..., vchannel: _Optional[str] = ..., policy: _Optional[_Union[_common_pb2.DeliverPolicy, _Mapping]] = ..., filters: _Optional[_Iterable[_Union[_common_pb2.DeliverFilter, _Mapping]]] = ..., consumer_group: _Optional[str] = ..., max_pack_messages: _Optional[int] = ..., columns: _Optional[bool] = ..., max_response_bytes: _Optional[int] = ...) -> None: ...
 
 class ConsumeAck(_message.Message):
     __slots__ = ("positions",)
