@@ -193,11 +193,13 @@ class NodeMetrics:
         # Node-wide, not per pchannel: the caps they watch (max_streams, max_streams_per_connection)
         # count a stream before it names its channel.
         self.open_streams = Gauge(
-            "open_streams", "Produce and Consume streams open on the node (what max_streams caps), by rpc.",
-            ["rpc"], namespace=ns, registry=r)
+            "open_streams", "Produce and Consume streams open on the node (what max_streams caps).",
+            namespace=ns, registry=r)
         self.streams_refused = Counter(
             "streams_refused", "Streams refused with RESOURCE_EXHAUSTED because a cap was full, by cap "
             "(node: max_streams, connection: max_streams_per_connection).", ["limit"], namespace=ns, registry=r)
+        for cap in ("node", "connection"):  # at 0 from the start: a rate, not an absent series
+            self.streams_refused.labels(cap)
         r.register(_StateCollector(self))
         self._http: asyncio.Server | None = None
 

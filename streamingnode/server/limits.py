@@ -55,7 +55,7 @@ class StreamLimits:
                 peer=peer[:200], rpc=rpc)
         self.open += 1
         self.per_connection[peer] += 1
-        gauge = self._metrics.open_streams.labels(rpc) if self._metrics is not None else None
+        gauge = self._metrics.open_streams if self._metrics is not None else None
         if gauge is not None:
             gauge.inc()
         try:
