@@ -232,9 +232,8 @@ Check = Callable[[Any], StreamingError | None]
 
 class _CheckFirstRead:
     """The servicer context a stream's handler sees: its first ``read`` checks the request, then
-    ``read`` is the real one again.  Everything else goes to the real context."""
-
-    __slots__ = ("_check", "_context", "read")
+    ``read`` is the real one again.  Everything else goes to the real context; what is looked up once
+    is kept on the instance, so a stream's writes pay the indirection only on the first."""
 
     def __init__(self, context: grpc.aio.ServicerContext, check: Check) -> None:
         self._context = context
@@ -252,7 +251,9 @@ class _CheckFirstRead:
         return request
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._context, name)
+        value = getattr(self._context, name)
+        setattr(self, name, value)
+        return value
 
 
 def _refusing(err: StreamingError, *, streaming: bool) -> Behaviour:
