@@ -57,8 +57,8 @@ class NodeConfig:
     consume_max_pack_messages: int = 4096
     """Default upper bound on the messages of one delivered MsgPack."""
     consume_max_pack_bytes: int = 2 << 20
-    """Upper bound on a delivered MsgPack's size (a transaction is never split, so one may exceed it):
-    keeps responses under gRPC's default 4 MiB receive limit of clients in any language."""
+    """Upper bound on one ConsumeResponse's pack: a larger pack (a transaction, never split into packs)
+    goes over consecutive responses (MsgPack.continued), each within this and the consumer's limit."""
     txn_keepalive_ms: int = 60_000
     """Idle time after which a transaction expires, when BeginTxn asks for the node default."""
     txn_max_messages: int = 100_000
