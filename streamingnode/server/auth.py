@@ -22,6 +22,8 @@ into an error; only its hash is kept.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import fnmatch
 import functools
@@ -46,6 +48,7 @@ _PREFIX = f"/{_SERVICE.full_name}/"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _ENTRY_KEYS = ("principal", "sha256", "permissions")
 _BEARER = "bearer "
+_REFUSAL_READ_SECONDS = 5.0
 
 
 class Need(enum.Enum):
@@ -263,8 +266,11 @@ def _refusing(err: StreamingError, *, streaming: bool) -> Behaviour:
         if streaming:
             # Take the client's first request before answering: a status sent while the client's
             # first write is still under way makes that write fail locally with INTERNAL ("Internal
-            # error from Core"), which the client then sees instead of this status.
-            await context.read()
+            # error from Core"), which the client then sees instead of this status.  Bounded: a caller
+            # that never writes cannot hold the call open.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_REFUSAL_READ_SECONDS):
+                    await context.read()
         await context.abort_with_status(status)
 
     return refuse
