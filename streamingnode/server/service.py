@@ -34,12 +34,12 @@ class StreamingNodeService(AdminHandlers, sgrpc.StreamingNodeServicer):  # type:
 
     @stream_errors
     async def Produce(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        with self.limits.hold(context.peer(), "Produce"):
+        async with self.limits.hold(context, "Produce"):
             await ProduceStream(self.node, context).run()
 
     @stream_errors
     async def Consume(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        with self.limits.hold(context.peer(), "Consume"):
+        async with self.limits.hold(context, "Consume"):
             await ConsumeStream(self.node, context).run()
 
 
