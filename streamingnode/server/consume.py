@@ -146,7 +146,7 @@ class ConsumeStream:
         n = len(part.messages)
         if n < 2 or nbytes + MESSAGE_OVERHEAD * n <= max_bytes:  # the common case: one response
             data = encode(part, vchannel, False)
-            if len(data) <= receive_limit:
+            if len(data) <= receive_limit or not n:  # an empty pack is only a header: never refused
                 await self._write(data)
                 return
             if n < 2:

@@ -316,3 +316,22 @@ async def test_grpc_own_message_larger_than_max_is_not_retried_forever(server: s
             await consumer.aclose()
     err = caught.value
     assert not err.retriable and err.fields["limit"] == 50_000 and "50000" in str(err)
+
+
+async def test_a_tiny_stated_limit_still_gets_empty_packs_then_a_precise_error(server: str) -> None:
+    async with AsyncClient(server, timeout=10.0) as client:
+        await client.create_channels(["p"])
+    async with grpc.aio.insecure_channel(server) as channel:
+        call = streaming_pb2_grpc.StreamingNodeStub(channel).Consume()
+        await call.write(spb.ConsumeRequest(open=spb.ConsumeOpen(pchannel="p", vchannel="v", max_response_bytes=1)))
+        async with asyncio.timeout(20):
+            kinds = [(await call.read()).WhichOneof("response") for _ in range(3)]
+            assert kinds == ["opened", "pack", "pack"], "time still advances for the consumer"
+            async with AsyncClient(server, timeout=10.0) as client, client.producer("p") as producer:
+                await producer.send("v", b"x")
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                while True:
+                    await call.read()
+        call.cancel()
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "max_response_bytes" in (caught.value.details() or "")
