@@ -256,11 +256,7 @@ class GroupCommitter:
         return reqs
 
     def _fail(self, reqs: list[_Request], exc: BaseException) -> None:
-        # The write is atomic: nothing of it is stored, so give the ids back and unseal the messages.
-        for req in reversed(reqs):
-            req.wal._next_alloc = min(req.wal._next_alloc, req.first_id)
-            for m in req.messages:
-                m._id = None
+        _give_back(reqs)
         err: BaseException
         if isinstance(exc, StreamingError):
             err = exc
@@ -275,10 +271,7 @@ class GroupCommitter:
     def _isolate(self, reqs: list[_Request], errors: dict[int, StreamingError]) -> None:
         """Nothing was written: fail the requests that cannot be encoded, and queue the others again,
         first, to be written as the next commit with ids handed out anew (so ids stay dense)."""
-        for req in reversed(reqs):
-            req.wal._next_alloc = min(req.wal._next_alloc, req.first_id)
-            for m in req.messages:
-                m._id = None
+        _give_back(reqs)
         again: list[_Request] = []
         for i, req in enumerate(reqs):
             err = errors.get(i)
@@ -352,6 +345,14 @@ class GroupCommitter:
         ]
         c.ticked = bool(ticks)
         return WriteGroup(c.wal._channel_key, c.first_id, encode_block(c.messages), ticks, c.max_timetick)
+
+
+def _give_back(reqs: list[_Request]) -> None:
+    """The write is atomic and nothing of it was stored: give the ids back and unseal the messages."""
+    for req in reversed(reqs):
+        req.wal._next_alloc = min(req.wal._next_alloc, req.first_id)
+        for m in req.messages:
+            m._id = None
 
 
 class _Poisoned(Exception):
