@@ -124,11 +124,13 @@ class AsyncClient:
         credentials = channel_credentials(tls_ca, tls_cert, tls_key)
         token = os.environ.get(TOKEN_ENV, "") if token is None else token
         channel_options = [
+            # The caller's first: of two entries for one key gRPC takes the first, and an explicit
+            # option must win over these defaults.
+            *options,
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max(max_message_bytes, max_receive_bytes)),
             # Reconnect quickly after a node restart instead of backing off for up to two minutes.
             ("grpc.max_reconnect_backoff_ms", 1000),
-            *options,
         ]
         self._channel = (grpc.aio.insecure_channel(addr, options=channel_options) if credentials is None
                          else grpc.aio.secure_channel(addr, credentials, options=channel_options))

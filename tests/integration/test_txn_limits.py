@@ -335,3 +335,18 @@ async def test_a_tiny_stated_limit_still_gets_empty_packs_then_a_precise_error(s
         call.cancel()
     assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "max_response_bytes" in (caught.value.details() or "")
+
+
+async def test_a_callers_channel_option_wins_over_the_clients_defaults(server: str) -> None:
+    """An explicit ``options=`` entry is the channel's limit, not shadowed by the client's own default."""
+    async with AsyncClient(server, timeout=10.0) as client:
+        await client.create_channels(["p"])
+        async with client.producer("p") as producer:
+            await producer.send("v", bytes(100_000))
+    limited = AsyncClient(server, timeout=10.0, reconnect_timeout=60.0,
+                          options=[("grpc.max_receive_message_length", 50_000)])
+    async with limited as client, asyncio.timeout(20), client.consumer("p", "v") as consumer:
+        with pytest.raises(MessageTooLargeError) as caught:
+            async for _ in consumer:
+                pass
+    assert caught.value.fields["limit"] == 50_000
