@@ -187,11 +187,7 @@ class ConsumeStream:
 
 
 def _too_large(part: MsgPack, size: int, limit: int) -> MessageTooLargeError:
-    if not part.messages:  # a limit so small that not even an empty pack's envelope fits
-        return MessageTooLargeError(
-            f"a pack of pchannel {part.start_position.pchannel!r} without messages needs a {size}-byte response, "
-            f"over this consumer's receive limit of {limit} bytes (ConsumeOpen.max_response_bytes, 0 = 4 MiB)",
-            size=size, limit=limit, field="max_response_bytes")
+    """The refusal of a response holding one message (an empty pack is always sent: see _send_part)."""
     m = part.messages[0]
     return MessageTooLargeError(
         f"message {m.message_id} of pchannel {part.start_position.pchannel!r} needs a {size}-byte response, over "
