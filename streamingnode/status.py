@@ -57,6 +57,8 @@ GRPC_CODE: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.TXN_TOO_LARGE: grpc.StatusCode.ABORTED,
     # Not retriable as is: a batch between was never written, the producer must resend from it.
     ErrorCode.OUT_OF_ORDER_SEQUENCE: grpc.StatusCode.FAILED_PRECONDITION,
+    # Retriable: the node frees space (forced flush, retention) and accepts writes again by itself.
+    ErrorCode.STORAGE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 # What a status without ErrorInfo (raised by gRPC itself: transport failure, deadline, oversize frame)

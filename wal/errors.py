@@ -44,10 +44,11 @@ class ErrorCode(enum.IntEnum):
     PERMISSION_DENIED = 26
     TXN_TOO_LARGE = 27
     OUT_OF_ORDER_SEQUENCE = 28
+    STORAGE_FULL = 29
 
 
 # Codes whose failure is transient: the same request may succeed if tried again.
-_RETRIABLE = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.RESOURCE_EXHAUSTED, ErrorCode.REDO})
+_RETRIABLE = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.RESOURCE_EXHAUSTED, ErrorCode.REDO, ErrorCode.STORAGE_FULL})
 
 
 class StreamingError(Exception):
@@ -242,6 +243,14 @@ class OutOfOrderSequenceError(StreamingError):
     default_code = ErrorCode.OUT_OF_ORDER_SEQUENCE
 
 
+class StorageFullError(StreamingError):
+    """Transient: the node's free disk space is under its low-water mark (or a write hit ENOSPC);
+    nothing was written.  Retriable: the node frees space (flush, retention) and writes resume by
+    themselves once it returns."""
+
+    default_code = ErrorCode.STORAGE_FULL
+
+
 class ImmutableMessageError(StreamingError):
     """A message that already has an id was modified."""
 
@@ -273,6 +282,7 @@ __all__ = [
     "RedoError",
     "ResourceExhaustedError",
     "SchemaMismatchError",
+    "StorageFullError",
     "StreamingError",
     "TxnExpiredError",
     "TxnNotFoundError",
