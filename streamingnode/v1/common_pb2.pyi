@@ -58,6 +58,12 @@ class MessageType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MESSAGE_TYPE_BEGIN_TXN: _ClassVar[MessageType]
     MESSAGE_TYPE_COMMIT_TXN: _ClassVar[MessageType]
     MESSAGE_TYPE_ROLLBACK_TXN: _ClassVar[MessageType]
+
+class ChannelState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHANNEL_STATE_UNSPECIFIED: _ClassVar[ChannelState]
+    CHANNEL_STATE_SERVING: _ClassVar[ChannelState]
+    CHANNEL_STATE_FAILED: _ClassVar[ChannelState]
 ERROR_CODE_UNKNOWN: ErrorCode
 ERROR_CODE_CHANNEL_NOT_EXIST: ErrorCode
 ERROR_CODE_CHANNEL_EXIST: ErrorCode
@@ -103,6 +109,9 @@ MESSAGE_TYPE_TIME_TICK: MessageType
 MESSAGE_TYPE_BEGIN_TXN: MessageType
 MESSAGE_TYPE_COMMIT_TXN: MessageType
 MESSAGE_TYPE_ROLLBACK_TXN: MessageType
+CHANNEL_STATE_UNSPECIFIED: ChannelState
+CHANNEL_STATE_SERVING: ChannelState
+CHANNEL_STATE_FAILED: ChannelState
 
 class MessageID(_message.Message):
     __slots__ = ("id",)
@@ -259,20 +268,28 @@ class OwnerDescription(_message.Message):
     def __init__(self, role: _Optional[str] = ..., address: _Optional[str] = ..., description_text: _Optional[str] = ...) -> None: ...
 
 class ChannelDescription(_message.Message):
-    __slots__ = ("channel_name", "owner", "term", "first_id", "last_id", "last_timetick")
+    __slots__ = ("channel_name", "owner", "term", "first_id", "last_id", "last_timetick", "state", "failure", "failure_code", "problems")
     CHANNEL_NAME_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     FIRST_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_TIMETICK_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_CODE_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     channel_name: str
     owner: OwnerDescription
     term: int
     first_id: MessageID
     last_id: MessageID
     last_timetick: int
-    def __init__(self, channel_name: _Optional[str] = ..., owner: _Optional[_Union[OwnerDescription, _Mapping]] = ..., term: _Optional[int] = ..., first_id: _Optional[_Union[MessageID, _Mapping]] = ..., last_id: _Optional[_Union[MessageID, _Mapping]] = ..., last_timetick: _Optional[int] = ...) -> None: ...
+    state: ChannelState
+    failure: str
+    failure_code: ErrorCode
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, channel_name: _Optional[str] = ..., owner: _Optional[_Union[OwnerDescription, _Mapping]] = ..., term: _Optional[int] = ..., first_id: _Optional[_Union[MessageID, _Mapping]] = ..., last_id: _Optional[_Union[MessageID, _Mapping]] = ..., last_timetick: _Optional[int] = ..., state: _Optional[_Union[ChannelState, str]] = ..., failure: _Optional[str] = ..., failure_code: _Optional[_Union[ErrorCode, str]] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
     __slots__ = ("code", "message", "metadata", "retriable")
