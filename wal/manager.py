@@ -19,7 +19,7 @@ import structlog
 from wal import names
 from wal._committer import GroupCommitter
 from wal.backend import Backend, ChannelInfo, Durability
-from wal.errors import ChannelNotExistError, InvalidArgumentError, OnShutdownError
+from wal.errors import ChannelNotExistError, InvalidArgumentError, OnShutdownError, StreamingError
 from wal.lifecycle import cancel_and_wait
 from wal.wal import WAL
 
@@ -107,6 +107,10 @@ class WALManager:
     async def _run_read(self, fn: Callable[..., T], *args: Any) -> T:
         self._check_running()
         return await asyncio.get_running_loop().run_in_executor(self._readers, fn, *args)
+
+    def write_failure(self) -> StreamingError | None:
+        """Why every write of this manager is refused until it is reopened (a failed sync), or None."""
+        return self._committer._fatal
 
     # --- channels --------------------------------------------------------------------------------
     async def create_channel(self, name: str, properties: dict[str, str] | None = None) -> ChannelInfo:
