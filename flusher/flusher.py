@@ -170,6 +170,9 @@ class Flusher:
         self._delete_rows_written = 0
         self._bytes_written = 0
         self._files_written = 0
+        self.problems: list[str] = []
+        """Damage found that this flusher cannot repair (one human-readable line per finding); the
+        node shows it in DescribeChannels."""
 
     # --- lifecycle -------------------------------------------------------------------------------
     @property
