@@ -12,17 +12,33 @@ stored log, never from the live chain (whose state includes appends still in fli
 before it truncates: a crash in between leaves a snapshot above the first retained id, which is
 valid — recovery starts at the snapshot and ignores the messages below it.
 
+Snapshots are also written *periodically* (``PERIODIC_METAS``, every N messages or S seconds; see
+``streamingnode.retention``), independent of truncation, so that restart time does not grow with the
+retained log: recovery starts from the newest valid snapshot of all (``newest_snapshot``).  The
+periodic ones alternate between two slots, so the previous one stays until the new one is durable; a
+snapshot that fails its checksum or does not decode is passed over, with a warning naming it, for
+the one before it (or for full replay when none is left).  The truncation snapshot (``SNAPSHOT_META``)
+stays the state exactly at the cut: the flusher seeds its collections from it.
+
 A snapshot is taken only where no transaction is open: a transaction's BeginTxn is always replayed,
 so no session ever has to be carried over, and a reader from the first retained message sees every
 retained transaction whole.
+
+The shadow replay decodes and applies in a worker thread (``asyncio.to_thread``), never on the event
+loop: its steps are its own (nothing on the loop touches them), and the loop only reads the stored
+blocks (through the WAL's reader pool) and hands them over.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+import structlog
 
 from interceptors.base import Interceptor, RecoverableInterceptor, SnapshotInterceptor
 from interceptors.txn import TxnManager
@@ -30,9 +46,16 @@ from wal.errors import CorruptedError
 from wal.message import Message, MessageID, MessageType
 from wal.wal import WAL
 
+log = structlog.get_logger(__name__)
+
 SNAPSHOT_META = "recovery_snapshot"
-_VERSION = 1
-_READ_BYTES = 4 << 20
+"""The truncation snapshot: the state exactly at the first retained id (written by retention)."""
+PERIODIC_METAS = ("recovery_snapshot.0", "recovery_snapshot.1")
+"""The two slots of periodic snapshots, written alternately."""
+_VERSION = 2
+"""2: the JSON document, a newline and its CRC-32 in hex.  1 (still read): the JSON document alone."""
+_READ_BYTES = 1 << 20
+"""Bytes read per step of a shadow replay: each is decoded and applied in one worker-thread call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,17 +67,24 @@ class RecoverySnapshot:
 
     def encode(self) -> bytes:
         doc = {"version": _VERSION, "message_id": self.message_id, "steps": self.steps}
-        return json.dumps(doc, separators=(",", ":")).encode()
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        return body + b"\n" + f"{zlib.crc32(body):08x}".encode()
 
     @classmethod
     def decode(cls, raw: bytes, pchannel: str) -> RecoverySnapshot:
+        body, sep, crc = raw.rpartition(b"\n")
+        if sep and body.startswith(b"{"):
+            if crc != f"{zlib.crc32(body):08x}".encode():
+                raise CorruptedError(f"recovery snapshot of pchannel {pchannel!r} fails its checksum",
+                                     channel=pchannel)
+            raw = body
         try:
             doc = json.loads(raw)
             version, message_id, steps = doc["version"], int(doc["message_id"]), dict(doc["steps"])
         except (ValueError, TypeError, KeyError) as exc:
             raise CorruptedError(f"recovery snapshot of pchannel {pchannel!r} is unreadable: {exc!r}",
                                  channel=pchannel) from None
-        if version != _VERSION:
+        if version not in (1, _VERSION) or (version == _VERSION and not sep):
             raise CorruptedError(f"recovery snapshot of pchannel {pchannel!r} has unknown version {version!r}",
                                  channel=pchannel)
         return cls(message_id, steps)
@@ -65,14 +95,43 @@ def snapshot_steps(steps: Iterable[object]) -> list[SnapshotInterceptor]:
     return [s for s in steps if isinstance(s, RecoverableInterceptor) and isinstance(s, SnapshotInterceptor)]
 
 
-async def load_snapshot(wal: WAL) -> RecoverySnapshot | None:
-    raw = await wal.get_meta(SNAPSHOT_META)
+async def load_snapshot(wal: WAL, name: str = SNAPSHOT_META) -> RecoverySnapshot | None:
+    raw = await wal.get_meta(name)
     return None if raw is None else RecoverySnapshot.decode(raw, wal.pchannel)
 
 
-async def store_snapshot(wal: WAL, snapshot: RecoverySnapshot) -> None:
-    """Durably replace the pchannel's snapshot (synced before it returns)."""
-    await wal.put_meta(SNAPSHOT_META, snapshot.encode())
+async def store_snapshot(wal: WAL, snapshot: RecoverySnapshot, name: str = SNAPSHOT_META) -> None:
+    """Durably replace the pchannel's snapshot in slot ``name`` (synced before it returns)."""
+    await wal.put_meta(name, snapshot.encode())
+
+
+async def stored_snapshots(wal: WAL) -> dict[str, RecoverySnapshot]:
+    """Every valid stored snapshot by slot; a damaged one is left out with a warning naming it."""
+    found: dict[str, RecoverySnapshot] = {}
+    for name in (SNAPSHOT_META, *PERIODIC_METAS):
+        try:
+            snapshot = await load_snapshot(wal, name)
+        except CorruptedError as exc:
+            log.warning("recovery snapshot damaged: passed over", pchannel=wal.pchannel, snapshot=name,
+                        error=str(exc))
+            continue
+        if snapshot is None:
+            continue
+        if snapshot.message_id > wal.next_id:
+            log.warning("recovery snapshot damaged: passed over", pchannel=wal.pchannel, snapshot=name,
+                        error=f"at id {snapshot.message_id}, past the end of the log ({wal.next_id})")
+            continue
+        found[name] = snapshot
+    return found
+
+
+async def newest_snapshot(wal: WAL) -> tuple[str, RecoverySnapshot] | None:
+    """The valid stored snapshot with the highest id (and its slot), None when there is none."""
+    found = await stored_snapshots(wal)
+    if not found:
+        return None
+    name = max(found, key=lambda n: found[n].message_id)
+    return name, found[name]
 
 
 def import_snapshot(snapshot: RecoverySnapshot, steps: Iterable[object], pchannel: str) -> None:
@@ -118,22 +177,47 @@ class ShadowReplay:
             import_snapshot(snapshot, self._steps, self._wal.pchannel)
             self.position = snapshot.message_id
 
-    async def advance(self, stop: MessageID) -> None:
-        """Replay the stored messages with ids in [``position``, ``stop``)."""
+    async def advance(self, stop: MessageID, *, clear_from: MessageID | None = None) -> bool:
+        """Replay the stored messages with ids in [``position``, ``stop``).
+
+        With ``clear_from``: stop early at the first point at or above it where no transaction is
+        open (at a TimeTick or the end of a read), and return True there; False when ``stop`` came
+        first with a transaction still open.  Without it, True.
+        """
         while self.position < stop:
-            batch = await self._wal.read_stored(self.position, _READ_BYTES)
-            batch = [m for m in batch if m.message_id is not None and m.message_id < stop]
-            if not batch:
+            # The read runs in the WAL's reader pool; the decode and the replay in a worker thread.
+            blocks = await self._wal._read_storage(self.position, _READ_BYTES)
+            if await asyncio.to_thread(self._replay_blocks, blocks, stop, clear_from):
+                return True
+            if not blocks:
                 break
-            start = 0
-            for i, m in enumerate(batch):
-                self.payload_bytes += len(m.payload)
-                if m.message_type is MessageType.TIME_TICK:
-                    self._apply(batch[start:i + 1])
-                    self._txns.expire(m.timetick)
-                    start = i + 1
-            self._apply(batch[start:])
+        return clear_from is None or (self.position >= clear_from and self._txns.min_open_begin_id() is None)
+
+    def _replay_blocks(self, blocks: list[tuple[MessageID, bytes, bool]], stop: MessageID,
+                       clear_from: MessageID | None) -> bool:
+        """Decode ``blocks`` (read from ``position``) and replay them up to ``stop``; True when it
+        stopped at a clear point (see ``advance``).  Runs in a worker thread."""
+        batch = [m for m in self._wal._decode_stored(self.position, blocks)
+                 if m.message_id is not None and m.message_id < stop]
+        start = 0
+        for i, m in enumerate(batch):
+            self.payload_bytes += len(m.payload)
+            if m.message_type is MessageType.TIME_TICK:
+                self._apply(batch[start:i + 1])
+                self._txns.expire(m.timetick)
+                start = i + 1
+                self.position = m.message_id + 1  # type: ignore[operator]
+                if self._clear(clear_from):
+                    return True
+        self._apply(batch[start:])
+        if batch:
             self.position = batch[-1].message_id + 1  # type: ignore[operator]
+        else:
+            self.position = stop  # nothing below stop left to read
+        return self._clear(clear_from)
+
+    def _clear(self, clear_from: MessageID | None) -> bool:
+        return clear_from is not None and self.position >= clear_from and self._txns.min_open_begin_id() is None
 
     def _apply(self, part: list[Message]) -> None:
         if part:
@@ -150,6 +234,6 @@ class ShadowReplay:
 
 
 __all__ = [
-    "SNAPSHOT_META", "RecoverySnapshot", "ShadowReplay", "import_snapshot", "load_snapshot", "snapshot_steps",
-    "store_snapshot",
+    "PERIODIC_METAS", "SNAPSHOT_META", "RecoverySnapshot", "ShadowReplay", "import_snapshot", "load_snapshot",
+    "newest_snapshot", "snapshot_steps", "store_snapshot", "stored_snapshots",
 ]

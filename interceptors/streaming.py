@@ -3,10 +3,10 @@ and the fence.
 
 ``open_streaming_wal`` opens the WAL with a new term (fencing any older handle), builds the chain in
 front of it, and starts recovery in the background; appends wait (through the adaptor) until it is
-done.  Recovery imports the recovery snapshot (if retention stored one; see ``snapshot.py``), replays
-every stored message from there, in id order, into the steps that keep state (dedup, shard, txn),
-starts the clock above everything ever handed out, rolls back the transactions the previous owner
-left open, and writes the fence: a persisted TimeTick in the new term.
+done.  Recovery imports the newest valid recovery snapshot (periodic or retention's; see
+``snapshot.py``), replays every stored message from there, in id order, into the steps that keep
+state (dedup, shard, txn), starts the clock above everything ever handed out, rolls back the
+transactions the previous owner left open, and writes the fence: a persisted TimeTick in the new term.
 """
 
 from __future__ import annotations
@@ -24,12 +24,11 @@ from interceptors.dedup import DedupInterceptor
 from interceptors.lock import LockInterceptor
 from interceptors.redo import RedoInterceptor
 from interceptors.shard import ShardInterceptor
-from interceptors.snapshot import import_snapshot, load_snapshot
+from interceptors.snapshot import RecoverySnapshot, import_snapshot, newest_snapshot, snapshot_steps
 from interceptors.timetick import TimeTickInterceptor
 from interceptors.txn import TxnInterceptor, TxnManager, TxnSession, TxnState, commit_message, rollback_message
 from wal.adaptor import WALAdaptor
 from wal.errors import (
-    CorruptedError,
     InvalidTxnStateError,
     OnShutdownError,
     StreamingError,
@@ -108,6 +107,11 @@ class StreamingWAL:
         self._recovery: asyncio.Future[None] | None = None
         self._recovering = _RecoveringChain(chain)
         self.adaptor = WALAdaptor(wal, self._recovering)
+        self.recovery_replayed: int | None = None
+        """How many stored messages recovery replayed (None until it finished)."""
+        self.recovered_snapshot: RecoverySnapshot | None = None
+        """The replayed state at the end of recovery, when no transaction was open there: where the
+        periodic snapshots (``streamingnode.retention``) start, instead of replaying again."""
 
     def start(self) -> None:
         """Start recovery in the background; appends wait (through the adaptor) until it is done.
@@ -234,6 +238,11 @@ class StreamingWAL:
                 step.replay(batch)
             nid = batch[-1].message_id + 1  # type: ignore[operator]
             replayed += len(batch)
+        self.recovery_replayed = replayed
+        if recoverable and self.txns.min_open_begin_id() is None:
+            # A copy (through its encoding): the live steps go on changing the exported values.
+            state = RecoverySnapshot(nid, {s.name: s.export_state() for s in snapshot_steps(recoverable)})
+            self.recovered_snapshot = RecoverySnapshot.decode(state.encode(), self.pchannel)
         for step in recoverable:
             await step.recovered()
         await self.timetick.start()
@@ -250,16 +259,18 @@ class StreamingWAL:
         )
 
     async def _load_snapshot(self, steps: list[Any]) -> MessageID:
-        """Import the recovery snapshot, if any; return the id replay starts from."""
+        """Import the newest valid recovery snapshot, if any; return the id replay starts from.
+
+        A damaged snapshot (checksum, decoding, past the end of the log) is passed over with a
+        warning for the one before it, or for full replay from the first retained id.
+        """
         wal = self.wal
-        snapshot = await load_snapshot(wal)
-        if snapshot is None:
+        newest = await newest_snapshot(wal)
+        if newest is None:
             return wal.first_id
-        if snapshot.message_id > wal.next_id:
-            raise CorruptedError(
-                f"recovery snapshot of pchannel {self.pchannel!r} is at id {snapshot.message_id}, past the "
-                f"end of the log ({wal.next_id})", channel=self.pchannel, message_id=snapshot.message_id,
-            )
+        name, snapshot = newest
+        log.info("recovery starts from a snapshot", pchannel=self.pchannel, snapshot=name,
+                 snapshot_id=snapshot.message_id, first_id=wal.first_id, next_id=wal.next_id)
         import_snapshot(snapshot, steps, self.pchannel)
         if snapshot.message_id < wal.first_id:
             # Someone truncated past the snapshot without moving it: what lay between is lost.

@@ -4,7 +4,14 @@ The rules are stated once, in ``flusher/README.md`` ("Retention (truncating the 
 hold the cut, how it is rounded to a block and moved below a spanning transaction, the two steps
 (``snapshot`` into ``interceptors.snapshot``, then ``truncate``), what a crash between them leaves,
 and what a reader of a truncated id gets (``OutOfRangeError``).  This module implements them, one
-``ChannelRetention`` task per pchannel.  Crash tests set ``STREAMINGNODE_RETENTION_KILL_AT``
+``ChannelRetention`` task per pchannel.
+
+It also writes the periodic recovery snapshots (every ``snapshot_every_messages`` messages or
+``snapshot_every_seconds`` seconds, independent of truncation; see ``interceptors.snapshot``), so a
+restart replays only what came after the newest one.  A second task keeps a shadow replay of the log
+in memory, a little behind its end, and stores its state at the first point no transaction spans
+once a snapshot is due.  Every shadow replay (this one and the truncation's) decodes and applies in a
+worker thread: a check never stalls the appends on the event loop.  Crash tests set ``STREAMINGNODE_RETENTION_KILL_AT``
 (``KILL_ENV``) to stop the process after a step.
 """
 
@@ -19,7 +26,14 @@ from dataclasses import dataclass
 import structlog
 
 from flusher.flusher import Flusher
-from interceptors.snapshot import ShadowReplay, load_snapshot, store_snapshot
+from interceptors.snapshot import (
+    PERIODIC_METAS,
+    RecoverySnapshot,
+    ShadowReplay,
+    load_snapshot,
+    store_snapshot,
+    stored_snapshots,
+)
 from interceptors.streaming import StreamingWAL, default_interceptors
 from streamingnode.groups import ConsumerGroups
 from wal.clock import compose
@@ -36,6 +50,8 @@ STEPS = ("snapshot", "truncate")
 # A cut moves down while a transaction spans it; each try replays from the snapshot again.  Nested
 # transactions that long-lived are rare: give up for this check rather than replay without end.
 _MAX_CUT_TRIES = 8
+# How often the periodic shadow catches up with the log (at most): short, so each catch-up is small.
+_SNAPSHOT_POLL_SECONDS = 1.0
 
 
 crash_point = CrashPoints(KILL_ENV, STEPS)
@@ -49,14 +65,28 @@ class RetentionConfig:
     groups and the transactions allow); negative: keep everything (no retention task runs)."""
     check_seconds: float = 60.0
     """How often the bounds are checked."""
+    snapshot_every_messages: int = 10_000
+    """Store a periodic recovery snapshot once this many messages were written since the last one
+    (0: no message trigger).  A restart replays about this many messages at most."""
+    snapshot_every_seconds: float = 60.0
+    """... or once this long passed since the last one and something was written (0: no time trigger)."""
 
     def __post_init__(self) -> None:
         if not self.check_seconds > 0:
             raise InvalidArgumentError(f"retention check_seconds must be > 0, got {self.check_seconds!r}")
+        if self.snapshot_every_messages < 0 or not self.snapshot_every_seconds >= 0:
+            raise InvalidArgumentError(
+                f"snapshot_every_messages and snapshot_every_seconds must be >= 0, got "
+                f"{self.snapshot_every_messages!r} and {self.snapshot_every_seconds!r}")
 
     @property
     def enabled(self) -> bool:
         return self.retention_seconds >= 0
+
+    @property
+    def snapshots(self) -> bool:
+        """Whether periodic recovery snapshots are written."""
+        return self.snapshot_every_messages > 0 or self.snapshot_every_seconds > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +139,15 @@ class ChannelRetention:
         self._wall_ms = wall_ms or (lambda: time.time_ns() // 1_000_000)
         self._state = RetentionState.STARTING
         self._task: asyncio.Task[None] | None = None
+        self._snapshot_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # one check at a time: the snapshot is read, extended and replaced
+        self._monotonic = time.monotonic
+        self._shadow: ShadowReplay | None = None
+        """The periodic snapshots' replay, kept between passes (None: seeded again on the next pass)."""
+        self._stored_id: MessageID = 0
+        self._stored_at = 0.0
+        self._slot = 0
+        self.snapshots_stored = 0
         self._checks = 0
         self._truncations = 0
         self._messages = 0
@@ -125,17 +163,21 @@ class ChannelRetention:
         if self._state is not RetentionState.STARTING:
             raise InvalidArgumentError("retention was already started")
         self._state = RetentionState.RUNNING
+        loop = asyncio.get_running_loop()
         if self._cfg.enabled:
-            self._task = asyncio.get_running_loop().create_task(
-                self._loop(), name=f"retention-{self._stream.pchannel}")
+            self._task = loop.create_task(self._loop(), name=f"retention-{self._stream.pchannel}")
+        if self._cfg.snapshots:
+            self._snapshot_task = loop.create_task(self._snapshot_loop(), name=f"snapshots-{self._stream.pchannel}")
 
     async def aclose(self) -> None:
-        """Stop the task (a truncation in progress finishes first).  Idempotent."""
+        """Stop the tasks (a truncation or a snapshot store in progress finishes first).  Idempotent."""
         self._state = RetentionState.CLOSED
-        if self._task is not None:
+        if self._task is not None or self._snapshot_task is not None:
             async with self._lock:  # taken first: a truncation in progress finishes before the cancel
-                await cancel_and_wait(self._task)
-            self._task = None
+                for task in (self._task, self._snapshot_task):
+                    if task is not None:
+                        await cancel_and_wait(task)
+            self._task = self._snapshot_task = None
 
     def stats(self) -> RetentionStats:
         return RetentionStats(
@@ -153,6 +195,71 @@ class ChannelRetention:
                 if self._stream.wal.state is not WALState.RUNNING:
                     return  # closing, fenced or destroyed: nothing left to truncate here
                 log.warning("retention check failed", pchannel=self._stream.pchannel, error=repr(exc))
+
+    # --- periodic snapshots ----------------------------------------------------------------------
+    async def _snapshot_loop(self) -> None:
+        poll = min(_SNAPSHOT_POLL_SECONDS, self._cfg.snapshot_every_seconds or _SNAPSHOT_POLL_SECONDS)
+        while True:
+            await asyncio.sleep(poll)
+            try:
+                await self.snapshot()
+            except StreamingError as exc:
+                self._shadow = None  # seeded again (e.g. a truncation passed it)
+                if self._stream.wal.state is not WALState.RUNNING:
+                    return
+                log.warning("recovery snapshot failed", pchannel=self._stream.pchannel, error=repr(exc))
+
+    async def _seed(self) -> ShadowReplay:
+        wal = self._stream.wal
+        stored = await stored_snapshots(wal)
+        periodic = {n: s for n, s in stored.items() if n in PERIODIC_METAS}
+        if periodic:  # the next store goes to the other slot: the newest stays until it is replaced
+            newest = max(periodic, key=lambda n: periodic[n].message_id)
+            self._slot = 1 - PERIODIC_METAS.index(newest)
+        self._stored_id = max((s.message_id for s in stored.values()), default=wal.first_id)
+        self._stored_at = self._monotonic()
+        # Recovery's own state at its end spares a second replay; else the newest stored snapshot.
+        seed: RecoverySnapshot | None = self._stream.recovered_snapshot
+        if seed is None and stored:
+            seed = max(stored.values(), key=lambda s: s.message_id)
+        steps, _, txns, _ = default_interceptors(wal, self._stream.config)
+        shadow = ShadowReplay(wal, steps, txns)
+        shadow.load(seed)
+        shadow.position = max(shadow.position, wal.first_id)  # truncated past it: as recovery does
+        return shadow
+
+    async def snapshot(self, *, force: bool = False) -> RecoverySnapshot | None:
+        """Catch the periodic shadow up with the log and store a snapshot when one is due (or
+        ``force``); the stored snapshot, or None.  Run by the snapshot task; tests call it."""
+        if self._state is RetentionState.CLOSED:
+            return None
+        if self._shadow is None:
+            self._shadow = await self._seed()
+        shadow = self._shadow
+        wal = self._stream.wal
+        head = wal.next_id
+        written = head - self._stored_id
+        every_n, every_s = self._cfg.snapshot_every_messages, self._cfg.snapshot_every_seconds
+        due = written > 0 and (force or (every_n > 0 and written >= every_n)
+                               or (every_s > 0 and self._monotonic() - self._stored_at >= every_s))
+        if not due:
+            await shadow.advance(head)
+            return None
+        # The first point at or above where the shadow is that no transaction spans.
+        if not await shadow.advance(head, clear_from=shadow.position) or shadow.position <= self._stored_id:
+            return None
+        snapshot = shadow.capture()
+        async with self._lock:
+            if self._state is RetentionState.CLOSED:
+                return None
+            await store_snapshot(wal, snapshot, PERIODIC_METAS[self._slot])
+        self._slot = 1 - self._slot
+        self._stored_id = snapshot.message_id
+        self._stored_at = self._monotonic()
+        self.snapshots_stored += 1
+        log.info("recovery snapshot stored", pchannel=wal.pchannel, snapshot_id=snapshot.message_id,
+                 behind=head - snapshot.message_id)
+        return snapshot
 
     # --- one check -------------------------------------------------------------------------------
     async def bound(self) -> tuple[MessageID, str]:
