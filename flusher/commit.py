@@ -21,6 +21,7 @@ read once at import, so the hook costs one ``is None`` test when unset.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -109,13 +110,20 @@ def commit_file(directory: Path, name: str, write: Callable[[BinaryIO], None]) -
     make_dirs(directory)
     tmp = directory / temporary_name(name)
     final = directory / name
-    with open(tmp, "wb") as f:
-        write(_HalfKill(f) if crash_point.armed else f)  # type: ignore[arg-type]
-        f.flush()
-        crash_point("write")
-        os.fsync(f.fileno())
-    crash_point("fsync")
-    os.replace(tmp, final)
+    try:
+        with open(tmp, "wb") as f:
+            write(_HalfKill(f) if crash_point.armed else f)  # type: ignore[arg-type]
+            f.flush()
+            crash_point("write")
+            os.fsync(f.fileno())
+        crash_point("fsync")
+        os.replace(tmp, final)
+    except BaseException:
+        # A failed write (a full disk) leaves nothing behind: the temporary holds space the node
+        # needs back, and the same name is written whole again on the next try.
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     crash_point("rename")
     fsync_dir(directory)
     crash_point("dirsync")

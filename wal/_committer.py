@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 _TIME_TICK = MessageType.TIME_TICK
+# Appended even while appends are refused (``refusal``): a TimeTick keeps consumers' time moving and a
+# manual flush lets the flusher write out its buffers, which is how space is made; both are tiny.
+_ALWAYS_TAKEN = frozenset({MessageType.TIME_TICK, MessageType.MANUAL_FLUSH})
 _BLOCK_TARGET_BYTES = 1 << 20
 _MAX_IN_FLIGHT = 2
 _LONE_BYTES = 64 << 10
@@ -110,6 +113,11 @@ class GroupCommitter:
         """Other work the manager runs on the writer thread right now: no write on the loop meanwhile."""
         self.commits = 0
         """Number of writes issued (for tests and metrics: requests / commits = coalescing factor)."""
+        self.refusal: StreamingError | None = None
+        """While set, every append but TimeTicks and manual flushes fails at once with a copy of it
+        (the node's storage monitor sets it while free space is under its low-water mark)."""
+        self.refused = 0
+        """Appends (batches) refused because of ``refusal``."""
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="wal-group-commit")
@@ -119,6 +127,11 @@ class GroupCommitter:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self._fatal is not None:
             fut.set_exception(self._fatal)
+            return fut
+        refusal = self.refusal
+        if refusal is not None and any(m._type not in _ALWAYS_TAKEN for m in messages):
+            self.refused += 1
+            fut.set_exception(type(refusal)(str(refusal), code=refusal.code, channel=wal.pchannel, **refusal.fields))
             return fut
         if self._closing or self._task is None or self._task.done():
             fut.set_exception(OnShutdownError("WAL is shutting down", channel=wal.pchannel))

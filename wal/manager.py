@@ -169,6 +169,17 @@ class WALManager:
         """
         await self._run_write(self.backend.backup, os.fspath(dest))
 
+    # --- storage pressure ------------------------------------------------------------------------
+    def refuse_appends(self, error: StreamingError | None) -> None:
+        """Fail every append but TimeTicks and manual flushes at once with (a copy of) ``error``,
+        until called with None: what the node does while its disk is nearly full."""
+        self._committer.refusal = error
+
+    @property
+    def refused_appends(self) -> int:
+        """Appends (batches) refused so far because of ``refuse_appends``."""
+        return self._committer.refused
+
     # --- lifecycle -------------------------------------------------------------------------------
     async def _sync_loop(self) -> None:
         while True:
