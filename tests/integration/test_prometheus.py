@@ -318,7 +318,7 @@ def series(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], str]:
 
 
 # Label names of the whole exposition: the node's own, and prometheus_client's process/GC/platform ones.
-NODE_LABELS = {"pchannel", "message_type", "status", "interceptor", "mode", "group", "outcome", "le", "limit"}
+NODE_LABELS = {"pchannel", "message_type", "status", "interceptor", "mode", "group", "outcome", "le", "limit", "volume"}
 CLIENT_LABELS = {"generation", "implementation", "major", "minor", "patchlevel", "version"}
 STATUSES = ({"ok", "deadline_exceeded", "cancelled", "unknown"}
             | {c.name.lower() for c in ErrorCode})
@@ -334,6 +334,7 @@ def check_label_values(name: str, value: str) -> None:
         "outcome": {s.name.lower() for s in TxnState},
         "mode": {"catchup", "tailing"},
         "limit": {"node", "connection"},
+        "volume": {"data", "parquet"},
     }
     if name in allowed:
         assert value in allowed[name], f"label {name}={value!r} is not one of {sorted(allowed[name])}"

@@ -101,7 +101,7 @@ def test_dashboard_shape() -> None:
 def _labels_of(expr: str) -> str:
     """Node metrics with a pchannel label are all but these; filtering them is what the picker is for."""
     node_wide = ("streamingnode_pchannels", "streamingnode_wal_disk_bytes", "streamingnode_open_streams",
-                 "streamingnode_streams_refused", "process_")
+                 "streamingnode_streams_refused", "streamingnode_storage_", "process_")
     return "" if any(name in expr for name in node_wide) else "pchannel"
 
 
