@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -177,5 +178,42 @@ async def test_transient_engine_errors_are_retriable_and_redone(tmp_path: Path) 
         stored = await swal.wal.read_stored(result.message_id)
         assert stored[0].payload == b"after busy"
         await swal.aclose()
+    finally:
+        await m.aclose()
+
+
+async def _fill_payloads(path: Path, payloads: list[bytes]) -> None:
+    m = await WALManager.start(RocksBackend(path))
+    await m.create_channel("p")
+    wal = await m.open("p")
+    for p in payloads:
+        await wal.append_batch([ins("v", 1, p)])
+    await m.aclose()  # a clean close flushes everything into a table file
+
+
+async def test_a_flipped_byte_in_a_table_file_is_reported_naming_pchannel_file_and_keys(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    rng = random.Random(7)
+    payloads = [rng.randbytes(300) for _ in range(300)]
+    await _fill_payloads(path, payloads)
+    tables = [path / n for n in os.listdir(path) if n.endswith(".sst")]
+    victim = next(t for t in tables if payloads[150] in t.read_bytes())
+    raw = bytearray(victim.read_bytes())
+    raw[raw.index(payloads[150]) + 100] ^= 0x10
+    victim.write_bytes(bytes(raw))
+    m = await WALManager.start(RocksBackend(path))
+    try:
+        wal = await m.open("p")  # the damage is in the middle: the first and last blocks read
+        got: list[bytes] = []
+        with pytest.raises(CorruptedError) as info:
+            while True:  # never more than the 300 messages
+                batch = await wal.read_stored(len(got), 4096)
+                got.extend(x.payload for x in batch)
+                assert len(got) <= 300
+        assert got == payloads[:len(got)] and len(got) < 150, "what precedes the damaged block, exactly"
+        fields = info.value.fields
+        assert fields["pchannel"] == "p" and fields["file"] == str(victim) and fields["offset"] >= 0
+        assert fields["key_range"].startswith(f"D/1/{len(got)}")
+        assert str(victim) in str(info.value) and "pchannel 'p'" in str(info.value)
     finally:
         await m.aclose()

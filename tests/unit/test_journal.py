@@ -164,3 +164,63 @@ def test_a_commit_of_more_blocks_than_one_writev_takes_is_journaled_whole(tmp_pa
         assert len(records) == 1 and not isinstance(records[0], _journal.Torn) and len(records[0]) == 1500
     finally:
         backend.close()
+
+
+def _flip(path: str, offset: int) -> bytes:
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        data[offset] ^= 0x5A
+        f.seek(0)
+        f.write(bytes(data))
+    return bytes(data)
+
+
+async def test_a_flipped_byte_with_valid_records_after_it_refuses_to_open_and_keeps_the_file(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "db"
+    _crash_after(path, _APPEND_40)
+    last = _journal_files(path)[-1]
+    damaged = _flip(last, os.path.getsize(last) // 2)  # inside a record in the middle: 20 follow it
+    with pytest.raises(CorruptedError, match=rf"journal {last} is damaged at byte \d+") as info:
+        RocksBackend(path)
+    assert info.value.fields["file"] == last
+    record_starts = [0]
+    for item in _journal.read(last):
+        assert isinstance(item, list) or item.damaged
+        if isinstance(item, list):
+            record_starts.append(record_starts[-1] + sum(map(len, _journal.encode(item))))
+    assert info.value.fields["offset"] in record_starts, "the offset is where the damaged record starts"
+    assert 0 < info.value.fields["offset"] < os.path.getsize(last)
+    with open(last, "rb") as f:
+        assert f.read() == damaged, "the evidence is kept as it was"
+    with pytest.raises(CorruptedError):
+        RocksBackend(path)  # and refused again, not forgotten
+
+
+async def test_a_flipped_byte_in_the_last_complete_record_is_damage_not_a_torn_tail(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    _crash_after(path, _APPEND_40)
+    last = _journal_files(path)[-1]
+    _flip(last, os.path.getsize(last) - 30)  # in the last message of the last record: nothing follows
+    with pytest.raises(CorruptedError, match=rf"journal {last} is damaged at byte \d+"):
+        RocksBackend(path)
+    assert os.path.exists(last)
+
+
+@pytest.mark.parametrize("tail", ["cut", "zeros", "garbage"])
+async def test_a_torn_tail_is_dropped_and_its_bytes_kept_aside(tmp_path: Path, tail: str) -> None:
+    path = tmp_path / "db"
+    _crash_after(path, _APPEND_40)
+    last = _journal_files(path)[-1]
+    with open(last, "rb") as f:
+        data = f.read()
+    first = next(iter(_journal.read(last)))
+    assert isinstance(first, list)
+    cut = data[:sum(map(len, _journal.encode(first))) - 20]  # a record without its last twenty bytes
+    extra = {"cut": cut, "zeros": bytes(300), "garbage": bytes(range(256)) * 2}[tail]
+    with open(last, "ab") as f:
+        f.write(extra)  # a write cut short, pages never written, or junk: nothing valid follows it
+    assert await _payloads(path) == [b"m%02d" % i for i in range(40)]
+    with open(last + ".torn", "rb") as f:
+        assert f.read() == extra, "what was dropped is kept for inspection"

@@ -7,22 +7,43 @@ in the rocksdict build this runs on, the CRC32C has no hardware support, and tog
 instead: one ``writev`` of small headers plus the blocks as they are, and ``fdatasync``, both without
 the GIL.  Channel records and small metadata still go through RocksDB's log (synced writes).
 
-Files ``journal/<sequence>.jnl``; a record is
+Files ``journal/<sequence>.jnl``; a record (version 2) is
 
-    u32 magic | u32 meta length | u32 CRC32(meta) | meta | block 0 | block 1 | ...
+    u32 magic "SNJ2" | u32 meta length | u32 CRC32(meta) | meta | block 0 | block 1 | ... | trailer
+    trailer = u64 record length (from the magic to the trailer's end) | u32 end magic "SNJE"
 
 and meta lists, per group, ``u32 channel key | u64 first id | u64 max timetick | u32 ticks |
-u32 block length | u32 block CRC`` followed by the ticks (``u64 timetick | u64 id | u64 resume id``).
-A block's own header carries its CRC too: replay checks both, so a damaged block is never applied.
+u32 block length | u32 CRC32(block header)`` followed by the ticks (``u64 timetick | u64 id | u64 resume
+id``).  The CRCs chain: the meta's covers the block headers' CRCs, a block header covers its count and
+length and holds its body's CRC, so every byte but the trailer is checked, without a CRC of the data
+on the writer's thread beyond the one the block already has.  Version 1 records ("SNJ1", no trailer,
+the body's CRC in the meta) are still read, so a journal left behind by an older build replays.
 
 What the journal holds is in RocksDB's memtable, not yet in a table file.  After ``rotate_bytes`` the
 journal moves to a new file, a RocksDB flush runs in the background, and once it has returned the
 older files are deleted (their writes are in table files now).  On open every file left is replayed
-in order (puts are idempotent), RocksDB is flushed and the files are deleted.  Replay of the newest
-file stops at its first record that does not check out, as RocksDB's point-in-time recovery does: a
-write torn by a crash was never acknowledged (the sync comes after it).  A bad record in an older
-file is reported (CORRUPTED), never skipped.  Deletions (truncation, a destroyed channel) first empty the journal
-the same way, so replay can never bring back what was deleted.
+in order (puts are idempotent), RocksDB is flushed and the files are deleted.
+
+A torn tail or damage?  A write cut short by a crash leaves a prefix of its record at the end of the
+newest file, perhaps followed by bytes never written (zeros); it was never acknowledged (the sync
+comes after it), so replay drops it, as RocksDB's point-in-time recovery does, and keeps the dropped
+bytes beside the file (``<file>.torn``).  A record that does not check out is taken for such a tail
+only when both hold:
+
+- nothing valid follows it in the file: every later occurrence of a record magic is tried as the start
+  of a record (header, meta CRC, block CRCs); when the damaged record's own meta checks out the search
+  starts after its end, as its bytes are known to be its own;
+- it is not complete: a trailer whose length reaches back exactly to the record's start proves the
+  whole record reached the disk, so what fails inside it is damage, not a cut.
+
+Anything else is damage: the file is left as it is and opening fails with CORRUPTED naming the file
+and the record's offset.  A bad record in an older file is always damage.  The search may take a
+payload that happens to hold a valid record (or trailer) for one, and then refuses a true torn tail:
+the mistake goes towards refusing, never towards dropping what was acknowledged.  Version 1 records
+have no trailer: there, damage in the last record cannot be told from a cut.
+
+Deletions (truncation, a destroyed channel) first empty the journal the same way, so replay can never
+bring back what was deleted.
 """
 
 from __future__ import annotations
@@ -37,75 +58,156 @@ from wal._codec import BLOCK_HEADER_SIZE, block_checksum_ok
 from wal.backend import TickEntry, WriteGroup
 from wal.errors import CorruptedError
 
-MAGIC = 0x534E4A31  # "SNJ1"
+MAGIC_V1 = 0x534E4A31  # "SNJ1": no trailer, the block body's CRC in the meta
+MAGIC = 0x534E4A32  # "SNJ2"
+END_MAGIC = 0x534E4A45  # "SNJE"
 _RECORD = struct.Struct("<III")
 _GROUP = struct.Struct("<IQQIII")
 _TICK = struct.Struct("<QQQ")
+_TRAILER = struct.Struct("<QI")
 _BLOCK_CRC = struct.Struct("<I")
 _BLOCK_CRC_OFFSET = BLOCK_HEADER_SIZE - 4  # the header's last field is the body's CRC32
+_MAGICS = (MAGIC, MAGIC_V1)
 SUFFIX = ".jnl"
+TORN_SUFFIX = ".torn"
 
 
 def encode(groups: list[WriteGroup]) -> list[bytes]:
     """The parts of one record, for ``os.writev``: the blocks are not copied."""
     meta: list[bytes] = []
+    size = 0
     for g in groups:
-        crc = _BLOCK_CRC.unpack_from(g.block, _BLOCK_CRC_OFFSET)[0] if len(g.block) >= BLOCK_HEADER_SIZE else 0
-        meta.append(_GROUP.pack(g.channel_key, g.first_id, g.max_timetick, len(g.ticks), len(g.block), crc))
+        meta.append(_GROUP.pack(g.channel_key, g.first_id, g.max_timetick, len(g.ticks), len(g.block),
+                                zlib.crc32(g.block[:BLOCK_HEADER_SIZE])))
         meta.extend(_TICK.pack(t.timetick, t.message_id, t.resume_id) for t in g.ticks)
+        size += len(g.block)
     head = b"".join(meta)
-    return [_RECORD.pack(MAGIC, len(head), zlib.crc32(head)), head, *(g.block for g in groups)]
+    size += _RECORD.size + len(head) + _TRAILER.size
+    return [_RECORD.pack(MAGIC, len(head), zlib.crc32(head)), head, *(g.block for g in groups),
+            _TRAILER.pack(size, END_MAGIC)]
 
 
 @dataclass(frozen=True, slots=True)
 class Torn:
-    """Where the readable records of a file end, and whether what follows is a torn tail."""
+    """Where the readable records of a file end, why, and whether that is damage (``damaged``: the
+    record is complete or valid records follow it) rather than a write cut short."""
 
     offset: int
     reason: str
+    damaged: bool = False
+    channel_keys: tuple[int, ...] = ()  # the pchannels of the bad record, when its meta checks out
+
+
+@dataclass(frozen=True, slots=True)
+class _Bad:
+    reason: str
+    end: int | None  # where the record ends, when its meta checks out (its lengths can be trusted)
+    channel_keys: tuple[int, ...] = ()
+
+
+def _parse(data: bytes, pos: int) -> tuple[list[WriteGroup], int] | _Bad:
+    """The record at ``pos`` and where the next one starts, or why it does not check out."""
+    end = len(data)
+    if end - pos < _RECORD.size:
+        return _Bad("a record header is cut off", None)
+    magic, meta_len, meta_crc = _RECORD.unpack_from(data, pos)
+    start = pos + _RECORD.size
+    if magic not in _MAGICS:
+        return _Bad("bad record magic", None)
+    if start + meta_len > end:
+        return _Bad("the record's metadata is cut off", None)
+    head = data[start:start + meta_len]
+    if zlib.crc32(head) != meta_crc:
+        return _Bad("the record's metadata fails its CRC", None)
+    entries: list[tuple[int, int, int, list[TickEntry], int, int]] = []
+    at = 0
+    try:
+        while at < meta_len:
+            key, first_id, max_ts, nticks, block_len, crc = _GROUP.unpack_from(head, at)
+            at += _GROUP.size
+            ticks = [TickEntry(*_TICK.unpack_from(head, at + i * _TICK.size)) for i in range(nticks)]
+            at += nticks * _TICK.size
+            entries.append((key, first_id, max_ts, ticks, block_len, crc))
+    except struct.error:
+        return _Bad("the record's metadata does not parse", None)
+    body = start + meta_len
+    record_end = body + sum(e[4] for e in entries) + (_TRAILER.size if magic == MAGIC else 0)
+    keys = tuple(sorted({e[0] for e in entries}))
+    groups: list[WriteGroup] = []
+    for key, first_id, max_ts, ticks, block_len, crc in entries:
+        block = data[body:body + block_len]
+        if body + block_len > end:
+            return _Bad(f"the block of channel key {key} at id {first_id} is cut off", record_end, keys)
+        if magic == MAGIC:
+            header_ok = zlib.crc32(block[:BLOCK_HEADER_SIZE]) == crc
+        else:
+            header_ok = len(block) >= BLOCK_HEADER_SIZE and _BLOCK_CRC.unpack_from(block, _BLOCK_CRC_OFFSET)[0] == crc
+        if not header_ok or not block_checksum_ok(block):
+            return _Bad(f"the block of channel key {key} at id {first_id} is damaged", record_end, keys)
+        groups.append(WriteGroup(key, first_id, block, ticks, max_ts))
+        body += block_len
+    # The trailer is not checked here: everything it could vouch for already checked out.  (A record
+    # complete but for its trailer was cut in its last bytes; applying it brings back nothing wrong.)
+    return groups, record_end
+
+
+def _valid_record_from(data: bytes, start: int) -> int | None:
+    """The offset of the first record at or after ``start`` that checks out, if any."""
+    patterns = [struct.pack("<I", m) for m in _MAGICS]
+    hits = {p: data.find(p, start) for p in patterns}
+    while True:
+        live = [(at, p) for p, at in hits.items() if at >= 0]
+        if not live:
+            return None
+        at, p = min(live)
+        if isinstance(_parse(data, at), tuple):
+            return at
+        hits[p] = data.find(p, at + 1)
+
+
+def _complete(data: bytes, pos: int, bad: _Bad) -> bool:
+    """Whether a trailer proves the record at ``pos`` reached the disk whole."""
+    if bad.end is not None:
+        ends = [bad.end] if bad.end <= len(data) else []
+    else:
+        end_pattern = struct.pack("<I", END_MAGIC)
+        ends = []
+        at = data.find(end_pattern, pos + _RECORD.size + _TRAILER.size - 4)
+        while at >= 0:
+            ends.append(at + 4)
+            at = data.find(end_pattern, at + 1)
+    for end in ends:
+        length, magic = _TRAILER.unpack_from(data, end - _TRAILER.size)
+        if magic == END_MAGIC and length == end - pos:
+            return True
+    return False
 
 
 def read(path: str) -> Iterator[list[WriteGroup] | Torn]:
     """The records of one file in order; a ``Torn`` last if the file does not end on a record.
 
-    A record whose header or CRCs do not check out is where reading stops: the caller decides whether
-    that may be a torn write (the end of the last file) or must be reported.
+    The ``Torn`` says whether the bad record is damage (``damaged``) or may be a write cut short; the
+    caller decides what a cut means where it is (the end of the newest file, or not).
     """
     with open(path, "rb") as f:
         data = f.read()
     pos = 0
-    end = len(data)
-    while pos < end:
-        if end - pos < _RECORD.size:
-            yield Torn(pos, "a record header is cut off")
-            return
-        magic, meta_len, meta_crc = _RECORD.unpack_from(data, pos)
-        start = pos + _RECORD.size
-        if magic != MAGIC or start + meta_len > end:
-            yield Torn(pos, "bad record magic" if magic != MAGIC else "the record's metadata is cut off")
-            return
-        head = data[start:start + meta_len]
-        if zlib.crc32(head) != meta_crc:
-            yield Torn(pos, "the record's metadata fails its CRC")
-            return
-        groups: list[WriteGroup] = []
-        at = 0
-        body = start + meta_len
-        while at < meta_len:
-            key, first_id, max_ts, nticks, block_len, block_crc = _GROUP.unpack_from(head, at)
-            at += _GROUP.size
-            ticks = [TickEntry(*_TICK.unpack_from(head, at + i * _TICK.size)) for i in range(nticks)]
-            at += nticks * _TICK.size
-            block = data[body:body + block_len]
-            if (body + block_len > end or len(block) < BLOCK_HEADER_SIZE
-                    or _BLOCK_CRC.unpack_from(block, _BLOCK_CRC_OFFSET)[0] != block_crc
-                    or not block_checksum_ok(block)):
-                yield Torn(pos, f"the block of channel key {key} at id {first_id} is cut off or damaged")
-                return
-            groups.append(WriteGroup(key, first_id, block, ticks, max_ts))
-            body += block_len
-        yield groups
-        pos = body
+    while pos < len(data):
+        parsed = _parse(data, pos)
+        if isinstance(parsed, tuple):
+            groups, pos = parsed
+            yield groups
+            continue
+        follows = _valid_record_from(data, parsed.end if parsed.end is not None else pos + 1)
+        if follows is not None:
+            yield Torn(pos, f"{parsed.reason}; a valid record follows at byte {follows}", True,
+                       parsed.channel_keys)
+        elif _complete(data, pos, parsed):
+            yield Torn(pos, f"{parsed.reason}; its trailer shows the record was written whole", True,
+                       parsed.channel_keys)
+        else:
+            yield Torn(pos, parsed.reason, False, parsed.channel_keys)
+        return
 
 
 def files(directory: str) -> list[str]:
@@ -124,11 +226,31 @@ def sequence_of(path: str) -> int:
     return int(os.path.basename(path)[: -len(SUFFIX)])
 
 
-def corrupted(path: str, torn: Torn) -> CorruptedError:
+def corrupted(path: str, torn: Torn, newest: bool, pchannels: list[str]) -> CorruptedError:
+    """The error for damage at ``torn`` (``pchannels``: those the damaged record holds, if known)."""
+    why = "" if newest else " and newer journal files follow it"
+    whose = f" holding pchannel(s) {', '.join(map(repr, pchannels))}" if pchannels else ""
     return CorruptedError(
-        f"journal {path} is damaged at byte {torn.offset} ({torn.reason}) and newer journal files follow "
-        "it; refusing to open rather than lose acknowledged writes", path=path,
+        f"journal {path} is damaged at byte {torn.offset} in a record{whose} ({torn.reason}){why}; refusing "
+        "to open rather than lose acknowledged writes (the file is kept as it is)",
+        path=path, file=path, offset=torn.offset, pchannel=",".join(pchannels),
     )
+
+
+def keep_torn_tail(path: str, offset: int) -> str | None:
+    """Copy what follows ``offset`` in ``path`` to ``<path>.torn`` (kept for inspection: it is never
+    replayed); returns that file's name, or None when nothing follows."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        tail = f.read()
+    if not tail:
+        return None
+    aside = path + TORN_SUFFIX
+    with open(aside, "wb") as f:
+        f.write(tail)
+        f.flush()
+        os.fsync(f.fileno())
+    return aside
 
 
 def fsync_dir(directory: str) -> None:
@@ -139,5 +261,5 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-__all__ = ["MAGIC", "SUFFIX", "Torn", "corrupted", "encode", "file_name", "files", "fsync_dir", "read",
-           "sequence_of"]
+__all__ = ["END_MAGIC", "MAGIC", "MAGIC_V1", "SUFFIX", "TORN_SUFFIX", "Torn", "corrupted", "encode", "file_name",
+           "files", "fsync_dir", "keep_torn_tail", "read", "sequence_of"]

@@ -18,11 +18,15 @@ wal/backends/_journal.py); channel records and metadata always use RocksDB's log
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import enum
+import errno
 import json
 import os
+import re
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -41,6 +45,7 @@ from wal.errors import (
     ErrorCode,
     InvalidArgumentError,
     OnShutdownError,
+    StorageFullError,
     StreamingError,
     UnavailableError,
     UnrecoverableError,
@@ -57,6 +62,11 @@ _MAX_ID = 0xFFFFFFFFFFFFFFFF
 _TRANSIENT_STATUSES = ("Busy", "TryAgain", "TimedOut", "Resource busy")
 _JOURNAL_DIR = "journal"
 _IOV_MAX = 1024
+# How RocksDB words a full disk ("IO error: No space left on device: While appending to file: ...").
+_NO_SPACE = "No space left on device"
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+# After a full disk stopped RocksDB, at most one attempt per this many seconds to reopen it.
+_REOPEN_EVERY_SECONDS = 1.0
 
 log = structlog.get_logger(__name__)
 
@@ -92,8 +102,47 @@ def _lock_held(exc: Exception) -> bool:
     return text.startswith("IO error") and "/LOCK" in text and ("lock hold by" in text or "While lock file" in text)
 
 
+def _writev_some(fd: int, views: list[memoryview]) -> int:
+    """``os.writev`` that writes at least one byte: none written (which a full disk may answer
+    instead of ENOSPC) raises the ENOSPC it means."""
+    n = os.writev(fd, views)
+    if n <= 0:
+        raise OSError(errno.ENOSPC, "journal write made no progress")
+    return n
+
+
 def _tick_key(key: int, ts: int) -> bytes:
     return b"T" + _KEY_ID.pack(key, ts)
+
+
+# Where RocksDB's corruption messages say what is damaged: "... in /data/000009.sst offset 142866 size 4077".
+_DAMAGED_FILE = re.compile(r"(/\S+\.(?:sst|log|blob)|MANIFEST-\d+|CURRENT)\b(?: offset (\d+))?")
+
+
+def _damage_fields(text: str) -> dict[str, Any]:
+    """The file (and offset) a RocksDB status message names, as error fields."""
+    found = _DAMAGED_FILE.search(text)
+    if found is None:
+        return {}
+    fields: dict[str, Any] = {"file": found.group(1)}
+    if found.group(2) is not None:
+        fields["offset"] = int(found.group(2))
+    return fields
+
+
+def _is_corruption(exc: Exception) -> bool:
+    return str(exc).startswith("Corruption")
+
+
+def _show_key(key: bytes) -> str:
+    """A stored key as a reader of wal/README.md's layout would write it: D/1/4096 (kind, channel key, id
+    or timetick), the kind and channel key alone for shorter keys."""
+    if len(key) == 1 + _KEY_ID.size:
+        channel_key, n = _KEY_ID.unpack_from(key, 1)
+        return f"{key[:1].decode('latin-1')}/{channel_key}/{'end' if n == _MAX_ID else n}"
+    if len(key) >= 1 + _U32.size:
+        return f"{key[:1].decode('latin-1')}/{_U32.unpack_from(key, 1)[0]}"
+    return key.hex()
 
 
 class RocksBackend(Backend):
@@ -101,7 +150,7 @@ class RocksBackend(Backend):
 
     def __init__(
         self, path: str | os.PathLike[str], sync_method: SyncMethod = SyncMethod.JOURNAL, *,
-        journal_rotate_bytes: int = 64 << 20,
+        journal_rotate_bytes: int = 64 << 20, verify_checksums: bool = True,
     ) -> None:
         self.path = os.fspath(path)
         self._sync_method = sync_method
@@ -119,6 +168,12 @@ class RocksBackend(Backend):
         self._jlock = threading.Lock()
         self._jflusher: concurrent.futures.ThreadPoolExecutor | None = None
         self._sync_failed: OSError | None = None  # see _fdatasync
+        self._stalled: str | None = None  # see _reopen
+        self._last_reopen = 0.0
+        # Every engine call counts itself in here, so that _reopen can wait until none runs.
+        self._gate = threading.Condition()
+        self._users = 0
+        self._reopening = False
         opts = rocksdict.Options(raw_mode=True)
         opts.create_if_missing(True)
         opts.set_paranoid_checks(True)
@@ -127,6 +182,13 @@ class RocksBackend(Backend):
         opts.set_wal_recovery_mode(rocksdict.DBRecoveryMode.point_in_time())
         opts.increase_parallelism(2)
         opts.set_write_buffer_size(64 << 20)
+        self._opts = opts
+        # Every read checks RocksDB's block checksums (its default, made explicit; off only to measure
+        # what it costs, bench/wal_append.py): a damaged table block then fails the read, naming its
+        # file, instead of serving whatever the bytes say.  Iterators take these options per call.
+        self._ropts = rocksdict.ReadOptions()
+        self._ropts.set_verify_checksums(verify_checksums)
+        self._names: dict[int, str] = {}  # channel key -> pchannel name, for errors
         try:
             os.makedirs(self.path, exist_ok=True)
             self._db: Any = rocksdict.Rdict(self.path, options=opts)
@@ -139,7 +201,7 @@ class RocksBackend(Backend):
                     f"that node or use another data directory", path=self.path, reason="in use",
                 ) from exc
             raise CorruptedError(
-                f"cannot open WAL database at {self.path}: {exc}", path=self.path
+                f"cannot open WAL database at {self.path}: {exc}", path=self.path, **_damage_fields(str(exc))
             ) from exc
         self._wopts_plain = rocksdict.WriteOptions()
         self._wopts_sync = rocksdict.WriteOptions()
@@ -166,24 +228,153 @@ class RocksBackend(Backend):
         if self._closed:
             raise OnShutdownError(f"WAL database at {self.path} is closed", path=self.path)
 
+    def _pchannel(self, channel_key: int) -> str:
+        """The name of the pchannel with this key, for an error (the key itself if it cannot be found)."""
+        if channel_key not in self._names:
+            try:
+                self._names.update(self._channel_keys())
+            except Exception:  # noqa: BLE001  (naming the damage must not fail on more of it)
+                return f"#{channel_key}"
+        return self._names.get(channel_key, f"#{channel_key}")
+
+    def _channel_keys(self) -> dict[int, str]:
+        names: dict[int, str] = {}
+        it = self._db.iter(self._ropts)
+        try:
+            it.seek(b"C")
+            while self._valid(it, "list channels", b"C", b"D", None) and it.key().startswith(b"C"):
+                # A damaged channel record names nothing; opening that channel reports it.
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    names[int(json.loads(it.value())["key"])] = bytes(it.key()[1:]).decode()
+                it.next()
+        finally:
+            del it
+        return names
+
+    def _damaged(
+        self, exc: Exception, what: str, lo: bytes | None, hi: bytes | None, channel: int | str | None,
+    ) -> CorruptedError:
+        """RocksDB reported corruption (a block checksum that fails, a table that does not parse) while
+        reading keys ``lo`` .. ``hi`` of a pchannel: name the pchannel, the keys and what RocksDB names."""
+        fields: dict[str, Any] = {"path": self.path, **_damage_fields(str(exc))}
+        whose = ""
+        if channel is not None:
+            name = channel if isinstance(channel, str) else self._pchannel(channel)
+            fields["channel"] = fields["pchannel"] = name
+            whose = f" of pchannel {name!r}"
+        where = ""
+        if lo is not None:
+            fields["key_range"] = _show_key(lo) if hi is None or hi == lo else f"{_show_key(lo)} .. {_show_key(hi)}"
+            where = f" in keys {fields['key_range']}"
+        return CorruptedError(f"{what}{whose} in {self.path} found damaged storage{where}: {exc}", **fields)
+
+    def _valid(self, it: Any, what: str, lo: bytes, hi: bytes | None, channel: int | str | None) -> bool:
+        """``it.valid()``, except that an iterator stopped by an error raises it: RocksDB's iterator
+        ends the same way at the end of the data and at a damaged block, only its status tells."""
+        if it.valid():
+            return True
+        try:
+            it.status()
+        except Exception as exc:  # rocksdict raises plain Exception carrying RocksDB's status
+            if _is_corruption(exc):
+                raise self._damaged(exc, what, lo, hi, channel) from exc
+            raise
+        return False
+
+    def _get(self, key: bytes, what: str, channel: int | str | None) -> Any:
+        try:
+            return self._db.get(key, read_opt=self._ropts)
+        except Exception as exc:  # rocksdict raises plain Exception carrying RocksDB's status
+            if _is_corruption(exc):
+                raise self._damaged(exc, what, key, None, channel) from exc
+            raise
+
     @contextmanager
     def _engine(self, what: str) -> Iterator[None]:
         """Translate engine failures at the boundary, naming the database path."""
         self._check_open()
+        with self._in_use():
+            try:
+                yield
+            except StreamingError:
+                raise
+            except Exception as exc:  # rocksdict raises plain Exception; its text carries RocksDB's status
+                if _NO_SPACE in str(exc) or (isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS):
+                    # RocksDB stops taking writes after a failed write of its own (a full disk while
+                    # flushing a memtable or appending to its log) until it is reopened; the journal
+                    # holds every acknowledged write meanwhile.  Retriable: _reopen brings it back.
+                    if not isinstance(exc, OSError):
+                        self._stalled = str(exc)
+                    raise StorageFullError(f"{what} in {self.path}: the disk is full: {exc}", path=self.path) from exc
+                if _is_corruption(exc):
+                    raise self._damaged(exc, what, None, None, None) from exc
+                if any(status in str(exc) for status in _TRANSIENT_STATUSES):
+                    raise StreamingError(
+                        f"{what} in {self.path} hit a transient condition: {exc}", code=ErrorCode.UNAVAILABLE,
+                        path=self.path,
+                    ) from exc
+                raise UnrecoverableError(f"{what} failed in {self.path}: {exc}", path=self.path) from exc
+
+    @contextmanager
+    def _in_use(self) -> Iterator[None]:
+        """Count the calling thread inside the engine (``_reopen`` waits until none is)."""
+        with self._gate:
+            while self._reopening:
+                self._gate.wait()
+            self._users += 1
         try:
             yield
-        except StreamingError:
-            raise
-        except Exception as exc:  # rocksdict raises plain Exception; its text carries RocksDB's status
-            if any(status in str(exc) for status in _TRANSIENT_STATUSES):
-                raise StreamingError(
-                    f"{what} in {self.path} hit a transient condition: {exc}", code=ErrorCode.UNAVAILABLE,
-                    path=self.path,
-                ) from exc
-            raise UnrecoverableError(f"{what} failed in {self.path}: {exc}", path=self.path) from exc
+        finally:
+            with self._gate:
+                self._users -= 1
+                if not self._users:
+                    self._gate.notify_all()
+
+    def _reopen(self) -> None:
+        """Bring RocksDB back after a full disk stopped it: close it, open it again and replay the
+        journal (which holds every write since the last flush of its tables: nothing acknowledged is
+        lost).  Called on the writer thread, outside any engine call, at most once a second while
+        the disk stays full; waits until no other thread is inside the engine.
+
+        Never after a failed journal sync (``_sync_failed``): that one is final, see ``_fdatasync``."""
+        now = time.monotonic()
+        if now - self._last_reopen < _REOPEN_EVERY_SECONDS:
+            raise StorageFullError(
+                f"the WAL database in {self.path} stopped on a full disk ({self._stalled}); it is reopened "
+                "once space is free", path=self.path)
+        self._last_reopen = now
+        with self._gate:
+            self._reopening = True
+            while self._users:
+                self._gate.wait()
+        try:
+            with self._jlock:
+                if self._jfd >= 0:
+                    os.close(self._jfd)  # its records are replayed below; a sync of it is not needed
+                    self._jfd = -1
+            try:
+                self._db.close()
+            except Exception as exc:  # noqa: BLE001  (it reports the error it stopped on; the lock is released)
+                log.info("closing the stopped database", error=str(exc))
+            try:
+                self._db = rocksdict.Rdict(str(self.path), options=self._opts)
+                self._replay_journal()
+                if self._journaled:
+                    self._open_journal(self._jseq + 1)
+            except Exception as exc:
+                log.warning("reopening the WAL database failed; tried again on a later write",
+                            path=self.path, error=str(exc))
+                raise StorageFullError(f"reopening the WAL database in {self.path} failed: {exc}",
+                                       path=self.path) from exc
+            self._stalled = None
+            log.warning("WAL database reopened after a full disk", path=self.path)
+        finally:
+            with self._gate:
+                self._reopening = False
+                self._gate.notify_all()
 
     def _load(self, name: str) -> dict[str, Any]:
-        raw = self._db.get(b"C" + name.encode())
+        raw = self._get(b"C" + name.encode(), "reading the channel record", name)
         if raw is None:
             raise ChannelNotExistError(f"pchannel {name!r} does not exist", channel=name)
         try:
@@ -198,18 +389,20 @@ class RocksBackend(Backend):
     def _info(self, name: str, record: dict[str, Any]) -> ChannelInfo:
         key = int(record["key"])
         info = ChannelInfo(name, key, int(record["term"]), 0, 0, 0, dict(record.get("properties", {})))
-        it = self._db.iter()
+        self._names[key] = name
+        lo, hi = _data_key(key, 0), _data_key(key, _MAX_ID)
+        it = self._db.iter(self._ropts)
         try:
-            it.seek(_data_key(key, 0))
-            if it.valid() and it.key()[:5] == b"D" + _U32.pack(key):
+            it.seek(lo)
+            if self._valid(it, "finding the first block", lo, hi, name) and it.key()[:5] == b"D" + _U32.pack(key):
                 info.first_id = info.next_id = _KEY_ID.unpack_from(it.key(), 1)[1]
-            it.seek_for_prev(_data_key(key, _MAX_ID))
+            it.seek_for_prev(hi)
             last = None
-            if it.valid() and it.key()[:5] == b"D" + _U32.pack(key):
+            if self._valid(it, "finding the last block", lo, hi, name) and it.key()[:5] == b"D" + _U32.pack(key):
                 last = (_KEY_ID.unpack_from(it.key(), 1)[1], bytes(it.value()))
         finally:
             del it
-        raw_max = self._db.get(b"H" + _U32.pack(key))
+        raw_max = self._get(b"H" + _U32.pack(key), "reading the high-water timetick", name)
         max_ts = _U64.unpack(raw_max)[0] if raw_max is not None else 0
         return tail_state(info, last, str(self.path), max_ts)
 
@@ -221,15 +414,19 @@ class RocksBackend(Backend):
         replayed = 0
         for i, path in enumerate(paths):
             self._jseq = max(self._jseq, _journal.sequence_of(path))
+            newest = i == len(paths) - 1
             for item in _journal.read(path):
                 if isinstance(item, _journal.Torn):
-                    if i != len(paths) - 1:
-                        raise _journal.corrupted(path, item)
+                    if item.damaged or not newest:
+                        # Nothing is deleted: the file stays as evidence and is found again next time.
+                        raise _journal.corrupted(path, item, newest, self._names_of(item.channel_keys))
                     # Cut short by a crash before its sync: in SYNC durability never acknowledged; in
-                    # RELAXED it is the loss a power failure may cause (see wal/README.md).
+                    # RELAXED it is the loss a power failure may cause (see wal/README.md).  What is
+                    # dropped is kept beside the journal, never replayed.
+                    aside = _journal.keep_torn_tail(path, item.offset)
                     log.warning("journal ends in a torn write, dropped",
                                 path=path, offset=item.offset, reason=item.reason,
-                                dropped_bytes=os.path.getsize(path) - item.offset)
+                                dropped_bytes=os.path.getsize(path) - item.offset, kept_in=aside)
                     break
                 wb = rocksdict.WriteBatch(raw_mode=True)
                 self._put_groups(wb, item)
@@ -238,6 +435,11 @@ class RocksBackend(Backend):
         # In RocksDB's tables now: the files can go.
         self._drop_journal_before(self._jseq + 1)
         log.info("journal replayed", path=self._journal_dir, files=len(paths), records=replayed)
+
+    def _names_of(self, channel_keys: tuple[int, ...]) -> list[str]:
+        """The names of the pchannels with these keys (a key with no readable channel record shows as
+        ``#key``)."""
+        return [self._pchannel(k) for k in channel_keys]
 
     def _open_journal(self, seq: int) -> None:
         """Start appending to journal file ``seq`` (the previous one is synced and closed first)."""
@@ -261,7 +463,8 @@ class RocksBackend(Backend):
 
     def _flush_in_background(self, seq: int) -> None:
         try:
-            self._drop_journal_before(seq)
+            with self._in_use():
+                self._drop_journal_before(seq)
         except Exception as exc:  # noqa: BLE001  (the files stay and are replayed on open: nothing is lost)
             log.warning("journal flush failed; the older files stay until the next one", error=repr(exc))
 
@@ -275,21 +478,32 @@ class RocksBackend(Backend):
         self._jflusher.submit(self._drop_journal_before, self._jseq).result()
 
     def _journal_append(self, groups: list[WriteGroup]) -> int:
-        """Append one record; returns where the file ended before it (to cut a failed write off)."""
+        """Append one record; returns where the file ended before it (to cut a failed write off).
+
+        A write that fails (a full disk: ENOSPC, usually after a short write) is cut off the file
+        again, so it never leaves half a record behind and the next append starts where this one
+        did: retrying is safe, since nothing of it was written, unlike after a failed sync (see
+        ``_fdatasync``).  Only a cut that fails itself is final."""
         parts = _journal.encode(groups)
         start = self._joffset
         total = sum(map(len, parts))
         written = 0
         try:
-            # A commit of many pchannels can have more blocks than one writev may take (IOV_MAX).
-            for i in range(0, len(parts), _IOV_MAX):
-                written += os.writev(self._jfd, parts[i:i + _IOV_MAX])
+            # A commit of many pchannels can have more blocks than one writev may take (IOV_MAX), and
+            # writev may write less than asked (the disk filled up): go on from there, so that a full
+            # disk ends in the OSError that names it.
+            views = [memoryview(p) for p in parts]
+            while views:
+                n = _writev_some(self._jfd, views[:_IOV_MAX])
+                written += n
+                while views and n >= len(views[0]):
+                    n -= len(views[0])
+                    views.pop(0)
+                if n:
+                    views[0] = views[0][n:]
         except BaseException:
             self._cut_journal(start)
             raise
-        if written != total:
-            self._cut_journal(start)
-            raise OSError(f"short journal write: {written} of {total} bytes")
         self._joffset = start + total
         return start
 
@@ -311,8 +525,14 @@ class RocksBackend(Backend):
                 "until the database is reopened", path=self.path)
 
     def _cut_journal(self, offset: int) -> None:
-        os.ftruncate(self._jfd, offset)
-        os.lseek(self._jfd, offset, os.SEEK_SET)
+        try:
+            os.ftruncate(self._jfd, offset)
+            os.lseek(self._jfd, offset, os.SEEK_SET)
+        except OSError as exc:
+            # Half a record may stay in the file: nothing may be appended after it, ever (replay
+            # would take it for damage), so this is as final as a failed sync.
+            self._sync_failed = exc
+            raise
         self._joffset = offset
 
     @staticmethod
@@ -328,9 +548,9 @@ class RocksBackend(Backend):
         if not name:
             raise InvalidArgumentError("pchannel name must not be empty")
         with self._engine("create_channel"), self._meta_lock:
-            if self._db.get(b"C" + name.encode()) is not None:
+            if self._get(b"C" + name.encode(), "reading the channel record", name) is not None:
                 raise ChannelExistError(f"pchannel {name!r} already exists", channel=name)
-            raw_next = self._db.get(_NEXT_KEY)
+            raw_next = self._get(_NEXT_KEY, "reading the next channel key", None)
             key = _U32.unpack(raw_next)[0] if raw_next is not None else 1
             record = {"key": key, "term": 0, "properties": dict(properties)}
             wb = rocksdict.WriteBatch(raw_mode=True)
@@ -353,10 +573,10 @@ class RocksBackend(Backend):
     def list_channels(self) -> list[str]:
         with self._engine("list_channels"):
             names: list[str] = []
-            it = self._db.iter()
+            it = self._db.iter(self._ropts)
             try:
                 it.seek(b"C")
-                while it.valid():
+                while self._valid(it, "listing channels", b"C", b"D", None):
                     k = it.key()
                     if not k.startswith(b"C"):
                         break
@@ -380,6 +600,8 @@ class RocksBackend(Backend):
 
     # --- data ------------------------------------------------------------------------------------
     def write(self, groups: list[WriteGroup], durable: bool) -> None:
+        if self._stalled is not None and not self._closed:
+            self._reopen()
         with self._engine("write"):
             wb = rocksdict.WriteBatch(raw_mode=True)
             self._put_groups(wb, groups)
@@ -415,17 +637,19 @@ class RocksBackend(Backend):
             prefix = b"D" + _U32.pack(channel_key)
             out: list[tuple[MessageID, bytes]] = []
             total = 0
-            it = self._db.iter()
+            lo, hi = _data_key(channel_key, from_id), _data_key(channel_key, _MAX_ID)
+            it = self._db.iter(self._ropts)
             try:
-                it.seek_for_prev(_data_key(channel_key, from_id))
-                if not it.valid() or not it.key().startswith(prefix):
-                    it.seek(_data_key(channel_key, from_id))
+                it.seek_for_prev(lo)
+                # Checked before the next seek, which would clear an error the first one met.
+                if not self._valid(it, "reading", lo, hi, channel_key) or not it.key().startswith(prefix):
+                    it.seek(lo)
                 else:
                     # The block before from_id holds it only if it reaches that far.
                     first = _KEY_ID.unpack_from(it.key(), 1)[1]
                     if first + block_count(it.value()) <= from_id:
                         it.next()
-                while it.valid():
+                while self._valid(it, "reading", lo, hi, channel_key):
                     k = it.key()
                     if not k.startswith(prefix):
                         break
@@ -441,10 +665,12 @@ class RocksBackend(Backend):
 
     def seek_time(self, channel_key: int, timetick: int) -> TickEntry | None:
         with self._engine("seek_time"):
-            it = self._db.iter()
+            it = self._db.iter(self._ropts)
             try:
                 it.seek_for_prev(_tick_key(channel_key, timetick))
-                if not it.valid() or not it.key().startswith(b"T" + _U32.pack(channel_key)):
+                found = self._valid(it, "searching the time index", _tick_key(channel_key, 0),
+                                    _tick_key(channel_key, timetick), channel_key)
+                if not found or not it.key().startswith(b"T" + _U32.pack(channel_key)):
                     return None
                 ts = _KEY_ID.unpack_from(it.key(), 1)[1]
                 mid, resume = _TICK_VALUE.unpack(it.value())
@@ -455,13 +681,14 @@ class RocksBackend(Backend):
     def truncate(self, channel_key: int, before_id: MessageID) -> MessageID:
         with self._engine("truncate"):
             prefix = b"D" + _U32.pack(channel_key)
-            it = self._db.iter()
+            lo, hi = _data_key(channel_key, 0), _data_key(channel_key, before_id)
+            it = self._db.iter(self._ropts)
             try:
-                it.seek_for_prev(_data_key(channel_key, before_id))
-                if not it.valid() or not it.key().startswith(prefix):
+                it.seek_for_prev(hi)
+                if not self._valid(it, "truncating", lo, hi, channel_key) or not it.key().startswith(prefix):
                     # Nothing starts at or before before_id: nothing to drop.
-                    it.seek(_data_key(channel_key, 0))
-                    if it.valid() and it.key().startswith(prefix):
+                    it.seek(lo)
+                    if self._valid(it, "truncating", lo, hi, channel_key) and it.key().startswith(prefix):
                         return int(_KEY_ID.unpack_from(it.key(), 1)[1])
                     return before_id
                 first = _KEY_ID.unpack_from(it.key(), 1)[1]
@@ -472,7 +699,9 @@ class RocksBackend(Backend):
                 stale_ticks: list[bytes] = []
                 it.seek(_tick_key(channel_key, 0))
                 tprefix = b"T" + _U32.pack(channel_key)
-                while it.valid() and it.key().startswith(tprefix):
+                tlo, thi = _tick_key(channel_key, 0), _tick_key(channel_key, _MAX_ID)
+                while (self._valid(it, "truncating the time index", tlo, thi, channel_key)
+                       and it.key().startswith(tprefix)):
                     if _TICK_VALUE.unpack(it.value())[0] >= keep_from:
                         break
                     stale_ticks.append(it.key())
@@ -493,7 +722,7 @@ class RocksBackend(Backend):
 
     def get_meta(self, channel_key: int, name: str) -> bytes | None:
         with self._engine("get_meta"):
-            raw = self._db.get(b"X" + _U32.pack(channel_key) + name.encode())
+            raw = self._get(b"X" + _U32.pack(channel_key) + name.encode(), f"reading {name!r}", channel_key)
             return bytes(raw) if raw is not None else None
 
     def sync(self) -> None:
@@ -519,21 +748,31 @@ class RocksBackend(Backend):
                 del cp
 
     def close(self) -> None:
+        """Close, never raising for a storage failure: what the failure kept from reaching RocksDB's
+        tables is still in the journal (or RocksDB's log) and is replayed at the next open, so a
+        node stopping after a disk error (full, failed sync) logs it and exits cleanly."""
         if self._closed:
             return
         self._closed = True
-        try:
-            # A clean close leaves nothing to replay: the next open starts at once.  (Switching the
-            # file syncs the old one first.)
-            self._journal_checkpoint()
-            self._db.flush_wal(True)
-        finally:
-            if self._jflusher is not None:
-                self._jflusher.shutdown(wait=True)
-            if self._jfd >= 0:
-                os.close(self._jfd)
-                self._jfd = -1
-            self._db.close()
+        with self._in_use():
+            try:
+                # A clean close leaves nothing to replay: the next open starts at once.  (Switching
+                # the file syncs the old one first.)
+                if self._stalled is None and self._sync_failed is None:
+                    self._journal_checkpoint()
+                    self._db.flush_wal(True)
+            except Exception as exc:  # noqa: BLE001  (see the docstring: nothing is lost)
+                log.warning("closing the WAL database left work for the next open", path=self.path, error=str(exc))
+            finally:
+                if self._jflusher is not None:
+                    self._jflusher.shutdown(wait=True)
+                if self._jfd >= 0:
+                    os.close(self._jfd)
+                    self._jfd = -1
+                try:
+                    self._db.close()
+                except Exception as exc:  # noqa: BLE001  (RocksDB repeats the error it stopped on)
+                    log.warning("the WAL database reported an error on close", path=self.path, error=str(exc))
 
 
 __all__ = ["RocksBackend", "SyncMethod"]
