@@ -224,3 +224,43 @@ async def test_a_torn_tail_is_dropped_and_its_bytes_kept_aside(tmp_path: Path, t
     assert await _payloads(path) == [b"m%02d" % i for i in range(40)]
     with open(last + ".torn", "rb") as f:
         assert f.read() == extra, "what was dropped is kept for inspection"
+
+
+async def test_a_record_cut_short_in_the_middle_of_a_file_is_damage(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    _crash_after(path, _APPEND_40)
+    last = _journal_files(path)[-1]
+    with open(last, "rb") as f:
+        data = f.read()
+    ends = []
+    for item in _journal.read(last):
+        assert isinstance(item, list)
+        ends.append((ends[-1] if ends else 0) + sum(map(len, _journal.encode(item))))
+    # Twenty bytes of the tenth record never reached the disk, and thirty records follow: no trailer
+    # vouches for it, only the valid records after it tell that this is no torn tail.
+    with open(last, "wb") as f:
+        f.write(data[:ends[9] - 20] + data[ends[9]:])
+    with pytest.raises(CorruptedError, match=rf"at byte {ends[8]} .*a valid record follows at byte \d+"):
+        RocksBackend(path)
+
+
+def test_version_1_records_of_an_older_build_still_replay(tmp_path: Path) -> None:
+    import struct  # noqa: PLC0415
+    import zlib  # noqa: PLC0415
+
+    from wal._codec import encode_block  # noqa: PLC0415
+    from wal.message import Message  # noqa: PLC0415
+
+    m = Message(MessageType.DATA, "v", b"old")
+    m._timetick, m._term, m._last_confirmed = 5, 1, 0
+    block = encode_block([m])
+    body_crc = struct.unpack_from("<I", block, 12)[0]
+    meta = struct.pack("<IQQIII", 1, 0, 5, 0, len(block), body_crc)
+    record = struct.pack("<III", _journal.MAGIC_V1, len(meta), zlib.crc32(meta)) + meta + block
+    name = tmp_path / "1.jnl"
+    name.write_bytes(record * 2)
+    items = list(_journal.read(str(name)))
+    assert len(items) == 2 and all(isinstance(i, list) and i[0].block == block for i in items)
+    name.write_bytes(record + record[:-3])  # and a cut second record is a torn tail, as before
+    *good, torn = _journal.read(str(name))
+    assert len(good) == 1 and isinstance(torn, _journal.Torn) and not torn.damaged and torn.offset == len(record)
