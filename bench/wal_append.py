@@ -1,6 +1,7 @@
 """Durable append and catch-up scan of the WAL, measured against raw rocksdict in the same process.
 
     .venv/bin/python bench/wal_append.py [--messages N] [--size 1024] [--appenders 16] [--batch 100] [--runs 3]
+    .venv/bin/python bench/wal_append.py --verify-cost [--messages N] [--runs 5]   # read checksums on / off
 
 Every run measures, each in a fresh temporary directory, ours and raw back to back (which goes first
 alternates between runs):
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import os
 import shutil
@@ -43,7 +45,7 @@ import rocksdict
 from _harness import Run, prepare_process, repeat, tmpdir, verdict
 
 from wal import Message, MessageType, ReadOption, WALManager, new_time_tick
-from wal.backends.rocks import SyncMethod
+from wal.backends.rocks import RocksBackend, SyncMethod
 
 PCHANNEL = "bench-p0"
 VCHANNEL = "bench-v0"
@@ -100,8 +102,10 @@ async def _append_ours(path: str, n: int, size: int, appenders: int, batch: int,
     return AppendRun(n / elapsed, requests, commits)
 
 
-async def _scan_ours(path: str, n: int) -> float:
-    manager = await WALManager.start_rocksdb(path)  # a fresh manager: empty tail buffer, reads storage
+async def _scan_ours(path: str, n: int, verify_checksums: bool = True) -> float:
+    # A fresh manager: empty tail buffer, reads storage.
+    backend = await asyncio.to_thread(functools.partial(RocksBackend, path, verify_checksums=verify_checksums))
+    manager = await WALManager.start(backend)
     try:
         wal = await manager.open(PCHANNEL)
         seen = 0
@@ -319,6 +323,33 @@ def _report(args: argparse.Namespace, runs: list[dict[str, float]]) -> None:
     )
 
 
+def _verify_cost(args: argparse.Namespace) -> None:
+    """Catch-up scan with RocksDB's read-side block checksums verified (the default) and not, paired in
+    the same run over one database: the order alternates, each figure a median over ``--runs`` pairs."""
+    root = tempfile.mkdtemp(prefix="wal-verify-", dir=args.dir)
+    try:
+        path = os.path.join(root, "db")
+        _run_append(path, args.messages, args.size, args.appenders, args.batch, SyncMethod.JOURNAL)
+        on: list[float] = []
+        off: list[float] = []
+        for i in range(args.runs):
+            for verify in ((True, False) if i % 2 == 0 else (False, True)):
+                gc.collect()
+                (on if verify else off).append(asyncio.run(_scan_ours(path, args.messages, verify)))
+        ratios = [b / a for a, b in zip(on, off, strict=True)]
+        cost = statistics.median(ratios) - 1
+        print()
+        print(f"wal_append --verify-cost: catch-up scan of {args.messages:,} messages of {args.size} B from "
+              f"storage (a table file), {args.runs} pairs")
+        for label, rates in (("on ", on), ("off", off)):
+            each = ", ".join(f"{x:,.0f}" for x in rates)
+            print(f"verify_checksums {label}: median {statistics.median(rates):,.0f} msg/s | {each}")
+        print(f"cost of verification (median of paired off/on - 1): {cost:+.1%} "
+              f"({'within' if cost <= 0.10 else 'over'} the 10 % target)")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def _profile(args: argparse.Namespace, part: str) -> None:
     """cProfile one ours run: the event-loop thread and the worker thread doing the storage work."""
     import cProfile  # noqa: PLC0415
@@ -375,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
         choices=("append", "scan"),
         help="instead of the comparison, cProfile one ours append (flush_wal) or scan, loop and worker thread",
     )
+    p.add_argument(
+        "--verify-cost", action="store_true",
+        help="instead of the comparison, the catch-up scan with RocksDB's read checksums on and off, paired",
+    )
     args = p.parse_args(argv)
     if min(args.messages, args.size, args.appenders, args.batch, args.runs) < 1:
         p.error("every size and count must be >= 1")
@@ -382,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     prepare_process()
     if args.profile:
         _profile(args, args.profile)
+        return 0
+    if args.verify_cost:
+        _verify_cost(args)
         return 0
 
     def describe(r: Run) -> str:
