@@ -38,14 +38,16 @@ def channel_json(d: ChannelDescription) -> dict[str, Any]:
         "name": d.name,
         "owner": {"role": d.owner.role, "address": d.owner.address, "description": d.owner.description},
         "term": d.term, "first_id": d.first_id, "last_id": d.last_id, "last_timetick": d.last_timetick,
+        "state": d.state, "failure": d.failure,
+        "failure_code": None if d.failure_code is None else d.failure_code.name, "problems": list(d.problems),
     }
 
 
 def _channel_rows(descriptions: list[ChannelDescription]) -> str:
     rows = [[d.name, str(d.term), _id_text(d.first_id), _id_text(d.last_id),
              str(0 if d.first_id is None or d.last_id is None else d.last_id - d.first_id + 1),
-             ts_text(d.last_timetick), d.owner.role or "-"] for d in descriptions]
-    return _table(["NAME", "TERM", "FIRST_ID", "LAST_ID", "MESSAGES", "LAST_TIME", "OWNER"], rows)
+             ts_text(d.last_timetick), d.owner.role or "-", d.state] for d in descriptions]
+    return _table(["NAME", "TERM", "FIRST_ID", "LAST_ID", "MESSAGES", "LAST_TIME", "OWNER", "STATE"], rows)
 
 
 async def channels_create(args: argparse.Namespace, addr: str) -> int:
@@ -101,6 +103,8 @@ async def channels_describe(args: argparse.Namespace, addr: str) -> int:
             ["name", d.name], ["owner", owner], ["term", str(d.term)],
             ["first_id", _id_text(d.first_id)], ["last_id", _id_text(d.last_id)],
             ["last_timetick", f"{d.last_timetick} ({ts_text(d.last_timetick)})"],
+            ["state", d.state], *([["failure", d.failure]] if d.failure else []),
+            *(["problem", p] for p in d.problems),
         ]).split("\n", 1)[1])  # the header adds nothing to a key/value list
     print("\n\n".join(blocks))
     return 0

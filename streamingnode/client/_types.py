@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from streamingnode import convert
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
+from wal.errors import ErrorCode
 from wal.message import MessageID, Position
 
 
@@ -24,7 +25,12 @@ class Owner:
 
 @dataclass(frozen=True, slots=True)
 class ChannelDescription:
-    """The state of one pchannel.  Ids are None while the channel is empty."""
+    """The state of one pchannel.  Ids are None while the channel is empty.
+
+    ``state`` is "serving" or "failed" ("unspecified" from a node that does not say); a failed
+    pchannel refuses every call with ``failure_code``, and ``failure`` says why.  ``problems`` lists
+    damage found that does not stop the pchannel (one line per finding).
+    """
 
     name: str
     owner: Owner
@@ -32,9 +38,19 @@ class ChannelDescription:
     first_id: MessageID | None
     last_id: MessageID | None
     last_timetick: int
+    state: str = "serving"
+    failure: str = ""
+    failure_code: ErrorCode | None = None
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def failed(self) -> bool:
+        return self.state == "failed"
 
     @classmethod
     def from_pb(cls, d: pb.ChannelDescription) -> ChannelDescription:
+        state = pb.ChannelState.Name(d.state).removeprefix("CHANNEL_STATE_").lower()
+        failed = d.state == pb.CHANNEL_STATE_FAILED
         return cls(
             name=d.channel_name,
             owner=Owner(d.owner.role, d.owner.address, d.owner.description_text),
@@ -42,7 +58,19 @@ class ChannelDescription:
             first_id=convert.message_id_from_pb(d.first_id, "first_id") if d.HasField("first_id") else None,
             last_id=convert.message_id_from_pb(d.last_id, "last_id") if d.HasField("last_id") else None,
             last_timetick=d.last_timetick,
+            state=state,
+            failure=d.failure,
+            failure_code=_code(d.failure_code) if failed else None,
+            problems=tuple(d.problems),
         )
+
+
+def _code(value: int) -> ErrorCode:
+    """The code of a failure; UNKNOWN for one a newer node added that this client does not know."""
+    try:
+        return ErrorCode(value)
+    except ValueError:
+        return ErrorCode.UNKNOWN
 
 
 @dataclass(frozen=True, slots=True)

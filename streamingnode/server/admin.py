@@ -100,7 +100,13 @@ class AdminHandlers:
                 channel_name=info.name, term=info.term, last_timetick=info.last_timetick,
                 owner=pb.OwnerDescription(role=owner.role, address=owner.address,
                                           description_text=owner.description_text),
+                state=pb.CHANNEL_STATE_SERVING, problems=self.node.problems(info.name),
             )
+            failure = self.node.failure(info.name)
+            if failure is not None:
+                d.state = pb.CHANNEL_STATE_FAILED
+                d.failure = failure.reason
+                d.failure_code = pb.ErrorCode.ValueType(failure.code)
             if info.last_id is not None:
                 d.first_id.CopyFrom(convert.message_id_to_pb(info.first_id))
                 d.last_id.CopyFrom(convert.message_id_to_pb(info.last_id))

@@ -115,7 +115,11 @@ class ConsumeStream:
                 raise OnShutdownError("the node is shutting down; reconnect to resume",
                                       channel=channel.stream.pchannel)
             for finished in done:
-                finished.result()  # a stream-ending error of either side ends the call with its status
+                try:
+                    finished.result()  # a stream-ending error of either side ends the call with its status
+                except StreamingError as exc:
+                    self.node.fail_on(channel.stream.pchannel, exc)  # damaged storage: the pchannel fails
+                    raise
             await self._write(spb.ConsumeResponse(closed=spb.ConsumeClosed()))
         finally:
             if metrics is not None:

@@ -63,6 +63,8 @@ class ProduceStream:
         self.wake = asyncio.Event()
         self.failed: StreamingError | None = None
         self.reader: asyncio.Task[None] | None = None
+        self.pchannel = ""
+        """The pchannel the stream writes to, once open."""
 
     async def run(self) -> None:
         ctx = self.context
@@ -73,6 +75,7 @@ class ProduceStream:
             raise InvalidArgumentError("the first request of a Produce stream must be 'open'", field="open")
         opened = first.open
         channel = self.node.channel(require(opened.pchannel, "open.pchannel"), "open.pchannel")
+        self.pchannel = channel.stream.pchannel
         producer_id = opened.producer_id if opened.HasField("producer_id") else None
         if producer_id == "":
             raise InvalidArgumentError("open.producer_id must not be empty when set", field="producer_id")
@@ -193,6 +196,7 @@ class ProduceStream:
             try:
                 results = await fut
             except StreamingError as exc:
+                self.node.fail_on(self.pchannel, exc)  # damaged storage: the pchannel fails
                 response = spb.ProduceBatchResult(request_id=rid, error=to_error_detail(exc))
                 if exc.code in _STREAM_ENDING and self.failed is None:
                     self.failed = exc
