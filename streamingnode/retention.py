@@ -147,6 +147,7 @@ class ChannelRetention:
         self._stored_id: MessageID = 0
         self._stored_at = 0.0
         self._slot = 0
+        self._due_from: MessageID | None = None
         self.snapshots_stored = 0
         self._checks = 0
         self._truncations = 0
@@ -204,7 +205,7 @@ class ChannelRetention:
             try:
                 await self.snapshot()
             except StreamingError as exc:
-                self._shadow = None  # seeded again (e.g. a truncation passed it)
+                self._shadow = self._due_from = None  # seeded again (e.g. a truncation passed it)
                 if self._stream.wal.state is not WALState.RUNNING:
                     return
                 log.warning("recovery snapshot failed", pchannel=self._stream.pchannel, error=repr(exc))
@@ -245,9 +246,13 @@ class ChannelRetention:
         if not due:
             await shadow.advance(head)
             return None
-        # The first point at or above where the shadow is that no transaction spans.
-        if not await shadow.advance(head, clear_from=shadow.position) or shadow.position <= self._stored_id:
+        # The first point no transaction spans at or above the end of the log when the snapshot fell
+        # due (kept while transactions span every point after it, so the next pass stops at the first).
+        if self._due_from is None:
+            self._due_from = head
+        if not await shadow.advance(head, clear_from=self._due_from) or shadow.position <= self._stored_id:
             return None
+        self._due_from = None
         snapshot = shadow.capture()
         async with self._lock:
             if self._state is RetentionState.CLOSED:
@@ -272,7 +277,7 @@ class ChannelRetention:
         # last message is only the bound when nothing else is.
         bounds: list[tuple[MessageID, str]] = []
         if self._flusher is not None:
-            bounds.append((self._flusher.checkpoint.message_id, "flusher"))
+            bounds.append((self._flusher.retained_from, "flusher"))
         if self._groups is not None:
             for name in self._groups.names():
                 for mid, _ in self._groups.require(name).values():

@@ -1,0 +1,224 @@
+"""Periodic recovery snapshots over a real RocksDB WAL: a restart replays only what came after the
+newest one (nothing truncated), a damaged newest one falls back to the one before it (or to full
+replay) with a warning naming it and the recovered state is whole, and the shadow replay that feeds
+them decodes in a worker thread, never on the event loop."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import structlog
+
+from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE
+from interceptors.snapshot import PERIODIC_METAS, SNAPSHOT_META, RecoverySnapshot, ShadowReplay, stored_snapshots
+from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from streamingnode.retention import ChannelRetention, RetentionConfig
+from tests.waiting import persisted_tick
+from wal import Message, MessageType, WALManager, bodies
+
+FAST = ChainConfig(tick_interval=0.01, segment_max_rows=10)
+SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("s", pa.string())])
+BY_HAND = RetentionConfig(retention_seconds=-1, check_seconds=3600, snapshot_every_messages=0,
+                          snapshot_every_seconds=0)
+"""No truncation, no periodic task: snapshots are taken by hand (``snapshot(force=True)``)."""
+
+
+def rows(start: int, n: int) -> pa.RecordBatch:
+    return pa.record_batch([pa.array(range(start, start + n), pa.int64()),
+                            pa.array([f"s{i}" for i in range(start, start + n)])], schema=SCHEMA)
+
+
+class Node:
+    """A RocksDB manager and the streaming WAL of pchannel ``p``; ``reopen`` restarts both."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.manager: WALManager | None = None
+        self.swal: StreamingWAL | None = None
+
+    async def open(self) -> StreamingWAL:
+        self.manager = await WALManager.start_rocksdb(self.path)
+        if "p" not in await self.manager.list_channels():
+            await self.manager.create_channel("p")
+        self.swal = await open_streaming_wal(self.manager, "p", FAST)
+        await self.swal.ready()
+        return self.swal
+
+    async def close(self) -> None:
+        if self.swal is not None:
+            await self.swal.aclose()
+            self.swal = None
+        if self.manager is not None:
+            await self.manager.aclose()
+            self.manager = None
+
+    async def reopen(self) -> StreamingWAL:
+        await self.close()
+        return await self.open()
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[Node]:
+    n = Node(tmp_path / "db")
+    await n.open()
+    yield n
+    await n.close()
+
+
+async def data(swal: StreamingWAL, n: int) -> list[int]:
+    return [(await swal.append(Message(MessageType.DATA, "v", b"x" * 100))).message_id for _ in range(n)]
+
+
+async def snapshot(swal: StreamingWAL) -> RecoverySnapshot:
+    retention = ChannelRetention(swal, None, None, BY_HAND)
+    taken = await retention.snapshot(force=True)
+    assert taken is not None
+    return taken
+
+
+async def flip_a_byte(swal: StreamingWAL, name: str) -> None:
+    raw = await swal.wal.get_meta(name)
+    assert raw is not None
+    i = len(raw) // 2
+    await swal.wal.put_meta(name, raw[:i] + bytes([raw[i] ^ 0x01]) + raw[i + 1:])
+
+
+async def test_restart_replays_only_what_came_after_the_newest_snapshot(node: Node) -> None:
+    swal = node.swal
+    assert swal is not None
+    await data(swal, 60)
+    taken = await snapshot(swal)
+    assert taken.message_id > 60
+    await data(swal, 7)
+    end = swal.wal.next_id
+
+    swal = await node.reopen()
+    assert swal.wal.first_id == 0  # nothing was truncated: only the snapshot shortened the replay
+    assert swal.recovery_replayed == end - taken.message_id
+    assert swal.recovery_replayed is not None and swal.recovery_replayed < 20
+
+
+async def test_the_periodic_task_stores_snapshots_by_itself(node: Node) -> None:
+    """Every N messages: alternately in both slots, each one newer than the one before."""
+    swal = node.swal
+    assert swal is not None
+    retention = ChannelRetention(swal, None, None, RetentionConfig(
+        retention_seconds=-1, snapshot_every_messages=10, snapshot_every_seconds=0))
+    await data(swal, 15)
+    first = await retention.snapshot()
+    assert first is not None
+    assert await retention.snapshot() is None  # not due: fewer than 10 written since
+    await data(swal, 15)
+    second = await retention.snapshot()
+    assert second is not None and second.message_id > first.message_id
+    slots = [await swal.wal.get_meta(n) for n in PERIODIC_METAS]
+    assert all(slots)
+    assert {RecoverySnapshot.decode(s, "p").message_id for s in slots if s} == {first.message_id, second.message_id}
+
+
+async def test_a_damaged_newest_snapshot_falls_back_to_the_one_before(node: Node) -> None:
+    swal = node.swal
+    assert swal is not None
+    await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
+    resent = bodies.insert("v", "c", rows(0, 4))
+    resent = Message(resent.message_type, "v", resent.payload,
+                     {**resent.properties, PROP_PRODUCER: "prod", PROP_SEQUENCE: "7"})
+    original = await swal.append(resent)
+    older = await snapshot(swal)
+    # A transaction written after the older snapshot: the newer one is taken after its commit.
+    ctx, _ = await swal.begin_txn("v", keepalive_ms=0)
+    parts = [await swal.append(Message(MessageType.DATA, "v", f"t{i}".encode(), txn=ctx)) for i in range(3)]
+    assert all(r.message_id for r in parts)
+    await swal.commit_txn(ctx.txn_id)
+    await data(swal, 5)
+    newer = await snapshot(swal)
+    assert newer.message_id > older.message_id
+    (newer_slot,) = [n for n, s in (await stored_snapshots(swal.wal)).items() if s.message_id == newer.message_id]
+    await flip_a_byte(swal, newer_slot)
+    end = swal.wal.next_id
+
+    with structlog.testing.capture_logs() as logs:
+        swal = await node.reopen()
+    warned = [e for e in logs if e["log_level"] == "warning" and e.get("snapshot") == newer_slot]
+    assert warned and "checksum" in warned[0]["error"]
+    assert swal.recovery_replayed == end - older.message_id  # from the older one, not from 0
+    # The recovered state is whole: the collection, the dedup window, the transaction.
+    assert "c" in swal.shard.collections("v")
+    assert await swal.append(Message(resent.message_type, "v", resent.payload,
+                                     {k: v for k, v in resent.properties.items()
+                                      if k not in (bodies.PROP_SEGMENT, "rows")})) == original
+    # Committed whole before the restart: recovery rolled nothing back, nothing was added to it.
+    assert await _txn_messages(swal, ctx.txn_id) == [
+        MessageType.BEGIN_TXN, MessageType.DATA, MessageType.DATA, MessageType.DATA, MessageType.COMMIT_TXN]
+
+
+async def test_every_snapshot_damaged_means_full_replay_with_a_warning(node: Node) -> None:
+    swal = node.swal
+    assert swal is not None
+    await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
+    await data(swal, 5)
+    await snapshot(swal)
+    await data(swal, 5)
+    await snapshot(swal)
+    for name in PERIODIC_METAS:
+        await flip_a_byte(swal, name)
+    end = swal.wal.next_id
+
+    with structlog.testing.capture_logs() as logs:
+        swal = await node.reopen()
+    assert {e.get("snapshot") for e in logs if e["log_level"] == "warning"} >= set(PERIODIC_METAS)
+    assert swal.recovery_replayed == end
+    assert "c" in swal.shard.collections("v")
+
+
+async def test_no_snapshot_is_taken_inside_a_transaction(node: Node) -> None:
+    swal = node.swal
+    assert swal is not None
+    await data(swal, 3)
+    retention = ChannelRetention(swal, None, None, BY_HAND)
+    await retention.snapshot(force=True)
+    ctx, begin = await swal.begin_txn("v", keepalive_ms=0)
+    await swal.append(Message(MessageType.DATA, "v", b"in", txn=ctx))
+    await persisted_tick(swal)
+    assert await retention.snapshot(force=True) is None  # the transaction spans the end of the log
+    commit = await swal.commit_txn(ctx.txn_id)
+    taken = await retention.snapshot(force=True)
+    assert taken is not None and taken.message_id > commit.message_id > begin.message_id
+
+
+async def test_the_shadow_replay_decodes_in_a_worker_thread(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where it runs, not how long it takes: the decode and replay never run on the loop's thread."""
+    swal = node.swal
+    assert swal is not None
+    await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
+    await data(swal, 30)
+    await persisted_tick(swal)
+    threads: list[int] = []
+    real = ShadowReplay._replay_blocks
+
+    def spy(self: ShadowReplay, *args: object) -> bool:
+        threads.append(threading.get_ident())
+        return real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ShadowReplay, "_replay_blocks", spy)
+    swal.recovered_snapshot = None  # the periodic shadow replays from the start, as after an old log
+    await snapshot(swal)
+    # The truncation's shadow, too (no time floor: it cuts up to the last message).
+    done = await ChannelRetention(swal, None, None, RetentionConfig(retention_seconds=0)).check()
+    assert done is not None and await swal.wal.get_meta(SNAPSHOT_META) is not None
+    assert threads and threading.get_ident() not in threads
+
+
+async def _txn_messages(swal: StreamingWAL, txn_id: int) -> list[MessageType]:
+    """The stored messages of transaction ``txn_id``, in id order, by type."""
+    got: list[MessageType] = []
+    nid = swal.wal.first_id
+    while nid < swal.wal.next_id:
+        batch = await swal.wal.read_stored(nid)
+        got += [m.message_type for m in batch if m.txn is not None and m.txn.txn_id == txn_id]
+        nid = batch[-1].message_id + 1  # type: ignore[operator]
+    return got
