@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from flusher._layout import FIRST_KEY, LAST_KEY, PCHANNEL, DeliveryKey, encode_key
+from flusher._layout import FIRST_KEY, LAST_KEY, PCHANNEL, TS_COLUMN, DeliveryKey, encode_key, segment_dir
+from wal import bodies
 from wal.clock import physical_ms
-from wal.message import Position
+from wal.message import Message, Position
 
 PRIMARY_KEY = b"streamingnode.primary_key"
 """The key ``flusher.spark`` looks up (PRIMARY_KEY_METADATA there)."""
-TS_COLUMN = "_ts"
 SEGMENT_COLUMN = "_segment"
 
 
@@ -89,6 +89,19 @@ class Buffer:
         return pa.Table.from_batches(out, out_schema)
 
 
+def insert_destination(m: Message, collection: str) -> tuple[str, int]:
+    """The directory (and segment) an INSERT of ``collection`` goes to."""
+    segment = bodies.read_segment(m)
+    partition = m.properties.get(bodies.PROP_PARTITION, bodies.DEFAULT_PARTITION)
+    return segment_dir(collection, partition, segment), segment
+
+
+def delete_rows(m: Message, schema: pa.Schema, primary_key: str) -> tuple[pa.Schema, pa.RecordBatch]:
+    """A DELETE's keys as a delete buffer's schema and batch (the primary key column of ``schema``)."""
+    pk = schema.field(primary_key)
+    return pa.schema([pk]), pa.RecordBatch.from_arrays([bodies.read_delete(m)], names=[pk.name])
+
+
 def _conform(array: pa.Array, t: pa.DataType) -> pa.Array:
     # Inserts may differ from the schema only where RowCheck allows it (a vector's child name,
     # string vs large_string delete keys); a cast makes every batch of one file the same type.
@@ -100,4 +113,4 @@ def _constant(value: int, n: int) -> pa.Array:
     return pa.nulls(n, pa.int64()).fill_null(value)
 
 
-__all__ = ["SEGMENT_COLUMN", "TS_COLUMN", "Buffer"]
+__all__ = ["SEGMENT_COLUMN", "TS_COLUMN", "Buffer", "delete_rows", "insert_destination"]

@@ -13,7 +13,7 @@ What it does with each message (in the scanner's delivery order, transactions wh
   together exceed ``memory_cap_bytes``.
 
 Exactly once.  The truth is the set of committed files (``commit.py``).  Each file records the
-delivery key ``(visible ts, id)`` of its last message; on start ``scan_committed`` gives each
+delivery key ``(visible ts, id)`` of its last message; on start ``_probe.scan`` gives each
 directory's largest one, and messages at or below it are skipped.  The reader resumes from the
 stored checkpoint: the start of the oldest pack that holds a message not yet in a committed file
 (or, with nothing buffered, where the reader is).  The checkpoint is stored only after the files it
@@ -29,6 +29,7 @@ import asyncio
 import base64
 import collections
 import enum
+import errno
 import functools
 import json
 import time
@@ -42,15 +43,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 
-from flusher import _layout
-from flusher._buffers import Buffer
+from flusher import _layout, _probe, _repair
+from flusher._buffers import Buffer, delete_rows, insert_destination
 from flusher.commit import commit_file, crash_point, inside, remove_temporaries
 from interceptors.shard import ShardInterceptor
 from interceptors.snapshot import load_snapshot
 from interceptors.streaming import StreamingWAL
 from wal import bodies
 from wal.clock import physical_ms
-from wal.errors import InvalidArgumentError, OnShutdownError
+from wal.errors import InvalidArgumentError, OnShutdownError, StreamingError
 from wal.lifecycle import cancel_and_wait
 from wal.message import Message, MessageType, Position
 from wal.options import DeliverFilter, DeliverPolicy, ReadOption
@@ -113,6 +114,10 @@ class FlusherStats:
     lag_ms: int
     """Physical milliseconds between the WAL's last timestamp and the last one processed."""
     checkpoint: Position
+    files_quarantined: int = 0
+    """Damaged files moved to ``_quarantine/`` (rewritten from the WAL or lost)."""
+    files_lost: int = 0
+    """Of those, the files whose messages the WAL no longer held: their rows are not in Parquet."""
 
 
 @dataclass(slots=True)
@@ -170,6 +175,12 @@ class Flusher:
         self._delete_rows_written = 0
         self._bytes_written = 0
         self._files_written = 0
+        self._quarantined = 0
+        self._lost = 0
+        self._damaged: list[_layout.Damaged] = []  # moved aside at start, rebuilt before reading
+        self._unchecked: list[str] = []  # sound footers whose data the check task has still to read
+        self._holding = False
+        self._check_task: asyncio.Task[None] | None = None
         self.problems: list[str] = []
         """Damage found that this flusher cannot repair (one human-readable line per finding); the
         node shows it in DescribeChannels."""
@@ -186,17 +197,39 @@ class Flusher:
     @property
     def checkpoint(self) -> Position:
         """The stored checkpoint: every message before its id is in committed files (or needs none),
-        so the WAL may be truncated below it."""
+        so the WAL may be truncated below it (but see ``retained_from``)."""
         if self._saved is None:
             return Position(self._wal.pchannel, self._wal.first_id, 0)
         return Position(self._wal.pchannel, self._saved[0], self._saved[1])
+
+    @property
+    def checking(self) -> bool:
+        """True until the data of every file committed before the start is checked (and any damaged
+        one moved aside and rewritten, or reported in ``problems``)."""
+        return self._holding
+
+    @property
+    def retained_from(self) -> int:
+        """The id below which retention may truncate the WAL for this flusher: the checkpoint's, or
+        the first retained id while committed files are being checked or damaged ones rebuilt (a
+        damaged file's messages must stay in the WAL until it is written again)."""
+        return self._wal.first_id if self._holding else self.checkpoint.message_id
 
     async def start(self) -> None:
         """Recover from the committed files and the stored checkpoint, then start reading."""
         if self._state is not FlusherState.STARTING:
             raise InvalidArgumentError(f"flusher of {self._wal.pchannel!r} was already started")
         removed = await self._in_thread(remove_temporaries, self._root)
-        self._flushed = await self._in_thread(_layout.scan_committed, self._root)
+        committed = await _probe.scan(self._root, self._wal.pchannel)
+        self._flushed = committed.flushed
+        self._unchecked = committed.files
+        self._holding = True  # until the data of every file is checked (``_check_files``)
+        for d in committed.damaged:
+            # Moved aside now, before anything reads the tree: neither this flusher nor a reader
+            # sees it again.  Its messages are not in ``_flushed``; the task rebuilds the file
+            # before it reads on, so a replay cannot write them a second time.
+            await self._move_aside(d)
+        self._damaged = committed.damaged
         raw = await self._wal.get_meta(self._cfg.checkpoint_name)
         # Lazy: once caught up the flusher reads by time ticks (every tick interval while data comes
         # in), not after every append; wait_flushed asks for a tick when someone waits on it.
@@ -230,7 +263,8 @@ class Flusher:
         self._task.add_done_callback(self._on_done)
         self._state = FlusherState.RUNNING
         log.info("flusher started", pchannel=self._wal.pchannel, root=str(self._root), checkpoint=self._saved,
-                 committed_dirs=len(self._flushed), removed_temporaries=removed)
+                 committed_dirs=len(self._flushed), removed_temporaries=removed,
+                 quarantined=len(committed.damaged))
 
     async def _seed_from_snapshot(self) -> None:
         """Reading from the first retained message: the collections created before it are known only
@@ -259,6 +293,8 @@ class Flusher:
         if self._state is FlusherState.CLOSED:
             return
         self._state = FlusherState.DRAINING
+        if self._check_task is not None:
+            await cancel_and_wait(self._check_task)
         if self._task is not None:
             await cancel_and_wait(self._task)
         if self._scanner is not None:
@@ -337,11 +373,16 @@ class Flusher:
             bytes_written=self._bytes_written, files_written=self._files_written,
             buffered_bytes=self._buffered, buffered_rows=sum(b.rows for b in self._buffers.values()),
             peak_buffered_bytes=self._peak, buffers=len(self._buffers), processed_timetick=self._processed,
-            lag_ms=lag, checkpoint=self.checkpoint,
+            lag_ms=lag, checkpoint=self.checkpoint, files_quarantined=self._quarantined, files_lost=self._lost,
         )
 
     # --- the reader loop -------------------------------------------------------------------------
     async def _run(self, scanner: Scanner) -> None:
+        if self._damaged:
+            damaged, self._damaged = self._damaged, []
+            await self._rebuild(damaged)
+        self._check_task = asyncio.get_running_loop().create_task(
+            self._check_files(), name=f"flusher-check-{self._wal.pchannel}")
         async for pack in scanner:
             await self._process(pack)
 
@@ -435,9 +476,7 @@ class Flusher:
         c = self._live(m)
         if c is None:
             return
-        segment = bodies.read_segment(m)
-        partition = m.properties.get(bodies.PROP_PARTITION, bodies.DEFAULT_PARTITION)
-        directory = _layout.segment_dir(c.name, partition, segment)
+        directory, segment = insert_destination(m, c.name)
         key = _key(m, ts)
         if key <= self._flushed.get(directory, _NOTHING):
             return  # already in a committed file (a replay after a restart)
@@ -458,13 +497,12 @@ class Flusher:
         key = _key(m, ts)
         if key <= self._flushed.get(directory, _NOTHING):
             return
-        keys = bodies.read_delete(m)
-        pk = c.schema.field(c.primary_key)
+        schema, batch = delete_rows(m, c.schema, c.primary_key)
         b = self._buffers.get(directory)
         if b is None:
-            b = self._buffers[directory] = Buffer(directory, c.name, pa.schema([pk]), None, self._pack_start,
+            b = self._buffers[directory] = Buffer(directory, c.name, schema, None, self._pack_start,
                                                   primary_key=c.primary_key)
-        await self._add(b, pa.RecordBatch.from_arrays([keys], names=[pk.name]), ts, key, m)
+        await self._add(b, batch, ts, key, m)
 
     async def _add(self, b: Buffer, batch: pa.RecordBatch, ts: int, key: _layout.DeliveryKey, m: Message) -> None:
         # The payload stays alive as long as the zero-copy batch does: count whichever is larger.
@@ -508,15 +546,8 @@ class Flusher:
         """Commit ``b`` as one file, then forget it.  Returns once the file is durable."""
         if self._buffers.get(b.directory) is not b:
             return
-        table = b.to_table(self._wal.pchannel)
-        name = _layout.file_name(b.first_id, b.last_id)
-        compression = self._cfg.compression
-
-        def write(f: Any) -> None:
-            pq.write_table(table, f, compression=compression, coerce_timestamps="us",
-                           allow_truncated_timestamps=True)
-
-        path = await self._in_thread(_commit_under, self._root, b.directory, name, write)
+        path = await self._commit_buffer(b)
+        name = path.name
         size = path.stat().st_size
         del self._buffers[b.directory]
         self._buffered -= b.nbytes
@@ -532,6 +563,97 @@ class Flusher:
         if self._current_files is not None:
             self._current_files.append(rel)
         log.debug("flusher wrote", pchannel=self._wal.pchannel, file=rel, rows=b.rows, bytes=size)
+
+
+    async def _commit_buffer(self, b: Buffer) -> Path:
+        table = b.to_table(self._wal.pchannel)
+        compression = self._cfg.compression
+
+        def write(f: Any) -> None:
+            # Page checksums let a check of the data (``_layout.check_data``) tell a damaged page.
+            pq.write_table(table, f, compression=compression, coerce_timestamps="us",
+                           allow_truncated_timestamps=True, write_page_checksum=True)
+
+        return await self._commit_when_space(b.directory, _layout.file_name(b.first_id, b.last_id), write)
+
+    async def _commit_when_space(self, directory: str, name: str, write: Callable[[BinaryIO], None]) -> Path:
+        """Commit a file; a full disk holds the flusher back instead of stopping it.  A failed commit
+        leaves nothing behind and the name is deterministic, so the same file is tried again (backing
+        off up to every 5 s) until space returns; the node frees space meanwhile (streamingnode.storage)."""
+        delay = 0.1
+        while True:
+            try:
+                return await self._in_thread(_commit_under, self._root, directory, name, write)
+            except OSError as exc:
+                if exc.errno not in _FULL_ERRNOS:
+                    raise
+                log.warning("flusher: the disk is full, the file is written again once space returns",
+                            pchannel=self._wal.pchannel, file=f"{directory}/{name}", retry_seconds=delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _FULL_RETRY_MAX_SECONDS)
+
+    # --- damaged files ---------------------------------------------------------------------------
+    async def _move_aside(self, d: _layout.Damaged) -> None:
+        moved = await self._in_thread(_layout.quarantine, self._root, d.rel)
+        self._quarantined += 1
+        log.error("damaged parquet file moved aside", pchannel=self._wal.pchannel, file=d.rel,
+                  moved_to=str(moved.relative_to(self._root)), reason=d.reason)
+
+    async def _check_files(self) -> None:
+        """Read the data of every file committed before this start (page checksums, statistics);
+        a damaged one is moved aside and rebuilt.  Runs beside the reader: those files' messages
+        are all at or below ``_flushed``, so the reader never writes them again.  Retention is held
+        (``retained_from``) until the last file is checked."""
+        try:
+            rels, self._unchecked = self._unchecked, []
+            async for rel, _, reason in _probe.probe(_probe.DATA, self._root, self._wal.pchannel, rels):
+                if reason is not None:
+                    d = _layout.Damaged(rel, reason)
+                    await self._move_aside(d)
+                    await self._rebuild([d])
+        except (OSError, StreamingError, _layout.LayoutError) as exc:
+            log.exception("flusher could not check its files", pchannel=self._wal.pchannel)
+            self.problems.append(f"the check of the committed Parquet files stopped: {exc!r:.200}")
+        self._holding = False
+
+    async def _rebuild(self, damaged: list[_layout.Damaged]) -> None:
+        """Write each moved-aside file again from the WAL, or report it lost (``problems``)."""
+        first_kept = self._wal.first_id
+        targets: dict[_repair.Target, _layout.Damaged] = {}
+        lost: list[tuple[_layout.Damaged, str]] = []
+        for d in damaged:
+            ids = _layout.parse_name(d.name)
+            if ids is None:
+                lost.append((d, "its name states no message ids"))
+            elif min(ids) < first_kept:
+                lost.append((d, f"its messages {ids[0]}..{ids[1]} are no longer in the WAL "
+                                f"(the first retained is {first_kept})"))
+            else:
+                targets[_repair.Target(d.directory, ids[0], ids[1])] = d
+        if targets:
+            found = await _repair.rebuild(self._wal, list(targets), self._collections, self._cfg.read_batch_bytes)
+            for target, d in targets.items():
+                b = found.get(target)
+                if b is None:
+                    lost.append((d, f"its messages {target.first_id}..{target.last_id} were not found whole in "
+                                    "the WAL"))
+                    continue
+                path = await self._commit_buffer(b)
+                if b.last_key > self._flushed.get(b.directory, _NOTHING):
+                    self._flushed[b.directory] = b.last_key
+                log.warning("damaged parquet file rewritten from the WAL", pchannel=self._wal.pchannel,
+                            file=d.rel, rows=b.rows, bytes=path.stat().st_size)
+        for d, why in lost:
+            self._lost += 1
+            line = (f"Parquet file {d.rel} was damaged ({d.reason[:200]}) and moved to "
+                    f"{_layout.QUARANTINE_DIR}/; it cannot be rewritten: {why}, so its rows are missing "
+                    "from the Parquet output")
+            self.problems.append(line)
+            log.error("damaged parquet file lost", pchannel=self._wal.pchannel, file=d.rel, reason=why)
+
+
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+_FULL_RETRY_MAX_SECONDS = 5.0
 
 
 def _commit_under(root: Path, directory: str, name: str, write: Callable[[BinaryIO], None]) -> Path:

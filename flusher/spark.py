@@ -65,6 +65,7 @@ __all__ = [
     "PRIMARY_KEY_METADATA",
     "CollectionLayoutError",
     "CollectionNotFoundError",
+    "DamagedFileError",
     "as_of",
     "read_collection",
     "read_collection_arrow",
@@ -99,6 +100,14 @@ class CollectionLayoutError(ValueError):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class DamagedFileError(CollectionLayoutError):
+    """A Parquet file of the collection cannot be read (bad magic, footer or page): `path` names the file.
+
+    The node moves such a file to ``<root>/_quarantine/`` and writes it again from its log when it finds it; a
+    reader that gets here first sees this error rather than wrong or missing rows.
+    """
 
 
 def as_of(ts: datetime | int) -> int:
@@ -285,8 +294,43 @@ def read_collection(
 # --- pyarrow ------------------------------------------------------------------------------------------------------
 
 
+# The flusher writes page checksums: verified, a damaged page is an error naming its file, not wrong rows.
+_PARQUET = ds.ParquetFileFormat(
+    default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
+
+
 def _arrow_dataset(fs: pafs.FileSystem, path: str, partitioning: ds.Partitioning | None) -> ds.Dataset:
-    return ds.dataset(path, filesystem=fs, format="parquet", partitioning=partitioning, ignore_prefixes=[".", "_"])
+    try:
+        return ds.dataset(path, filesystem=fs, format=_PARQUET, partitioning=partitioning,
+                          ignore_prefixes=[".", "_"])
+    except (OSError, pa.ArrowException) as exc:  # discovery reads a footer
+        raise _damaged(fs, path, exc) from exc
+
+
+def _damaged(fs: pafs.FileSystem, path: str, exc: Exception) -> Exception:
+    """The first file under `path` that cannot be read whole, as a DamagedFileError; else `exc` itself.
+
+    pyarrow's errors do not always say which file of a dataset failed (a bad page names none), so the files are
+    read one by one to find it: a cost paid only on the failure path.
+    """
+    selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
+    for info in sorted(fs.get_file_info(selector), key=lambda i: i.path):
+        relative = info.path[len(path):].lstrip("/")
+        if info.type != pafs.FileType.File or any(p.startswith((".", "_")) for p in relative.split("/")):
+            continue
+        try:
+            with fs.open_input_file(info.path) as f:
+                pq.ParquetFile(f, page_checksum_verification=True).read()
+        except (OSError, pa.ArrowException) as bad:
+            return DamagedFileError(info.path, f"not a readable Parquet file: {str(bad)[:200]}")
+    return exc
+
+
+def _read(data: ds.Dataset, fs: pafs.FileSystem, path: str, **kwargs: object) -> pa.Table:
+    try:
+        return data.to_table(**kwargs)
+    except (OSError, pa.ArrowException) as exc:
+        raise _damaged(fs, path, exc) from exc
 
 
 def read_collection_arrow(
@@ -295,7 +339,8 @@ def read_collection_arrow(
     """`read_collection` with pyarrow.dataset instead of Spark: the same rows and columns, as a `pyarrow.Table`.
 
     `root` is a local path or a URI pyarrow knows (``file://``, ``s3://``, ...). Reads the whole visible result into
-    memory, so it suits tests, tools and small collections. Same errors as `read_collection`.
+    memory, so it suits tests, tools and small collections. Same errors as `read_collection`, and `DamagedFileError`
+    naming the file when one cannot be read.
     """
     bound = _bound(as_of_ts)
     collection = _collection_path(root, name)
@@ -320,7 +365,7 @@ def read_collection_arrow(
         if column not in columns:
             raise CollectionLayoutError(collection, f"data files have no {column!r} column: {columns}")
     row_filter = None if bound is None else pc.field(TS_COLUMN) <= bound
-    rows = data.to_table(columns=columns, filter=row_filter)
+    rows = _read(data, fs, inner, columns=columns, filter=row_filter)
 
     deletes_path = f"{inner}/{DELETES_DIR}"
     if fs.get_file_info(deletes_path).type != pafs.FileType.Directory:
@@ -329,7 +374,7 @@ def read_collection_arrow(
     if not deletes_ds.files:
         return rows
     key = _resolve_primary_key(collection, primary_key, rows.column_names, deletes_ds.schema.names)
-    deletes = deletes_ds.to_table(columns=[key, TS_COLUMN], filter=row_filter)
+    deletes = _read(deletes_ds, fs, deletes_path, columns=[key, TS_COLUMN], filter=row_filter)
     latest = deletes.group_by(key).aggregate([(TS_COLUMN, "max")]).rename_columns([_DEL_KEY, _DEL_TS])
     # Join only the key, _ts and the row number: Acero's hash join does not carry every nested type (vectors),
     # so the surviving row numbers select from the full table afterwards, in the original order.
