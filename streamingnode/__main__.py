@@ -1,10 +1,11 @@
 """Command line entry point: ``streamingnode <command>``.
 
 ``serve`` runs the node (gRPC on port 19530, data under ./data, no configuration needed).  ``demo``
-runs a durable append/read round trip in a data directory without a server and ``inspect`` lists the
-pchannels of a data directory.  ``produce``, ``consume``, ``channels``, ``groups`` and ``flush`` are
-clients of a running node (``--addr``, default $STREAMINGNODE_ADDR or localhost:19530); see
-``streamingnode.cli``.
+runs a durable append/read round trip in a data directory without a server, ``inspect`` lists the
+pchannels of a data directory, and ``verify`` and ``salvage`` check and repair a stopped node's data
+directory (``streamingnode.verify``, ``streamingnode.salvage``).  ``produce``, ``consume``,
+``channels``, ``groups`` and ``flush`` are clients of a running node (``--addr``, default
+$STREAMINGNODE_ADDR or localhost:19530); see ``streamingnode.cli``.
 """
 
 from __future__ import annotations
@@ -85,11 +86,13 @@ def _serve(args: argparse.Namespace) -> None:
         "max_message_bytes": args.max_message_bytes, "channels": args.channels,
         "tick_interval": args.tick_interval, "drain_seconds": args.drain_seconds,
         "retention_seconds": args.retention_seconds, "retention_check_seconds": args.retention_check_seconds,
+        "snapshot_every_messages": args.snapshot_every_messages, "snapshot_every_seconds": args.snapshot_every_seconds,
         "trace_exporter": args.trace_exporter,
         "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_client_ca": args.tls_client_ca,
         "auth_tokens": args.auth_tokens, "allow_unauthenticated": args.allow_unauthenticated or None,
         "txn_max_messages": args.txn_max_messages, "txn_max_bytes": args.txn_max_bytes,
         "max_streams": args.max_streams, "max_streams_per_connection": args.max_streams_per_connection,
+        "storage_min_free_bytes": args.storage_min_free_bytes,
     })
 
     def ready(running: RunningServer) -> None:
@@ -120,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--retention-seconds", type=float,
                        help="keep WAL messages at least this long (default 86400; 0 = no time floor; <0 = forever)")
     serve.add_argument("--retention-check-seconds", type=float, help="how often truncation is checked (default 60)")
+    serve.add_argument("--snapshot-every-messages", type=int,
+                       help="store a recovery snapshot every this many messages (default 10000; 0 = off)")
+    serve.add_argument("--snapshot-every-seconds", type=float,
+                       help="... or every this many seconds if anything was written (default 60; 0 = off)")
     serve.add_argument("--trace-exporter", choices=["none", "console", "otlp"],
                        help="OpenTelemetry spans (default none = off; otlp needs opentelemetry-exporter-otlp)")
     serve.add_argument("--tls-cert", help="server certificate chain (PEM): serve TLS only (with --tls-key)")
@@ -133,10 +140,27 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--max-streams", type=int, help="Produce/Consume streams open on the node (default 1024)")
     serve.add_argument("--max-streams-per-connection", type=int,
                        help="Produce/Consume streams open on one connection (default 128)")
+    serve.add_argument("--storage-min-free-bytes", type=int,
+                       help="free disk space under which appends are refused (STORAGE_FULL) and the node flushes "
+                       "and truncates at once (default 256 MiB; 0 = off)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     demo = sub.add_parser("demo", help="durable append/read round trip on pchannel 'demo'")
     demo.add_argument("--count", type=int, default=1000)
     sub.add_parser("inspect", help="list the pchannels of the data directory")
+    verify = sub.add_parser("verify", help="offline check of the data directory: journal, WAL blocks, RocksDB, "
+                            "snapshots, Parquet; one line per finding, exit 1 on any")
+    verify.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS,
+                        help="data directory (default $STREAMINGNODE_DATA_DIR or ./data)")
+    verify.add_argument("--pchannel", help="check only this pchannel (and what no pchannel owns)")
+    verify.add_argument("--parquet-dir", help="root of the Parquet files (default <data dir>/parquet)")
+    salvage = sub.add_parser("salvage", help="offline: cut a pchannel at its first damaged block (only with "
+                             "--truncate-at-corruption; without it, report what would be cut)")
+    salvage.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS,
+                         help="data directory (default $STREAMINGNODE_DATA_DIR or ./data)")
+    salvage.add_argument("--pchannel", action="append", required=True,
+                         help="pchannel to cut (repeat for several damaged pchannels)")
+    salvage.add_argument("--truncate-at-corruption", action="store_true",
+                         help="really cut: drop every message from the first damaged block on")
     from streamingnode.cli import CLIENT_COMMANDS, add_client_commands  # noqa: PLC0415  (stdlib-only module)
 
     add_client_commands(sub)
@@ -149,6 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     from wal import StreamingError  # noqa: PLC0415
 
     tune_gc()
+    if args.command == "verify":
+        from streamingnode import verify as verify_cmd  # noqa: PLC0415
+
+        return verify_cmd.run(_data_dir(args), args.pchannel, args.parquet_dir)
+    if args.command == "salvage":
+        from streamingnode import salvage as salvage_cmd  # noqa: PLC0415
+
+        return salvage_cmd.run(_data_dir(args), args.pchannel, apply=args.truncate_at_corruption)
 
     try:
         if args.command == "serve":

@@ -89,6 +89,17 @@ class NodeConfig:
     group and the open transactions are past them.  0: no time floor; negative: never truncate."""
     retention_check_seconds: float = 60.0
     """How often each pchannel checks what it may truncate."""
+    snapshot_every_messages: int = 10_000
+    """Store a recovery snapshot once this many messages were written since the last one (0: no
+    message trigger): a restart replays only what came after the newest snapshot."""
+    snapshot_every_seconds: float = 60.0
+    """... or once this long passed since the last one and something was written (0: no time trigger)."""
+    storage_min_free_bytes: int = 256 << 20
+    """Low-water mark of free disk space, on the data directory's and the Parquet root's volumes:
+    below it appends are refused (STORAGE_FULL, retriable) and the node flushes and truncates at
+    once; taken again by themselves once space returns.  256 MiB covers what the node may write
+    between two readings (every 0.5 s) plus a memtable flush and a Parquet file (see
+    streamingnode.storage).  0 turns the check off."""
     trace_exporter: str = "none"
     """OpenTelemetry spans: ``none`` (off, no cost), ``console`` (stdout) or ``otlp`` (needs the
     opentelemetry-exporter-otlp package; endpoint from the standard OTEL_EXPORTER_OTLP_* variables)."""
@@ -112,8 +123,14 @@ class NodeConfig:
             raise InvalidArgumentError("tls_cert and tls_key go together: give both or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise InvalidArgumentError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+        if self.storage_min_free_bytes < 0:
+            raise InvalidArgumentError(f"storage_min_free_bytes must be >= 0, got {self.storage_min_free_bytes!r}")
         if not self.retention_check_seconds > 0:
             raise InvalidArgumentError(f"retention_check_seconds must be > 0, got {self.retention_check_seconds!r}")
+        if self.snapshot_every_messages < 0 or not self.snapshot_every_seconds >= 0:
+            raise InvalidArgumentError(
+                f"snapshot_every_messages and snapshot_every_seconds must be >= 0, got "
+                f"{self.snapshot_every_messages!r} and {self.snapshot_every_seconds!r}")
 
     @property
     def parquet_root(self) -> Path:

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import structlog
@@ -45,6 +45,7 @@ from wal.message import Message, MessageType
 if TYPE_CHECKING:
     from interceptors.txn import TxnSession
     from streamingnode.node import Channel
+    from streamingnode.storage import StorageMonitor
 
 log = structlog.get_logger(__name__)
 
@@ -163,6 +164,10 @@ class NodeMetrics:
         self._dir_sizes: dict[str, tuple[float, int]] = {}  # Parquet root -> (when measured, bytes)
         self.wal_bytes = 0
         """Bytes of the WAL database on disk, as last measured by ``refresh_disk``."""
+        self.storage: StorageMonitor | None = None
+        """Set by the node: its free-space watch (the ``storage_*`` series)."""
+        self.failed_states: Callable[[], dict[str, bool]] = dict
+        """Set by the node: each pchannel it serves or has FAILED, and whether it is FAILED."""
         r = self.registry
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
@@ -357,6 +362,12 @@ class _StateCollector(Collector):
         by_p = ["pchannel"]
         channels = list(self._m.channels.items())
         yield GaugeMetricFamily(f"{ns}_pchannels", "pchannels open on this node.", value=len(channels))
+        failed = GaugeMetricFamily(f"{ns}_pchannel_failed", "1 while the pchannel is FAILED (it could not open, "
+                                   "or its storage is damaged: every call on it is refused; DescribeChannels "
+                                   "says why), 0 while it serves.", labels=["pchannel"])
+        for name, is_failed in sorted(self._m.failed_states().items()):
+            failed.add_metric([name], 1 if is_failed else 0)
+        yield failed
 
         step_s = CounterMetricFamily(f"{ns}_interceptor_seconds", "Own time of each interceptor (time in it "
                                      "minus time in the steps it called).", labels=["pchannel", "interceptor"])
@@ -394,6 +405,11 @@ class _StateCollector(Collector):
                                   "WAL's last timestamp minus the last one the flusher processed.", labels=by_p)
         f_disk = GaugeMetricFamily(f"{ns}_parquet_disk_bytes", "Bytes of the pchannel's Parquet files on disk "
                                    "(measured at most once a minute).", labels=by_p)
+        f_quar = CounterMetricFamily(f"{ns}_parquet_quarantined", "Damaged Parquet files the flusher moved to "
+                                     "_quarantine/ (each is rewritten from the WAL, or counted as lost).", labels=by_p)
+        f_lost = CounterMetricFamily(f"{ns}_parquet_lost", "Damaged Parquet files whose messages the WAL no longer "
+                                     "held: their rows are missing from Parquet (DescribeChannels says which).",
+                                     labels=by_p)
         r_msgs = CounterMetricFamily(f"{ns}_wal_truncated_messages", "Messages removed by retention.", labels=by_p)
         r_bytes = CounterMetricFamily(f"{ns}_wal_truncated_bytes", "Payload bytes removed by retention.",
                                       labels=by_p)
@@ -439,15 +455,40 @@ class _StateCollector(Collector):
                 f_lag.add_metric([name], st.lag_ms / 1000)
                 f_ckpt.add_metric([name], physical_ms(st.checkpoint.timetick) / 1000)
                 f_disk.add_metric([name], self._m.tree_bytes(str(channel.flusher.root)))
+                f_quar.add_metric([name], st.files_quarantined)
+                f_lost.add_metric([name], st.files_lost)
             if channel.retention is not None:
                 rs = channel.retention.stats()
                 r_msgs.add_metric([name], rs.messages_truncated)
                 r_bytes.add_metric([name], rs.bytes_truncated)
         yield from (step_s, step_b, step_m, allocated, confirmed, tick_lag, txns, scanners, backlog, wal_msgs,
-                    g_lag, g_lag_s, f_rows, f_del, f_bytes, f_files, f_buf, f_lag, f_ckpt, f_disk, r_msgs, r_bytes)
+                    g_lag, g_lag_s, f_rows, f_del, f_bytes, f_files, f_buf, f_lag, f_ckpt, f_disk, f_quar, f_lost,
+                    r_msgs, r_bytes)
         if self._m.data_dir is not None:
             yield GaugeMetricFamily(f"{ns}_wal_disk_bytes", "Bytes of the WAL database on disk (all pchannels).",
                                     value=self._m.wal_bytes)
+        yield from self._storage()
+
+    def _storage(self) -> Iterator[Metric]:
+        storage = self._m.storage
+        if storage is None:
+            return
+        ns = NAMESPACE
+        free = GaugeMetricFamily(f"{ns}_storage_free_bytes", "Free bytes on each volume the node writes to "
+                                 "(data: RocksDB and its journal; parquet: the flusher's files), as last read.",
+                                 labels=["volume"])
+        for volume, value in sorted(storage.free.items()):
+            free.add_metric([volume], value)
+        yield free
+        yield GaugeMetricFamily(f"{ns}_storage_min_free_bytes", "The low-water mark: under it appends are "
+                                "refused (STORAGE_FULL) and the node flushes and truncates at once.",
+                                value=storage.min_free_bytes)
+        yield GaugeMetricFamily(f"{ns}_storage_full", "1 while appends are refused for lack of free space.",
+                                value=1 if storage.low is not None else 0)
+        yield CounterMetricFamily(f"{ns}_storage_refused_appends", "Append batches refused with STORAGE_FULL "
+                                  "while free space was under the mark.", value=storage.refused_appends())
+        yield CounterMetricFamily(f"{ns}_storage_reliefs", "Forced flush-and-retention runs started because "
+                                  "free space was under the mark.", value=storage.reliefs)
 
 
 __all__ = ["LATENCY_BUCKETS", "ChannelMetrics", "NodeMetrics"]

@@ -4,30 +4,42 @@ The gRPC service is a thin layer over this class; tests and embedders can drive 
 the node opens every existing pchannel with a new term (fencing any previous owner) and waits for each
 recovery, so a node that reports ready serves every channel at once.  Channel administration is
 serialised by one lock: creating, destroying and opening channels are rare and must not interleave.
+
+Damage is contained to its pchannel: one that cannot open, or whose storage turns out damaged while it
+serves (a CORRUPTED error from a read or a write), goes to FAILED.  The node keeps serving the others;
+every call on the failed one is refused with the cause's code (CORRUPTED for damage, which gRPC carries
+as DATA_LOSS) and a message naming the pchannel and the cause, until it is repaired and the node
+restarted, or destroyed.  A failed group commit (a sync error: ``UnrecoverableError``) stops every
+write of the node's WAL until it is reopened, so it shows the same way on every pchannel.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
 from flusher import incarnation
+from flusher.commit import inside
 from flusher.flusher import Flusher, FlusherConfig
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from streamingnode.config import NodeConfig
 from streamingnode.groups import ConsumerGroups
 from streamingnode.metrics import NodeMetrics
 from streamingnode.retention import ChannelRetention, RetentionConfig
+from streamingnode.storage import StorageMonitor, start_monitor
 from streamingnode.tracing import Tracing
 from wal.backend import ChannelInfo
 from wal.errors import (
     ChannelExistError,
     ChannelNotExistError,
+    ErrorCode,
     InvalidArgumentError,
     OnShutdownError,
+    StreamingError,
     UnavailableError,
 )
 from wal.manager import WALManager
@@ -40,6 +52,8 @@ MAX_CREATE = 1024
 OWNER_ROLE = "owner.role"
 OWNER_ADDRESS = "owner.address"
 OWNER_TEXT = "owner.description_text"
+FAILURE_CHARS = 300
+"""How much of the cause's message a failure keeps (a message can quote a path, a key range, a file)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +68,39 @@ class Owner:
     @classmethod
     def from_properties(cls, props: dict[str, str]) -> Owner:
         return cls(props.get(OWNER_ROLE, ""), props.get(OWNER_ADDRESS, ""), props.get(OWNER_TEXT, ""))
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why a pchannel is FAILED: the code and the (shortened) message of what stopped it."""
+
+    code: ErrorCode
+    message: str
+    error_class: type[StreamingError] = StreamingError
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, exc: BaseException) -> Failure:
+        if isinstance(exc, StreamingError):
+            # The cause's structured fields (file, offset, key range, ...) ride along on every refusal.
+            return cls(exc.code, _cut(str(exc)), type(exc), dict(exc.fields))
+        # Not an error the node names (a bug, a library's exception): its type says the most.
+        return cls(ErrorCode.UNKNOWN, _cut(f"{type(exc).__name__}: {exc}"))
+
+    @property
+    def reason(self) -> str:
+        """What DescribeChannels shows: ``CODE: message``."""
+        return f"{self.code.name}: {self.message}"
+
+    def refusal(self, name: str) -> StreamingError:
+        """The error a call on the failed pchannel ``name`` is refused with."""
+        fields = {**self.fields, "channel": name}
+        return self.error_class(f"pchannel {name!r} is FAILED and serves no calls: {self.reason}",
+                                code=self.code, **fields)
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= FAILURE_CHARS else f"{text[:FAILURE_CHARS]}... ({len(text)} chars)"
 
 
 @dataclass(slots=True)
@@ -86,9 +133,16 @@ class Node:
         self.chain_config = ChainConfig(tick_interval=config.tick_interval, txn_max_messages=config.txn_max_messages,
                                         txn_max_bytes=config.txn_max_bytes)
         self._channels: dict[str, Channel] = {}
+        self._failed: dict[str, Failure] = {}
+        # Closing a channel that failed while serving runs in the background (the call that met the
+        # damage must not wait for it); destroy and shutdown wait for it.
+        self._closers: dict[str, asyncio.Task[None]] = {}
         self.metrics = NodeMetrics(config.data_dir)
+        self.metrics.failed_states = self.failed_states
         self._admin = asyncio.Lock()
         self._closing = False
+        self.storage: StorageMonitor | None = None
+        """Free-space watch (streamingnode.storage), started once the channels are open."""
         self.ready = asyncio.Event()
         self.draining = asyncio.Event()
         """Set when the node starts to drain: open reads end so that the shutdown is not held up."""
@@ -115,9 +169,66 @@ class Node:
                     log.error("pchannel not opened: its name breaks the pchannel name rule",
                               pchannel=shorten(name))
                     continue
-                await self._open(name)
+                try:
+                    await self._open(name)
+                except Exception as exc:  # noqa: BLE001  (contained: the other pchannels open and serve)
+                    self._record_failure(name, exc, "pchannel failed to open")
         self.ready.set()
-        log.info("node ready", channels=len(self._channels), data_dir=str(self.config.data_dir))
+        self.storage = self.metrics.storage = start_monitor(self)
+        log.info("node ready", channels=len(self._channels), failed=sorted(self._failed),
+                 data_dir=str(self.config.data_dir))
+
+    def _record_failure(self, name: str, exc: BaseException, what: str) -> Failure:
+        failure = self._failed[name] = Failure.of(exc)
+        # The one error line per failure; a traceback only for what the node has no name for (a bug).
+        log.error(what, pchannel=name, code=failure.code.name, error=failure.message,
+                  exc_info=None if isinstance(exc, StreamingError) else exc)
+        return failure
+
+    def fail_on(self, name: str, exc: BaseException) -> None:
+        """Note an error a call on pchannel ``name`` met: damaged storage (CORRUPTED) moves it to FAILED.
+
+        The channel leaves the registry at once (every later call is refused) and closes in the
+        background, ending the reads and writes still open on it.  Other errors are the caller's.
+        """
+        if not isinstance(exc, StreamingError) or exc.code is not ErrorCode.CORRUPTED:
+            return
+        channel = self._channels.pop(name, None)
+        if channel is None or name in self._failed:
+            return  # already failed (another call met the same damage), destroyed or closing
+        self._record_failure(name, exc, "pchannel failed while serving: its storage is damaged")
+        self.metrics.close_channel(name)
+        self._closers[name] = asyncio.get_running_loop().create_task(self._close_failed(name, channel))
+
+    async def _close_failed(self, name: str, channel: Channel) -> None:
+        try:
+            await channel.aclose()
+        except Exception as exc:  # noqa: BLE001  (its storage is damaged: a failed close is expected)
+            log.warning("closing the failed pchannel failed", pchannel=name, error=repr(exc))
+
+    async def _closed(self, name: str) -> None:
+        task = self._closers.pop(name, None)
+        if task is not None:
+            await asyncio.wait([task])
+
+    def failure(self, name: str) -> Failure | None:
+        """Why pchannel ``name`` is FAILED, or None while it serves (or is not served at all)."""
+        failure = self._failed.get(name)
+        if failure is None and name in self._channels:
+            fatal = self.manager.write_failure()
+            if fatal is not None:
+                return Failure.of(fatal)
+        return failure
+
+    def failed_states(self) -> dict[str, bool]:
+        """Every pchannel the node serves or has FAILED, and whether it is FAILED (for the metric)."""
+        return {name: self.failure(name) is not None for name in (*self._channels, *self._failed)}
+
+    def problems(self, name: str) -> list[str]:
+        """Damage found on pchannel ``name`` that does not stop it (the flusher's findings)."""
+        channel = self._channels.get(name)
+        flusher = None if channel is None else channel.flusher
+        return list(getattr(flusher, "problems", None) or ())
 
     async def _open(self, name: str, *, new: bool = False) -> Channel:
         # Bound while the channel opens, so the tasks started here (recovery, time ticks, flusher,
@@ -153,7 +264,9 @@ class Node:
             await stream.aclose()
             raise
         retention = ChannelRetention(stream, groups, flusher, RetentionConfig(
-            retention_seconds=self.config.retention_seconds, check_seconds=self.config.retention_check_seconds))
+            retention_seconds=self.config.retention_seconds, check_seconds=self.config.retention_check_seconds,
+            snapshot_every_messages=self.config.snapshot_every_messages,
+            snapshot_every_seconds=self.config.snapshot_every_seconds))
         retention.start()
         channel = self._channels[name] = Channel(stream, groups, flusher, retention)
         self.metrics.open_channel(name, channel)
@@ -166,6 +279,9 @@ class Node:
         PCHANNEL.check(name, field)
         if self._closing:
             raise OnShutdownError("the node is shutting down", channel=name)
+        failure = self.failure(name)
+        if failure is not None:
+            raise failure.refusal(name)
         found = self._channels.get(name)
         if found is None:
             if not self.ready.is_set():
@@ -175,6 +291,7 @@ class Node:
         return found
 
     def channel_names(self) -> list[str]:
+        """The pchannels served (FAILED ones are not)."""
         return sorted(self._channels)
 
     # --- administration --------------------------------------------------------------------------
@@ -230,27 +347,57 @@ class Node:
         log.info("channels destroyed", channels=names)
 
     async def _destroy(self, name: str) -> None:
+        # A FAILED pchannel is destroyed like any other (the way to drop one whose damage nobody repairs).
+        await self._closed(name)
+        failed = self._failed.pop(name, None) is not None
         channel = self._channels.pop(name, None)
         if channel is not None:
             self.metrics.close_channel(name)
             await channel.aclose()
-        info = await self.manager.describe_channel(name)
+        key: int | None = None
+        try:
+            key = (await self.manager.describe_channel(name)).key
+        except StreamingError:
+            if not failed:
+                raise
+            # Its storage is damaged and cannot be described: the Parquet directory's own marker
+            # names the incarnation it belongs to.
         await self.manager.destroy_channel(name)
         # Its Parquet files are user data: kept, but moved aside under a name no later incarnation
         # takes (see flusher.incarnation).  A crash before the move is caught when the name is reused.
-        await asyncio.to_thread(incarnation.retire, self.config.parquet_root, name, info.key)
+        await asyncio.to_thread(self._retire_parquet, name, key)
+
+    def _retire_parquet(self, name: str, key: int | None) -> None:
+        root = self.config.parquet_root
+        if key is None:
+            key = incarnation.read_marker(inside(root, name))
+        incarnation.retire(root, name, key)
 
     async def describe_channels(self, names: list[str]) -> list[ChannelInfo]:
         for i, name in enumerate(names):
             PCHANNEL.check(name, f"channel_names[{i}]")
         if not names:
             names = await self.manager.list_channels()
-        return [await self.manager.describe_channel(name) for name in names]
+        return [await self._describe(name) for name in names]
+
+    async def _describe(self, name: str) -> ChannelInfo:
+        try:
+            return await self.manager.describe_channel(name)
+        except StreamingError:
+            if name not in self._failed:
+                raise
+            # What made it fail (a damaged last block, say) can keep it from being described too:
+            # it is still listed, by name, with its failure.
+            return ChannelInfo(name, 0, 0, 0, 0, 0)
 
     # --- lifecycle -------------------------------------------------------------------------------
     async def aclose(self) -> None:
         """Close every channel (appends in flight finish first), then the database."""
         self._closing = True
+        if self.storage is not None:
+            await self.storage.aclose()
+        for name in list(self._closers):
+            await self._closed(name)
         async with self._admin:
             for name, channel in list(self._channels.items()):
                 self.metrics.close_channel(name)
@@ -263,4 +410,4 @@ class Node:
             await self.manager.aclose()
 
 
-__all__ = ["Channel", "Node", "Owner"]
+__all__ = ["Channel", "Failure", "Node", "Owner"]

@@ -16,11 +16,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from flusher import Flusher, FlusherConfig
 from flusher.commit import commit_file, remove_temporaries
+from flusher.flusher import FlusherState
+from interceptors.streaming import ChainConfig, open_streaming_wal
 from streamingnode.storage import StorageMonitor, free_bytes
-from wal import Message, MessageType, StorageFullError, UnrecoverableError, WALManager
+from wal import Message, MessageType, StorageFullError, UnrecoverableError, WALManager, bodies
 from wal.backends import _journal
 from wal.backends.rocks import RocksBackend
 from wal.errors import ErrorCode
@@ -322,3 +327,46 @@ async def test_appends_are_refused_while_the_manager_refuses_but_ticks_and_flush
     assert manager.refused_appends == 1
     manager.refuse_appends(None)
     await wal.append(_msg(1))
+
+
+# --- the flusher on a full disk -----------------------------------------------------------------------
+SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("name", pa.string())])
+
+
+def _rows(start: int, n: int) -> pa.RecordBatch:
+    return pa.record_batch([pa.array(range(start, start + n), pa.int64()),
+                            pa.array([f"r{i}" for i in range(start, start + n)])], schema=SCHEMA)
+
+
+async def test_a_flusher_that_meets_a_full_disk_waits_for_space_instead_of_stopping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manager = await WALManager.start_rocksdb(tmp_path / "db")
+    await manager.create_channel("p")
+    swal = await open_streaming_wal(manager, "p", ChainConfig(tick_interval=0.01))
+    await swal.ready()
+    root = tmp_path / "out"
+    failures: list[str] = []
+    real_replace = os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        if str(dst).endswith(".parquet") and len(failures) < 3:
+            failures.append(str(dst))
+            _full()
+        real_replace(src, dst)
+
+    f = Flusher(swal, root, FlusherConfig())
+    await f.start()
+    try:
+        await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
+        await swal.append(bodies.insert("v", "c", _rows(0, 10)))
+        monkeypatch.setattr(os, "replace", replace)
+        files = await asyncio.wait_for(f.flush("v"), 60)  # written once the disk takes it again
+        assert len(failures) == 3 and f.state is FlusherState.RUNNING
+        assert files and all((root / name).is_file() for name in files)
+        assert not [p for p in root.rglob("*") if p.name.endswith(".tmp")], "a temporary stayed behind"
+        assert pq.read_table(root / files[0]).num_rows == 10
+    finally:
+        await f.aclose()
+        await swal.aclose()
+        await manager.aclose()
