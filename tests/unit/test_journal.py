@@ -203,8 +203,10 @@ async def test_a_flipped_byte_in_the_last_complete_record_is_damage_not_a_torn_t
     _crash_after(path, _APPEND_40)
     last = _journal_files(path)[-1]
     _flip(last, os.path.getsize(last) - 30)  # in the last message of the last record: nothing follows
-    with pytest.raises(CorruptedError, match=rf"journal {last} is damaged at byte \d+"):
+    with pytest.raises(CorruptedError, match=rf"journal {last} is damaged at byte \d+ in a record holding "
+                                             r"pchannel\(s\) 'p' \(the block .* is damaged; its trailer") as info:
         RocksBackend(path)
+    assert info.value.fields["pchannel"] == "p"
     assert os.path.exists(last)
 
 

@@ -233,7 +233,7 @@ def corrupted(path: str, torn: Torn, newest: bool, pchannels: list[str]) -> Corr
     return CorruptedError(
         f"journal {path} is damaged at byte {torn.offset} in a record{whose} ({torn.reason}){why}; refusing "
         "to open rather than lose acknowledged writes (the file is kept as it is)",
-        path=path, file=path, offset=torn.offset, pchannel=",".join(pchannels),
+        path=path, file=path, offset=torn.offset, **({"pchannel": ",".join(pchannels)} if pchannels else {}),
     )
 
 
