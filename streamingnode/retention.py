@@ -52,6 +52,8 @@ STEPS = ("snapshot", "truncate")
 _MAX_CUT_TRIES = 8
 # How often the periodic shadow catches up with the log (at most): short, so each catch-up is small.
 _SNAPSHOT_POLL_SECONDS = 1.0
+# What a close may spend on a last snapshot (the shadow catching up): a drain must stay short.
+_CLOSE_SNAPSHOT_SECONDS = 5.0
 
 
 crash_point = CrashPoints(KILL_ENV, STEPS)
@@ -142,6 +144,7 @@ class ChannelRetention:
         self._snapshot_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # one check at a time: the snapshot is read, extended and replaced
         self._monotonic = time.monotonic
+        self._snapshot_lock = asyncio.Lock()
         self._shadow: ShadowReplay | None = None
         """The periodic snapshots' replay, kept between passes (None: seeded again on the next pass)."""
         self._stored_id: MessageID = 0
@@ -171,7 +174,13 @@ class ChannelRetention:
             self._snapshot_task = loop.create_task(self._snapshot_loop(), name=f"snapshots-{self._stream.pchannel}")
 
     async def aclose(self) -> None:
-        """Stop the tasks (a truncation or a snapshot store in progress finishes first).  Idempotent."""
+        """Store a last snapshot (bounded in time) so the next start replays little, then stop the
+        tasks (a truncation or a snapshot store in progress finishes first).  Idempotent."""
+        if self._snapshot_task is not None and self._state is RetentionState.RUNNING:
+            try:
+                await asyncio.wait_for(self.snapshot(force=True), _CLOSE_SNAPSHOT_SECONDS)
+            except (StreamingError, TimeoutError) as exc:  # the periodic ones are still there
+                log.info("no recovery snapshot at close", pchannel=self._stream.pchannel, error=repr(exc))
         self._state = RetentionState.CLOSED
         if self._task is not None or self._snapshot_task is not None:
             async with self._lock:  # taken first: a truncation in progress finishes before the cancel
@@ -232,6 +241,10 @@ class ChannelRetention:
     async def snapshot(self, *, force: bool = False) -> RecoverySnapshot | None:
         """Catch the periodic shadow up with the log and store a snapshot when one is due (or
         ``force``); the stored snapshot, or None.  Run by the snapshot task; tests call it."""
+        async with self._snapshot_lock:  # one pass at a time: the shadow is not shared between threads
+            return await self._snapshot(force)
+
+    async def _snapshot(self, force: bool) -> RecoverySnapshot | None:
         if self._state is RetentionState.CLOSED:
             return None
         if self._shadow is None:
