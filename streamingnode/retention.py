@@ -268,7 +268,7 @@ class ChannelRetention:
         self._due_from = None
         snapshot = shadow.capture()
         async with self._lock:
-            if self._state is RetentionState.CLOSED:
+            if self.state is RetentionState.CLOSED:  # closed while the shadow was replaying
                 return None
             await store_snapshot(wal, snapshot, PERIODIC_METAS[self._slot])
         self._slot = 1 - self._slot
