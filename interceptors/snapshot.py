@@ -55,10 +55,13 @@ PERIODIC_METAS = ("recovery_snapshot.0", "recovery_snapshot.1")
 """The two slots of periodic snapshots, written alternately."""
 _VERSION = 2
 """2: the JSON document, a newline and its CRC-32 in hex.  1 (still read): the JSON document alone."""
-_READ_BYTES = 256 << 10
-"""Bytes read per step of a shadow replay: each is decoded and applied in one worker-thread call."""
-_YIELD_EVERY = 128
-"""Messages the worker thread applies between two offers of the GIL to the event loop's thread."""
+_READ_BYTES = 4 << 20
+"""Bytes read per step of a shadow replay: each is decoded and applied in one worker-thread call
+(few steps: under load each hop to a thread and back waits for a turn of the busy loop)."""
+_DECODE_BYTES = 256 << 10
+"""Bytes of blocks a worker thread decodes at once (the GIL is offered back between them)."""
+_YIELD_SECONDS = 0.002
+"""How long the worker thread replays between two offers of the GIL to the event loop's thread."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,30 +202,39 @@ class ShadowReplay:
     def _replay_blocks(self, blocks: list[tuple[MessageID, bytes, bool]], stop: MessageID,
                        clear_from: MessageID | None) -> bool:
         """Decode ``blocks`` (read from ``position``) and replay them up to ``stop``; True when it
-        stopped at a clear point (see ``advance``).  Runs in a worker thread."""
-        batch = [m for m in self._wal._decode_stored(self.position, blocks)
-                 if m.message_id is not None and m.message_id < stop]
-        start = 0
-        for i, m in enumerate(batch):
-            self.payload_bytes += len(m.payload)
-            if i - start >= _YIELD_EVERY:
-                self._apply(batch[start:i])
-                start = i
-                # Hand the GIL to the loop's thread now rather than after the interpreter's switch
-                # interval (5 ms): an append waiting for the loop waits less.
-                time.sleep(0)
-            if m.message_type is MessageType.TIME_TICK:
-                self._apply(batch[start:i + 1])
-                self._txns.expire(m.timetick)
-                start = i + 1
-                self.position = m.message_id + 1  # type: ignore[operator]
-                if self._clear(clear_from):
-                    return True
-        self._apply(batch[start:])
-        if batch:
-            self.position = batch[-1].message_id + 1  # type: ignore[operator]
-        else:
-            self.position = stop  # nothing below stop left to read
+        stopped at a clear point (see ``advance``).  Runs in a worker thread, a group of blocks
+        (``_DECODE_BYTES``) at a time, offering the GIL to the loop every ``_YIELD_SECONDS``."""
+        since = time.perf_counter()
+        g = 0
+        while g < len(blocks) and self.position < stop:
+            group: list[tuple[MessageID, bytes, bool]] = []
+            size = 0
+            while g < len(blocks) and (not group or size < _DECODE_BYTES):
+                group.append(blocks[g])
+                size += len(blocks[g][1])
+                g += 1
+            batch = [m for m in self._wal._decode_stored(self.position, group)
+                     if m.message_id is not None and m.message_id < stop]
+            start = 0
+            for i, m in enumerate(batch):
+                self.payload_bytes += len(m.payload)
+                if i - start >= 64:
+                    self._apply(batch[start:i])
+                    start = i
+                    if time.perf_counter() - since >= _YIELD_SECONDS:
+                        # Hand the GIL to the loop's thread now rather than after the interpreter's
+                        # switch interval (5 ms): an append waiting for the loop waits less.
+                        time.sleep(0)
+                        since = time.perf_counter()
+                if m.message_type is MessageType.TIME_TICK:
+                    self._apply(batch[start:i + 1])
+                    self._txns.expire(m.timetick)
+                    start = i + 1
+                    self.position = m.message_id + 1  # type: ignore[operator]
+                    if self._clear(clear_from):
+                        return True
+            self._apply(batch[start:])
+            self.position = batch[-1].message_id + 1 if batch else stop  # type: ignore[operator]
         return self._clear(clear_from)
 
     def _clear(self, clear_from: MessageID | None) -> bool:

@@ -50,8 +50,9 @@ STEPS = ("snapshot", "truncate")
 # A cut moves down while a transaction spans it; each try replays from the snapshot again.  Nested
 # transactions that long-lived are rare: give up for this check rather than replay without end.
 _MAX_CUT_TRIES = 8
-# How often the periodic shadow catches up with the log (at most): short, so each catch-up is small.
-_SNAPSHOT_POLL_SECONDS = 1.0
+# How often the periodic shadow catches up with the log (at most): short, so each catch-up is small
+# and, under a burst, a crash leaves little to replay (an idle pass costs a comparison).
+_SNAPSHOT_POLL_SECONDS = 0.25
 # What a close may spend on a last snapshot (the shadow catching up): a drain must stay short.
 _CLOSE_SNAPSHOT_SECONDS = 5.0
 
@@ -72,14 +73,17 @@ class RetentionConfig:
     (0: no message trigger).  A restart replays about this many messages at most."""
     snapshot_every_seconds: float = 60.0
     """... or once this long passed since the last one and something was written (0: no time trigger)."""
+    snapshot_every_bytes: int = 64 << 20
+    """... or once the payloads replayed since the last one reach this (0: no size trigger): big
+    messages take longer to replay than their count says."""
 
     def __post_init__(self) -> None:
         if not self.check_seconds > 0:
             raise InvalidArgumentError(f"retention check_seconds must be > 0, got {self.check_seconds!r}")
-        if self.snapshot_every_messages < 0 or not self.snapshot_every_seconds >= 0:
+        if self.snapshot_every_messages < 0 or not self.snapshot_every_seconds >= 0 or self.snapshot_every_bytes < 0:
             raise InvalidArgumentError(
-                f"snapshot_every_messages and snapshot_every_seconds must be >= 0, got "
-                f"{self.snapshot_every_messages!r} and {self.snapshot_every_seconds!r}")
+                f"snapshot_every_messages, snapshot_every_seconds and snapshot_every_bytes must be >= 0, got "
+                f"{self.snapshot_every_messages!r}, {self.snapshot_every_seconds!r} and {self.snapshot_every_bytes!r}")
 
     @property
     def enabled(self) -> bool:
@@ -149,6 +153,7 @@ class ChannelRetention:
         """The periodic snapshots' replay, kept between passes (None: seeded again on the next pass)."""
         self._stored_id: MessageID = 0
         self._stored_at = 0.0
+        self._stored_bytes = 0
         self._slot = 0
         self._due_from: MessageID | None = None
         self.snapshots_stored = 0
@@ -228,6 +233,7 @@ class ChannelRetention:
             self._slot = 1 - PERIODIC_METAS.index(newest)
         self._stored_id = max((s.message_id for s in stored.values()), default=wal.first_id)
         self._stored_at = self._monotonic()
+        self._stored_bytes = 0
         # Recovery's own state at its end spares a second replay; else the newest stored snapshot.
         seed: RecoverySnapshot | None = self._stream.recovered_snapshot
         if seed is None and stored:
@@ -253,9 +259,11 @@ class ChannelRetention:
         wal = self._stream.wal
         head = wal.next_id
         written = head - self._stored_id
-        every_n, every_s = self._cfg.snapshot_every_messages, self._cfg.snapshot_every_seconds
+        every_n, every_s, every_b = (self._cfg.snapshot_every_messages, self._cfg.snapshot_every_seconds,
+                                     self._cfg.snapshot_every_bytes)
         due = written > 0 and (force or (every_n > 0 and written >= every_n)
-                               or (every_s > 0 and self._monotonic() - self._stored_at >= every_s))
+                               or (every_s > 0 and self._monotonic() - self._stored_at >= every_s)
+                               or (every_b > 0 and shadow.payload_bytes - self._stored_bytes >= every_b))
         if not due:
             await shadow.advance(head)
             return None
@@ -274,6 +282,7 @@ class ChannelRetention:
         self._slot = 1 - self._slot
         self._stored_id = snapshot.message_id
         self._stored_at = self._monotonic()
+        self._stored_bytes = shadow.payload_bytes
         self.snapshots_stored += 1
         log.info("recovery snapshot stored", pchannel=wal.pchannel, snapshot_id=snapshot.message_id,
                  behind=head - snapshot.message_id)

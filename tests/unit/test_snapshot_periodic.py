@@ -222,3 +222,19 @@ async def _txn_messages(swal: StreamingWAL, txn_id: int) -> list[MessageType]:
         got += [m.message_type for m in batch if m.txn is not None and m.txn.txn_id == txn_id]
         nid = batch[-1].message_id + 1  # type: ignore[operator]
     return got
+
+
+async def test_big_messages_trigger_a_snapshot_by_size(node: Node) -> None:
+    """Few but big messages: the size trigger, not the count, makes the snapshot due (a pass sees the
+    bytes once its shadow replayed them: the pass after they were written)."""
+    swal = node.swal
+    assert swal is not None
+    retention = ChannelRetention(swal, None, None, RetentionConfig(
+        retention_seconds=-1, snapshot_every_messages=0, snapshot_every_seconds=0, snapshot_every_bytes=1000))
+    await data(swal, 5)  # 500 payload bytes
+    assert await retention.snapshot() is None
+    assert await retention.snapshot() is None  # replayed, still below the size
+    await data(swal, 6)
+    assert await retention.snapshot() is None  # the shadow replays them now
+    taken = await retention.snapshot()
+    assert taken is not None and taken.message_id > 11
