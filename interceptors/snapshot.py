@@ -60,7 +60,7 @@ _READ_BYTES = 4 << 20
 (few steps: under load each hop to a thread and back waits for a turn of the busy loop)."""
 _DECODE_BYTES = 256 << 10
 """Bytes of blocks a worker thread decodes at once (the GIL is offered back between them)."""
-_YIELD_SECONDS = 0.002
+_YIELD_SECONDS = 0.0005
 """How long the worker thread replays between two offers of the GIL to the event loop's thread."""
 
 
