@@ -230,11 +230,13 @@ def corrupted(path: str, torn: Torn, newest: bool, pchannels: list[str]) -> Corr
     """The error for damage at ``torn`` (``pchannels``: those the damaged record holds, if known)."""
     why = "" if newest else " and newer journal files follow it"
     whose = f" holding pchannel(s) {', '.join(map(repr, pchannels))}" if pchannels else ""
-    return CorruptedError(
+    err = CorruptedError(
         f"journal {path} is damaged at byte {torn.offset} in a record{whose} ({torn.reason}){why}; refusing "
         "to open rather than lose acknowledged writes (the file is kept as it is)",
-        path=path, file=path, offset=torn.offset, **({"pchannel": ",".join(pchannels)} if pchannels else {}),
-    )
+        path=path, file=path, offset=torn.offset)
+    if pchannels:
+        err.fields["pchannel"] = ",".join(pchannels)
+    return err
 
 
 def keep_torn_tail(path: str, offset: int) -> str | None:
