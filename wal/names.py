@@ -45,6 +45,8 @@ class NameRule:
     allowed: str
     """The rule in words, for the error message."""
     pattern: re.Pattern[str] | None = None
+    reserved: frozenset[str] = frozenset()
+    """Names the node keeps for itself (directories it makes beside the names of this kind)."""
 
     def check(self, value: object, field: str | None = None, *, allow_empty: bool = False) -> str:
         """``value`` when it is a valid name of this kind (or empty and ``allow_empty``); otherwise
@@ -55,6 +57,9 @@ class NameRule:
         if isinstance(value, str) and not value:
             raise InvalidArgumentError(f"invalid {self.kind} name in {field}: empty ({field} is required)",
                                        field=field, kind=self.kind)
+        if isinstance(value, str) and value in self.reserved:
+            raise InvalidArgumentError(f"invalid {self.kind} name in {field}: {value!r} is reserved by the node",
+                                       field=field, kind=self.kind)
         raise InvalidArgumentError(
             f"invalid {self.kind} name in {field}: {shorten(value)}; {self.allowed}, "
             f"at most {self.max_bytes} bytes", field=field, kind=self.kind)
@@ -64,6 +69,8 @@ class NameRule:
         if not value:
             return allow_empty
         if len(value) > self.max_bytes:  # before anything that walks the value
+            return False
+        if value in self.reserved:
             return False
         if self.pattern is not None:
             return self.pattern.fullmatch(value) is not None
@@ -85,10 +92,13 @@ VCHANNEL = NameRule("vchannel", 255, "use printable characters without '/' or '\
 
 CONSUMER_GROUP = NameRule("consumer group", 255, "use printable characters without '/' or '\\', not '.' or '..'")
 
+QUARANTINE_DIR = "_quarantine"
+"""Where the flusher moves damaged Parquet files: a directory beside the collections' own."""
+
 COLLECTION = NameRule(
     "collection", 255, "use ASCII letters, digits, '_' and '-', starting with a letter or '_'",
-    re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*"))
-"""A collection names a directory under its pchannel's directory."""
+    re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*"), frozenset({QUARANTINE_DIR}))
+"""A collection names a directory under its pchannel's directory, beside ``QUARANTINE_DIR``."""
 
 PARTITION = NameRule(
     "partition", 245, "use ASCII letters, digits, '_' and '-', starting with a letter or '_'",
@@ -96,4 +106,7 @@ PARTITION = NameRule(
 """A partition names the directory ``partition=<name>``: 245 keeps that within 255 bytes."""
 
 
-__all__ = ["COLLECTION", "CONSUMER_GROUP", "PARTITION", "PCHANNEL", "QUOTE_CHARS", "VCHANNEL", "NameRule", "shorten"]
+__all__ = [
+    "COLLECTION", "CONSUMER_GROUP", "PARTITION", "PCHANNEL", "QUARANTINE_DIR", "QUOTE_CHARS", "VCHANNEL", "NameRule",
+    "shorten",
+]

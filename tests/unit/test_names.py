@@ -119,3 +119,13 @@ def test_a_small_error_is_carried_whole() -> None:
     err = ChannelNotExistError("pchannel 'p' does not exist", channel="p")
     back = status.from_error_detail(status.to_error_detail(err))
     assert str(back) == str(err) and back.fields == {"channel": "p"}
+
+
+def test_the_quarantine_directory_is_no_collection_name() -> None:
+    """Damaged Parquet files go to a directory beside the collections: no collection may take its name."""
+    from flusher._layout import QUARANTINE_DIR  # noqa: PLC0415
+
+    assert QUARANTINE_DIR == names.QUARANTINE_DIR
+    with pytest.raises(InvalidArgumentError, match="reserved"):
+        bodies.validate_name("collection", QUARANTINE_DIR)
+    assert bodies.validate_name("collection", "_quarantined") == "_quarantined"
