@@ -1,10 +1,10 @@
 """redo: run the inner chain again when it answers "redo" or the backend fails transiently.
 
 Retries use exponential backoff (tenacity) and stop at the caller's deadline (``append_deadline``,
-a loop-time instant set by whoever calls the chain) or after ``max_seconds``.  Fencing, invalid input
-and every other non-retriable error pass straight through: retrying them cannot help and could hide
-a real problem.  A failed write leaves nothing behind (its ids are handed back and the messages
-unsealed), which is what makes running it again safe.
+a loop-time instant set by whoever calls the chain) or after ``max_seconds``.  Fencing, invalid
+input, a full disk (STORAGE_FULL) and every other non-retriable error pass straight through:
+retrying them cannot help and could hide a real problem.  A failed write leaves nothing behind (its
+ids are handed back and the messages unsealed), which is what makes running it again safe.
 """
 
 from __future__ import annotations
@@ -21,12 +21,17 @@ from tenacity import (
 
 from interceptors.base import AppendNext
 from wal.adaptor import append_deadline
-from wal.errors import StreamingError
+from wal.errors import ErrorCode, StreamingError
 from wal.message import AppendResult, Message
+
+# Retriable, but not here: a full disk clears in seconds to minutes (a flush, retention, an operator),
+# not within this step's backoff, so holding the append for max_seconds would only hide the refusal
+# from a client that backs off on its own.
+_PASS_THROUGH = frozenset({ErrorCode.STORAGE_FULL})
 
 
 def _retriable(exc: BaseException) -> bool:
-    return isinstance(exc, StreamingError) and exc.retriable
+    return isinstance(exc, StreamingError) and exc.retriable and exc.code not in _PASS_THROUGH
 
 
 class RedoInterceptor:
@@ -43,7 +48,7 @@ class RedoInterceptor:
         try:
             return await append_next(batch)  # the common case pays for no retry machinery
         except StreamingError as exc:
-            if not exc.retriable:
+            if not _retriable(exc):
                 raise
         budget = self._max_seconds
         deadline = append_deadline.get()

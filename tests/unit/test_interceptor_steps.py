@@ -182,7 +182,11 @@ async def test_redo_retries_transient_failures_only() -> None:
     nxt.fail_with = [InvalidArgumentError("bad")]
     with pytest.raises(InvalidArgumentError):
         await step.do_append([ins("v", 3)], nxt)
-    assert step.redos == 2  # neither was retried
+    # Retriable for the client, which backs off; not worth holding the append here for seconds.
+    nxt.fail_with = [StreamingError("disk full", code=ErrorCode.STORAGE_FULL)] * 10_000
+    with pytest.raises(StreamingError, match="disk full"):
+        await step.do_append([ins("v", 4)], nxt)
+    assert step.redos == 2  # none of them was retried
 
 
 async def test_redo_stops_at_the_callers_deadline() -> None:
