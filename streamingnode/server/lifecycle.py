@@ -190,12 +190,13 @@ def _listen(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCreden
 async def serve(config: NodeConfig, on_ready: Callable[[RunningServer], None] | None = None) -> None:
     """Run until SIGTERM or SIGINT, then drain and close (the process then exits 0)."""
     running = await start_server(config)
-    if on_ready is not None:
-        on_ready(running)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    # Before the ready line: whoever waits for it may send SIGTERM at once, and must get a drain.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if on_ready is not None:
+        on_ready(running)
     await stop.wait()
     log.info("draining", address=running.address)
     await running.stop()
