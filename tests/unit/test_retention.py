@@ -7,59 +7,22 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
 from flusher import Flusher, FlusherConfig
 from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE
 from interceptors.snapshot import SNAPSHOT_META, RecoverySnapshot, load_snapshot
-from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from interceptors.streaming import StreamingWAL, open_streaming_wal
 from streamingnode.groups import ConsumerGroups
 from streamingnode.retention import ChannelRetention, RetentionConfig
 from tests.flushed import pks
+from tests.reopening import FAST, SCHEMA, Opened, rows
 from tests.waiting import persisted_tick, until
-from wal import Message, MessageType, OutOfRangeError, Position, WALManager, bodies
+from wal import Message, MessageType, OutOfRangeError, Position, bodies
 from wal.options import DeliverPolicy, ReadOption
 
-FAST = ChainConfig(tick_interval=0.01, segment_max_rows=10)
-SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("s", pa.string())])
 NOW = RetentionConfig(retention_seconds=0, check_seconds=3600)
 """No time floor: only the other bounds hold the cut (checks are run by hand)."""
-
-
-def rows(start: int, n: int) -> pa.RecordBatch:
-    return pa.record_batch([pa.array(range(start, start + n), pa.int64()),
-                            pa.array([f"s{i}" for i in range(start, start + n)])], schema=SCHEMA)
-
-
-class Opened:
-    """A RocksDB manager and the streaming WAL of pchannel ``p``; ``reopen`` restarts both."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.manager_options: dict[str, object] = {}
-        self.manager: WALManager | None = None
-        self.swal: StreamingWAL | None = None
-
-    async def open(self) -> StreamingWAL:
-        self.manager = await WALManager.start_rocksdb(self.path, **self.manager_options)
-        if "p" not in await self.manager.list_channels():
-            await self.manager.create_channel("p")
-        self.swal = await open_streaming_wal(self.manager, "p", FAST)
-        await self.swal.ready()
-        return self.swal
-
-    async def close(self) -> None:
-        if self.swal is not None:
-            await self.swal.aclose()
-            self.swal = None
-        if self.manager is not None:
-            await self.manager.aclose()
-            self.manager = None
-
-    async def reopen(self) -> StreamingWAL:
-        await self.close()
-        return await self.open()
 
 
 @pytest.fixture

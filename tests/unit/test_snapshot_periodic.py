@@ -9,61 +9,25 @@ import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 import structlog
 
 from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE
 from interceptors.snapshot import PERIODIC_METAS, SNAPSHOT_META, RecoverySnapshot, ShadowReplay, stored_snapshots
-from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from interceptors.streaming import StreamingWAL
 from streamingnode.retention import ChannelRetention, RetentionConfig
+from tests.reopening import SCHEMA, Opened, rows
 from tests.waiting import persisted_tick
-from wal import Message, MessageType, WALManager, bodies
+from wal import Message, MessageType, bodies
 
-FAST = ChainConfig(tick_interval=0.01, segment_max_rows=10)
-SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("s", pa.string())])
 BY_HAND = RetentionConfig(retention_seconds=-1, check_seconds=3600, snapshot_every_messages=0,
                           snapshot_every_seconds=0)
 """No truncation, no periodic task: snapshots are taken by hand (``snapshot(force=True)``)."""
 
 
-def rows(start: int, n: int) -> pa.RecordBatch:
-    return pa.record_batch([pa.array(range(start, start + n), pa.int64()),
-                            pa.array([f"s{i}" for i in range(start, start + n)])], schema=SCHEMA)
-
-
-class Node:
-    """A RocksDB manager and the streaming WAL of pchannel ``p``; ``reopen`` restarts both."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.manager: WALManager | None = None
-        self.swal: StreamingWAL | None = None
-
-    async def open(self) -> StreamingWAL:
-        self.manager = await WALManager.start_rocksdb(self.path)
-        if "p" not in await self.manager.list_channels():
-            await self.manager.create_channel("p")
-        self.swal = await open_streaming_wal(self.manager, "p", FAST)
-        await self.swal.ready()
-        return self.swal
-
-    async def close(self) -> None:
-        if self.swal is not None:
-            await self.swal.aclose()
-            self.swal = None
-        if self.manager is not None:
-            await self.manager.aclose()
-            self.manager = None
-
-    async def reopen(self) -> StreamingWAL:
-        await self.close()
-        return await self.open()
-
-
 @pytest.fixture
-async def node(tmp_path: Path) -> AsyncIterator[Node]:
-    n = Node(tmp_path / "db")
+async def node(tmp_path: Path) -> AsyncIterator[Opened]:
+    n = Opened(tmp_path / "db")
     await n.open()
     yield n
     await n.close()
@@ -87,7 +51,7 @@ async def flip_a_byte(swal: StreamingWAL, name: str) -> None:
     await swal.wal.put_meta(name, raw[:i] + bytes([raw[i] ^ 0x01]) + raw[i + 1:])
 
 
-async def test_restart_replays_only_what_came_after_the_newest_snapshot(node: Node) -> None:
+async def test_restart_replays_only_what_came_after_the_newest_snapshot(node: Opened) -> None:
     swal = node.swal
     assert swal is not None
     await data(swal, 60)
@@ -102,7 +66,7 @@ async def test_restart_replays_only_what_came_after_the_newest_snapshot(node: No
     assert swal.recovery_replayed is not None and swal.recovery_replayed < 20
 
 
-async def test_the_periodic_task_stores_snapshots_by_itself(node: Node) -> None:
+async def test_the_periodic_task_stores_snapshots_by_itself(node: Opened) -> None:
     """Every N messages: alternately in both slots, each one newer than the one before."""
     swal = node.swal
     assert swal is not None
@@ -120,7 +84,7 @@ async def test_the_periodic_task_stores_snapshots_by_itself(node: Node) -> None:
     assert {RecoverySnapshot.decode(s, "p").message_id for s in slots if s} == {first.message_id, second.message_id}
 
 
-async def test_a_damaged_newest_snapshot_falls_back_to_the_one_before(node: Node) -> None:
+async def test_a_damaged_newest_snapshot_falls_back_to_the_one_before(node: Opened) -> None:
     swal = node.swal
     assert swal is not None
     await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
@@ -156,7 +120,7 @@ async def test_a_damaged_newest_snapshot_falls_back_to_the_one_before(node: Node
         MessageType.BEGIN_TXN, MessageType.DATA, MessageType.DATA, MessageType.DATA, MessageType.COMMIT_TXN]
 
 
-async def test_every_snapshot_damaged_means_full_replay_with_a_warning(node: Node) -> None:
+async def test_every_snapshot_damaged_means_full_replay_with_a_warning(node: Opened) -> None:
     swal = node.swal
     assert swal is not None
     await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
@@ -175,7 +139,7 @@ async def test_every_snapshot_damaged_means_full_replay_with_a_warning(node: Nod
     assert "c" in swal.shard.collections("v")
 
 
-async def test_no_snapshot_is_taken_inside_a_transaction(node: Node) -> None:
+async def test_no_snapshot_is_taken_inside_a_transaction(node: Opened) -> None:
     swal = node.swal
     assert swal is not None
     await data(swal, 3)
@@ -190,7 +154,7 @@ async def test_no_snapshot_is_taken_inside_a_transaction(node: Node) -> None:
     assert taken is not None and taken.message_id > commit.message_id > begin.message_id
 
 
-async def test_the_shadow_replay_decodes_in_a_worker_thread(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_shadow_replay_decodes_in_a_worker_thread(node: Opened, monkeypatch: pytest.MonkeyPatch) -> None:
     """Where it runs, not how long it takes: the decode and replay never run on the loop's thread."""
     swal = node.swal
     assert swal is not None
@@ -224,7 +188,7 @@ async def _txn_messages(swal: StreamingWAL, txn_id: int) -> list[MessageType]:
     return got
 
 
-async def test_big_messages_trigger_a_snapshot_by_size(node: Node) -> None:
+async def test_big_messages_trigger_a_snapshot_by_size(node: Opened) -> None:
     """Few but big messages: the size trigger, not the count, makes the snapshot due (a pass sees the
     bytes once its shadow replayed them: the pass after they were written)."""
     swal = node.swal
