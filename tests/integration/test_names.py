@@ -346,6 +346,8 @@ async def test_a_stored_pchannel_whose_name_breaks_the_rule_is_not_opened(
     try:
         await node.open_all()
         assert node.channel_names() == ["ok"]
+        # Not even tried (so nothing is built from its name), rather than tried and FAILED.
+        assert "../victim" not in node.failed_states()
     finally:
         await node.aclose()
     assert [_tree(d) for d in planted] == before
