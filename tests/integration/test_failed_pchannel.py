@@ -251,3 +251,83 @@ async def test_a_failed_sync_shows_on_every_pchannel(tmp_path: Path) -> None:
             assert code is grpc.StatusCode.INTERNAL and "pchannel 'a' is FAILED" in message
     finally:
         srv.stop()
+
+
+async def test_a_reader_tailing_a_pchannel_that_fails_is_ended_with_the_failure(tmp_path: Path) -> None:
+    """A consumer waiting at the live end when its pchannel turns FAILED is told, not left waiting."""
+    from google.protobuf import empty_pb2  # noqa: PLC0415
+
+    from streamingnode.v1 import common_pb2 as pb  # noqa: PLC0415
+
+    data_dir = tmp_path / "data"
+    await asyncio.to_thread(_fill, data_dir)
+    srv = ServerThread(node_config(data_dir, flusher=False)).start()
+    try:
+        async with grpc.aio.insecure_channel(srv.address) as ch:
+            stub = streaming_pb2_grpc.StreamingNodeStub(ch)
+            tail = stub.Consume()
+            await tail.write(spb.ConsumeRequest(open=spb.ConsumeOpen(
+                pchannel="bad", vchannel="v", policy=pb.DeliverPolicy(latest=empty_pb2.Empty()))))
+            first = await asyncio.wait_for(tail.read(), 10)  # the node answered: the reader is at the end
+            assert first is not grpc.aio.EOF
+
+            async def damage() -> None:
+                key = (await srv.node.manager.describe_channel("bad")).key
+                _flip(srv.node.manager.backend._db, _block_keys(srv.node.manager.backend._db, key)[1])  # type: ignore[attr-defined]
+
+            srv.run(damage())
+            with pytest.raises(grpc.aio.AioRpcError):
+                await consume(stub, spb.ConsumeOpen(pchannel="bad", vchannel="v"), until=20)
+
+            async def drain() -> grpc.StatusCode:
+                while True:
+                    try:
+                        if await tail.read() is grpc.aio.EOF:
+                            return await tail.code()
+                    except grpc.aio.AioRpcError as exc:
+                        return exc.code()
+
+            code = await asyncio.wait_for(drain(), 20)
+            assert code is not grpc.StatusCode.OK, "the tailing read ended as if nothing happened"
+            tail.cancel()
+    finally:
+        srv.stop()
+
+
+async def test_an_sdk_consumer_tailing_a_pchannel_that_fails_raises_its_failure(tmp_path: Path) -> None:
+    """The SDK's consumer reconnects after a stream ends; on a FAILED pchannel it must stop with the
+    failure (DATA_LOSS), not keep retrying."""
+    from wal import DeliverPolicy  # noqa: PLC0415
+    from wal.errors import CorruptedError  # noqa: PLC0415
+
+    data_dir = tmp_path / "data"
+    await asyncio.to_thread(_fill, data_dir)
+    srv = ServerThread(node_config(data_dir, flusher=False)).start()
+    try:
+        async with AsyncClient(srv.address, reconnect_timeout=60.0) as client:
+            consumer = client.consumer("bad", "v", policy=DeliverPolicy.latest())
+            packs = aiter(consumer)
+            await asyncio.wait_for(anext(packs), 10)  # at the live end
+
+            async def damage() -> None:
+                db = srv.node.manager.backend._db  # type: ignore[attr-defined]
+                key = (await srv.node.manager.describe_channel("bad")).key
+                _flip(db, _block_keys(db, key)[1])
+
+            srv.run(damage())
+            async with grpc.aio.insecure_channel(srv.address) as ch:
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await consume(streaming_pb2_grpc.StreamingNodeStub(ch),
+                                  spb.ConsumeOpen(pchannel="bad", vchannel="v"), until=20)
+
+            async def drain() -> None:
+                async for _ in packs:
+                    pass
+
+            try:
+                with pytest.raises(CorruptedError, match="FAILED"):
+                    await asyncio.wait_for(drain(), 20)
+            finally:
+                await consumer.aclose()
+    finally:
+        srv.stop()
