@@ -58,9 +58,10 @@ async def test_restart_replays_only_what_came_after_the_newest_snapshot(node: Op
     taken = await snapshot(swal)
     assert taken.message_id > 60
     await data(swal, 7)
-    end = swal.wal.next_id
+    await node.close()
+    end = swal.wal.next_id  # after the close: a TimeTick the beat persisted just before it is replayed too
 
-    swal = await node.reopen()
+    swal = await node.open()
     assert swal.wal.first_id == 0  # nothing was truncated: only the snapshot shortened the replay
     assert swal.recovery_replayed == end - taken.message_id
     assert swal.recovery_replayed is not None and swal.recovery_replayed < 20
@@ -103,10 +104,11 @@ async def test_a_damaged_newest_snapshot_falls_back_to_the_one_before(node: Open
     assert newer.message_id > older.message_id
     (newer_slot,) = [n for n, s in (await stored_snapshots(swal.wal)).items() if s.message_id == newer.message_id]
     await flip_a_byte(swal, newer_slot)
-    end = swal.wal.next_id
+    await node.close()
+    end = swal.wal.next_id  # after the close: a TimeTick the beat persisted just before it is replayed too
 
     with structlog.testing.capture_logs() as logs:
-        swal = await node.reopen()
+        swal = await node.open()
     warned = [e for e in logs if e["log_level"] == "warning" and e.get("snapshot") == newer_slot]
     assert warned and "checksum" in warned[0]["error"]
     assert swal.recovery_replayed == end - older.message_id  # from the older one, not from 0
@@ -130,10 +132,11 @@ async def test_every_snapshot_damaged_means_full_replay_with_a_warning(node: Ope
     await snapshot(swal)
     for name in PERIODIC_METAS:
         await flip_a_byte(swal, name)
-    end = swal.wal.next_id
+    await node.close()
+    end = swal.wal.next_id  # after the close: a TimeTick the beat persisted just before it is replayed too
 
     with structlog.testing.capture_logs() as logs:
-        swal = await node.reopen()
+        swal = await node.open()
     assert {e.get("snapshot") for e in logs if e["log_level"] == "warning"} >= set(PERIODIC_METAS)
     assert swal.recovery_replayed == end
     assert "c" in swal.shard.collections("v")
