@@ -8,6 +8,7 @@ back into its response; the rules live below (``streamingnode.node``, ``streamin
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
 
@@ -19,7 +20,7 @@ from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from wal._codec import check_keepalive
 from wal.bodies import PROP_COLLECTION
-from wal.errors import InvalidArgumentError, InvalidTxnStateError
+from wal.errors import InvalidArgumentError, InvalidTxnStateError, StreamingError
 from wal.message import Message, MessageType, Position
 from wal.names import COLLECTION, VCHANNEL
 from wal.options import DeliverPolicy, ReadOption
@@ -29,6 +30,13 @@ class AdminHandlers:
     """The unary RPCs of the StreamingNode service, over ``self.node`` (mixed into the servicer)."""
 
     node: Node
+
+    def call_failed(self, request: Any, exc: StreamingError) -> None:
+        """A unary call on a pchannel failed with ``exc``: damaged storage moves the pchannel to FAILED
+        (``Node.fail_on``), as a produce or consume that meets it does."""
+        pchannel = getattr(request, "pchannel", "")
+        if pchannel and isinstance(pchannel, str):
+            self.node.fail_on(pchannel, exc)
 
     # --- transactions ----------------------------------------------------------------------------
     def _txn_channel(self, pchannel: str, vchannel: str, txn_id: int) -> Channel:

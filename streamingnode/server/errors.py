@@ -74,6 +74,10 @@ def unary(
                 return await fn(self, request, context)
         except StreamingError as exc:
             err = exc
+            # The domain decides what an error means beyond this call (damaged storage fails its pchannel).
+            noted = getattr(self, "call_failed", None)
+            if noted is not None:
+                noted(request, exc)
         except TimeoutError:
             # The caller's deadline (asyncio.timeout_at in a handler) ran out: say so, do not log a bug.
             err = DeadlineExceededError(f"{fn.__name__}: the call's deadline ran out; it may or may not have "

@@ -331,3 +331,32 @@ async def test_an_sdk_consumer_tailing_a_pchannel_that_fails_raises_its_failure(
                 await consumer.aclose()
     finally:
         srv.stop()
+
+
+async def test_a_unary_call_that_meets_damage_fails_the_pchannel(tmp_path: Path) -> None:
+    """Not only produce and consume: a unary RPC on a pchannel whose storage turns out damaged moves it to
+    FAILED too (here GetLatestPosition, its read made to meet the damage)."""
+    from wal.errors import CorruptedError  # noqa: PLC0415
+
+    srv = ServerThread(node_config(tmp_path / "data", channels=("bad", "good"), flusher=False)).start()
+    try:
+        stream = srv.node.channel("bad").stream
+
+        def damaged() -> None:
+            raise CorruptedError("stored block at id 3 of pchannel 'bad' is damaged: block checksum mismatch",
+                                 pchannel="bad")
+
+        stream.latest_position = damaged  # type: ignore[method-assign]
+        async with grpc.aio.insecure_channel(srv.address) as ch:
+            stub = streaming_pb2_grpc.StreamingNodeStub(ch)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.GetLatestPosition(spb.GetLatestPositionRequest(pchannel="bad"), timeout=10)
+            assert info.value.code() is grpc.StatusCode.DATA_LOSS
+            async with AsyncClient(srv.address) as client:
+                bad = _only(await client.describe_channels(["bad"]), "bad")
+                good = _only(await client.describe_channels(["good"]), "good")
+            assert bad.failed and bad.failure_code is ErrorCode.CORRUPTED, bad
+            assert not good.failed
+            await _refused_everywhere(stub, "bad")
+    finally:
+        srv.stop()
