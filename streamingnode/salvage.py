@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
 import sys
 import time
 from dataclasses import dataclass, field
@@ -45,12 +44,12 @@ from streamingnode.verify import (
     scan_rocks,
     scan_wal,
 )
+from wal.backends._keys import KEY_ID as _KEY_ID
+from wal.backends._keys import TICK_VALUE as _TICK_VALUE
+from wal.backends._keys import U32 as _U32
+from wal.backends._keys import U64 as _U64
 from wal.errors import StreamingError
 
-_U32 = struct.Struct(">I")
-_KEY_ID = struct.Struct(">IQ")
-_TICK_VALUE = struct.Struct(">QQ")
-_U64 = struct.Struct(">Q")
 NEW_DIR = ".salvage-new"
 _BATCH = 1000
 # What RocksDB keeps at the top of the data directory (the journal and Parquet live in directories).

@@ -35,13 +35,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from wal.backend import WriteGroup
+from wal.backends._keys import KEY_ID as _KEY_ID
+from wal.backends._keys import TICK_VALUE as _TICK_VALUE
+from wal.backends._keys import U32 as _U32
 from wal.errors import StreamingError, UnavailableError
 
 JOURNAL_DIR = "journal"
 PARQUET_DIR = "parquet"
-_U32 = struct.Struct(">I")
-_KEY_ID = struct.Struct(">IQ")
-_TICK_VALUE = struct.Struct(">QQ")
 # flusher/_layout.py: files whose name starts with these are not the flusher's committed data.
 _HIDDEN = (".", "_quarantine")
 

@@ -1,11 +1,24 @@
-"""Helpers shared by backends that recover channel state from stored blocks."""
+"""Helpers shared by backends that recover channel state from stored blocks, and the binary parts of
+the RocksDB key layout (``wal.backends.rocks``'s docstring), which the offline verify and salvage
+tools read and write too: one definition, so the three cannot drift apart."""
 
 from __future__ import annotations
+
+import struct
 
 from wal._codec import decode_block
 from wal.backend import ChannelInfo
 from wal.errors import CodecError, CorruptedError
 from wal.message import MessageID
+
+U32 = struct.Struct(">I")
+"""A channel key (after the one-byte kind of a key)."""
+KEY_ID = struct.Struct(">IQ")
+"""A channel key and a message id or timetick: D and T keys."""
+TICK_VALUE = struct.Struct(">QQ")
+"""A T key's value: the tick's message id and its resume id."""
+U64 = struct.Struct(">Q")
+"""An H key's value: the largest timetick acknowledged."""
 
 
 def tail_state(

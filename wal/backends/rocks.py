@@ -24,7 +24,6 @@ import errno
 import json
 import os
 import re
-import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -37,6 +36,10 @@ import structlog
 from wal._codec import block_count
 from wal.backend import Backend, ChannelInfo, TickEntry, WriteGroup
 from wal.backends import _journal
+from wal.backends._keys import KEY_ID as _KEY_ID
+from wal.backends._keys import TICK_VALUE as _TICK_VALUE
+from wal.backends._keys import U32 as _U32
+from wal.backends._keys import U64 as _U64
 from wal.backends._keys import tail_state
 from wal.errors import (
     ChannelExistError,
@@ -52,10 +55,6 @@ from wal.errors import (
 )
 from wal.message import MessageID
 
-_U32 = struct.Struct(">I")
-_KEY_ID = struct.Struct(">IQ")
-_TICK_VALUE = struct.Struct(">QQ")
-_U64 = struct.Struct(">Q")
 _NEXT_KEY = b"Mnext_key"
 _MAX_ID = 0xFFFFFFFFFFFFFFFF
 # RocksDB statuses that say "not now" rather than "broken": the redo step may run the append again.
