@@ -66,8 +66,23 @@ def message_type_from_pb(number: int, field: str = "message.type") -> MessageTyp
 
 
 # --- messages ------------------------------------------------------------------------------------
+def check_vchannels(vchannels: Sequence[str], field: str) -> None:
+    """The vchannel name rule over one batch's vchannels, checked once per distinct name (a batch
+    usually names one or a few); ``field`` formats the index of the first bad one."""
+    bad = next((v for v in set(vchannels) if not VCHANNEL.is_valid(v, allow_empty=True)), None)
+    if bad is not None:
+        VCHANNEL.check(bad, field.format(list(vchannels).index(bad)), allow_empty=True)
+
+
+def produced_messages(messages: Sequence[pb.Message], max_bytes: int) -> list[Message]:
+    """A batch of produced messages, checked (``produced_message``; vchannel names once per batch)."""
+    check_vchannels([m.vchannel for m in messages], "messages[{}].vchannel")
+    return [produced_message(m, i, max_bytes) for i, m in enumerate(messages)]
+
+
 def produced_message(m: pb.Message, index: int, max_bytes: int) -> Message:
-    """A message a client produced, checked: type, size.  What the node assigns is ignored.
+    """A message a client produced, checked: type, size (its vchannel's name by the caller:
+    ``produced_messages``).  What the node assigns is ignored.
 
     This runs for every produced message, so the common case (a known type, no properties) takes
     no dict copy and no generator.
@@ -79,7 +94,7 @@ def produced_message(m: pb.Message, index: int, max_bytes: int) -> Message:
             f"messages[{index}]: type {t.name} is written by the node, not by producers", field="type"
         )
     payload = m.payload
-    vchannel = VCHANNEL.check(m.vchannel, f"messages[{index}].vchannel", allow_empty=True)
+    vchannel = m.vchannel
     size = len(payload) + len(vchannel)
     raw_props = m.properties
     props: dict[str, str] = {}
@@ -129,10 +144,7 @@ def produced_columns(cols: pb.MessageColumns, max_bytes: int) -> tuple[list[Mess
         raise InvalidArgumentError(
             f"columns has {n} types, {len(vchannels)} vchannels and {len(payloads)} payloads: "
             "every message needs one of each", field="columns")
-    # Checked once per distinct vchannel: a batch usually names one or a few.
-    bad = next((v for v in set(vchannels) if not VCHANNEL.is_valid(v, allow_empty=True)), None)
-    if bad is not None:
-        VCHANNEL.check(bad, f"columns.vchannels[{vchannels.index(bad)}]", allow_empty=True)
+    check_vchannels(vchannels, "columns.vchannels[{}]")
     for name in _ASSIGNED_COLUMNS:
         if len(getattr(cols, name)):
             raise InvalidArgumentError(
@@ -545,6 +557,7 @@ def filters_to_pb(filters: Iterable[DeliverFilter]) -> list[pb.DeliverFilter]:
 
 __all__ = [
     "PRODUCIBLE_TYPES",
+    "check_vchannels",
     "consume_columns_response",
     "consume_pack_response",
     "filters_from_pb",
@@ -563,4 +576,5 @@ __all__ = [
     "position_to_pb",
     "produced_columns",
     "produced_message",
+    "produced_messages",
 ]

@@ -158,7 +158,7 @@ class ProduceStream:
         else:
             if not batch.messages:
                 raise InvalidArgumentError("a produce batch needs at least one message", field="messages")
-            out = [convert.produced_message(p, i, limit) for i, p in enumerate(batch.messages)]
+            out = convert.produced_messages(batch.messages, limit)
             own = {i: p.txn for i, p in enumerate(batch.messages) if p.HasField("txn")}
         reserved = first_property(out, _RESERVED_PROPERTIES)
         if reserved is not None:
