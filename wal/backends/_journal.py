@@ -70,6 +70,9 @@ _BLOCK_CRC_OFFSET = BLOCK_HEADER_SIZE - 4  # the header's last field is the body
 _MAGICS = (MAGIC, MAGIC_V1)
 SUFFIX = ".jnl"
 TORN_SUFFIX = ".torn"
+KEPT_SUFFIX = ".kept"
+"""Appended to a journal file that was not fully replayed (damage in it or before it): kept as
+evidence, never replayed again and never deleted by the node."""
 
 
 def encode(groups: list[WriteGroup]) -> list[bytes]:
@@ -218,12 +221,21 @@ def files(directory: str) -> list[str]:
     return [os.path.join(directory, n) for n in names]
 
 
+def kept_files(directory: str) -> list[str]:
+    """The journal files kept after damage (``<seq>.jnl.kept``), oldest first."""
+    if not os.path.isdir(directory):
+        return []
+    names = sorted(n for n in os.listdir(directory) if n.endswith(SUFFIX + KEPT_SUFFIX))
+    return [os.path.join(directory, n) for n in names]
+
+
 def file_name(directory: str, sequence: int) -> str:
     return os.path.join(directory, f"{sequence:020d}{SUFFIX}")
 
 
 def sequence_of(path: str) -> int:
-    return int(os.path.basename(path)[: -len(SUFFIX)])
+    name = os.path.basename(path).removesuffix(KEPT_SUFFIX)
+    return int(name[: -len(SUFFIX)])
 
 
 def corrupted(path: str, torn: Torn, newest: bool, pchannels: list[str]) -> CorruptedError:
@@ -263,5 +275,5 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-__all__ = ["END_MAGIC", "MAGIC", "MAGIC_V1", "SUFFIX", "TORN_SUFFIX", "Torn", "corrupted", "encode", "file_name",
-           "files", "fsync_dir", "keep_torn_tail", "read", "sequence_of"]
+__all__ = ["END_MAGIC", "KEPT_SUFFIX", "MAGIC", "MAGIC_V1", "SUFFIX", "TORN_SUFFIX", "Torn", "corrupted", "encode",
+           "file_name", "files", "fsync_dir", "keep_torn_tail", "kept_files", "read", "sequence_of"]

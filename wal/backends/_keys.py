@@ -20,6 +20,16 @@ TICK_VALUE = struct.Struct(">QQ")
 U64 = struct.Struct(">Q")
 """An H key's value: the largest timetick acknowledged."""
 
+DAMAGED = "damaged"
+"""The field of a channel record (a C key's JSON) that marks a pchannel whose journal records were
+damaged when the database opened: ``{"file", "offset", "reason", "first_id"}``, where ``first_id`` is
+the first id of the pchannel the database does not hold (what came from it on is lost, or only in
+kept journal files).  Opening such a pchannel fails with CORRUPTED; ``salvage`` removes the mark."""
+
+TRUNCATED_META = "wal.truncated_before"
+"""The per-channel value (an X key, u64) below which a truncation deleted every block: journal
+replay skips older blocks, so truncating needs no journal checkpoint."""
+
 
 def tail_state(
     info: ChannelInfo, last_block: tuple[MessageID, bytes] | None, where: str, max_timetick: int
