@@ -161,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                          help="pchannel to cut (repeat for several damaged pchannels)")
     salvage.add_argument("--truncate-at-corruption", action="store_true",
                          help="really cut: drop every message from the first damaged block on")
+    salvage.add_argument("--parquet-dir", help="root of the Parquet files (default <data dir>/parquet): files "
+                                               "holding rows of cut messages move aside")
     from streamingnode.cli import CLIENT_COMMANDS, add_client_commands  # noqa: PLC0415  (stdlib-only module)
 
     add_client_commands(sub)
@@ -180,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "salvage":
         from streamingnode import salvage as salvage_cmd  # noqa: PLC0415
 
-        return salvage_cmd.run(_data_dir(args), args.pchannel, apply=args.truncate_at_corruption)
+        return salvage_cmd.run(_data_dir(args), args.pchannel, apply=args.truncate_at_corruption,
+                                 parquet_dir=args.parquet_dir)
 
     try:
         if args.command == "serve":

@@ -30,12 +30,15 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
 
 from flusher.flusher import CHECKPOINT_META
 from interceptors.snapshot import SNAPSHOT_META
 from streamingnode.groups import META_KEY as GROUPS_META
 from streamingnode.verify import (
+    PARQUET_DIR,
+    ChannelScan,
     Unreadable,
     WalScan,
     describe_key,
@@ -44,6 +47,7 @@ from streamingnode.verify import (
     scan_rocks,
     scan_wal,
 )
+from wal.backends._keys import DAMAGED
 from wal.backends._keys import KEY_ID as _KEY_ID
 from wal.backends._keys import TICK_VALUE as _TICK_VALUE
 from wal.backends._keys import U32 as _U32
@@ -71,6 +75,13 @@ class Cut:
     first: int
     end: int
     why: str
+    first_kept: int = 0
+    """The first id the new database holds of the pchannel (its first block below the cut)."""
+    boundary: tuple[int, int] = (-1, -1)
+    """The delivery key (timestamp, id) of the last message kept: a Parquet file whose last key is
+    past it holds rows of cut messages."""
+    parquet: list[str] = field(default_factory=list)
+    """Parquet files holding rows of cut messages (relative to the Parquet root), moved aside."""
 
     @property
     def count(self) -> int:
@@ -105,7 +116,7 @@ def _region(key: bytes) -> tuple[bytes, int] | None:
     return None
 
 
-def _plan(scan: WalScan, names: list[str]) -> Plan:
+def _plan(scan: WalScan, names: list[str], db: Any = None) -> Plan:
     by_name = {ch.name: ch for ch in scan.channels.values()}
     missing = [n for n in names if n not in by_name]
     if missing:
@@ -125,8 +136,37 @@ def _plan(scan: WalScan, names: list[str]) -> Plan:
         if problem is None:
             plan.clean.append(ch.name)
             continue
-        plan.cuts.append(Cut(ch.name, ch.key, problem[0], max(ch.end(), problem[0]), problem[1]))
+        first = problem[0]
+        kept = [e.first for e in ch.extents if e.end is not None and not e.kept and e.first < first]
+        plan.cuts.append(Cut(ch.name, ch.key, first, max(ch.end(), first), problem[1],
+                             first_kept=min(kept, default=first), boundary=_last_kept_key(db, scan, ch, first)))
     return plan
+
+
+def _last_kept_key(db: Any, scan: WalScan, ch: ChannelScan, cut: int) -> tuple[int, int]:
+    """(largest timestamp of the messages below ``cut``, ``cut - 1``): every message kept is delivered
+    at or below it (a transaction body at its commit's timestamp, which is below the cut too), every
+    cut one above it (timestamps never go back).  (-1, -1) when nothing is kept."""
+    from wal._codec import decode_block  # noqa: PLC0415
+    from wal.errors import CodecError  # noqa: PLC0415
+
+    holder = next((e for e in ch.extents if e.end is not None and not e.kept and e.first < cut <= e.end), None)
+    if holder is None:
+        return (-1, -1)
+    block: bytes | None = None
+    if holder.where == "database":
+        raw = db.get(b"D" + _KEY_ID.pack(ch.key, holder.first)) if db is not None else None
+        block = bytes(raw) if raw is not None else None
+    else:
+        block = next((g.block for r in scan.journal if not r.kept for g in r.groups
+                      if g.channel_key == ch.key and g.first_id == holder.first), None)
+    try:
+        messages = decode_block(block, holder.first) if block is not None else []
+    except CodecError:
+        messages = []
+    ticks = [m.timetick for m in messages if m.message_id is not None and m.message_id < cut]
+    # Unknown (the block did not read back): every file is past it, the safe side.
+    return (max(ticks), cut - 1) if ticks else (-1, -1)
 
 
 def _check_unreadable(u: Unreadable, cut_keys: set[int], scan: WalScan) -> None:
@@ -145,16 +185,22 @@ def _check_unreadable(u: Unreadable, cut_keys: set[int], scan: WalScan) -> None:
         f"{'; other pchannels: ' + ', '.join(map(repr, names)) if names else ''})", path=u.file)
 
 
-def _lower_positions(name: str, raw: bytes, cut: int) -> bytes | None:
-    """A stored position past ``cut`` brought back to it (None: drop the value; unchanged bytes
+def _lower_positions(name: str, raw: bytes, c: Cut) -> bytes | None:
+    """A stored position past the cut brought back to it (None: drop the value; unchanged bytes
     when it is not past the cut)."""
+    cut = c.first
     try:
         if name == CHECKPOINT_META:
+            # Parquet files past the cut are moved aside, and one may hold rows of kept messages too
+            # (it spans the cut): the flusher reads the retained log again from its start and skips
+            # what its remaining files hold (each directory's files are a prefix of its rows, the
+            # moved ones were its last).  Done whether or not files moved now, so that a salvage run
+            # again after one stopped between moving them and swapping the database still rewinds.
             doc = json.loads(raw)
-            if int(doc["message_id"]) > cut:
-                doc["message_id"] = cut
-                return json.dumps(doc).encode()
-        elif name == GROUPS_META:
+            doc["message_id"] = min(int(doc["message_id"]), c.first_kept)
+            doc["timetick"] = 0
+            return json.dumps(doc).encode()
+        if name == GROUPS_META:
             doc = json.loads(raw)
             changed = False
             for vs in doc.values():
@@ -178,6 +224,8 @@ def _kept(k: bytes, v: bytes, cuts: dict[int, Cut]) -> bytes | None:
         record = json.loads(v)
         if int(record["key"]) in cuts:
             record["term"] = int(record["term"]) + 1  # the cut is a term of its own
+            # The damage the mark names is cut away: the pchannel opens again.
+            record.pop(DAMAGED, None)
             return json.dumps(record).encode()
     elif kind in (b"D", b"T", b"X") and len(k) >= 5 and _U32.unpack_from(k, 1)[0] in cuts:
         cut = cuts[_U32.unpack_from(k, 1)[0]]
@@ -186,7 +234,7 @@ def _kept(k: bytes, v: bytes, cuts: dict[int, Cut]) -> bytes | None:
         if kind == b"T" and _TICK_VALUE.unpack(v)[0] >= cut.first:
             return None
         if kind == b"X":
-            return _lower_positions(k[5:].decode(errors="replace"), v, cut.first)
+            return _lower_positions(k[5:].decode(errors="replace"), v, cut)
     return v
 
 
@@ -216,13 +264,20 @@ def _build(data_dir: str, src: Any, scan: WalScan, plan: Plan) -> str:
             kept = _kept(k, v, cuts)
             if kept is not None:
                 put(k, kept)
+        marks = {ch.key: ch.truncated_before for ch in scan.channels.values()}
         for record in scan.journal:
+            if record.kept:
+                # A node applied it already, but for the damaged pchannels' groups (past their cut):
+                # applying it again would bring back blocks truncated since.
+                continue
             for g in record.groups:
                 # The largest timestamp ever acknowledged stays, cut or not: time never goes back.
                 put(b"H" + _U32.pack(g.channel_key), _U64.pack(g.max_timetick))
                 cut = cuts.get(g.channel_key)
                 if cut is not None and g.first_id >= cut.first:
                     continue
+                if g.first_id < marks.get(g.channel_key, 0):
+                    continue  # truncated (as replay skips it): the journal's copy is of deleted data
                 put(b"D" + _KEY_ID.pack(g.channel_key, g.first_id), g.block)
                 for t in g.ticks:
                     if cut is None or t.message_id < cut.first:
@@ -234,14 +289,53 @@ def _build(data_dir: str, src: Any, scan: WalScan, plan: Plan) -> str:
     return new_dir
 
 
-def _swap(data_dir: str, new_dir: str) -> str:
-    """Move the old database files and the journal aside, the new files in; returns where the old went."""
-    from pathlib import Path  # noqa: PLC0415
+def _parquet_past_cut(root: str, c: Cut) -> list[str]:
+    """The committed Parquet files of the cut pchannel (relative to ``root``, the Parquet root) that
+    hold rows of messages at or after the cut: their last delivery key is past ``c.boundary``, or
+    their name's last id is at or past the cut (a damaged footer: the name is all there is)."""
+    from flusher import _layout, incarnation  # noqa: PLC0415
 
-    from flusher.commit import fsync_dir  # noqa: PLC0415
+    directory = Path(root) / c.pchannel
+    owner = incarnation.read_marker(directory)
+    if not directory.is_dir() or owner not in (None, c.key):
+        return []  # another incarnation's files: the node moves them aside itself
+    out = []
+    for rel in _layout.committed_files(directory):
+        path = directory / rel
+        ids = _layout.parse_name(path.name)
+        try:
+            last: tuple[int, int] | None = _layout.read_keys(str(path))[1]
+        except _layout.DamagedFileError:
+            last = None  # damaged below the cut: the flusher quarantines and rebuilds it
+        if (ids is not None and ids[1] >= c.first) or (last is not None and last > c.boundary):
+            out.append(f"{c.pchannel}/{rel}")
+    return out
 
+
+def _move_parquet(root: str, aside: str, plan: Plan) -> None:
+    """Move the files past each cut to ``<aside>/parquet/<path relative to the Parquet root>``."""
+    from flusher.commit import fsync_dir, make_dirs  # noqa: PLC0415
+
+    for c in plan.cuts:
+        for rel in c.parquet:
+            target = Path(aside) / PARQUET_DIR / rel
+            make_dirs(target.parent)
+            shutil.move(os.path.join(root, rel), target)  # a copy when the root is on another filesystem
+            fsync_dir(target.parent)
+            fsync_dir((Path(root) / rel).parent)
+
+
+def _new_aside(data_dir: str) -> str:
     aside = os.path.join(data_dir, f"salvaged-{time.strftime('%Y%m%dT%H%M%S')}-{time.time_ns() % 10**9:09d}")
     os.mkdir(aside)
+    return aside
+
+
+def _swap(data_dir: str, new_dir: str, aside: str) -> str:
+    """Move the old database files and the journal (kept files included) into ``aside``, the new files
+    in; returns ``aside``."""
+    from flusher.commit import fsync_dir  # noqa: PLC0415
+
     for name in sorted(os.listdir(data_dir)):
         if _is_rocks_file(name) and os.path.isfile(os.path.join(data_dir, name)):
             os.rename(os.path.join(data_dir, name), os.path.join(aside, name))
@@ -263,9 +357,11 @@ class Outcome:
     findings: list[str] = field(default_factory=list)
 
 
-def salvage(data_dir: str, pchannels: list[str], *, apply: bool) -> Outcome:
+def salvage(data_dir: str, pchannels: list[str], *, apply: bool, parquet_dir: str | None = None) -> Outcome:
     """Plan (and with ``apply``, carry out) the cut of ``pchannels``; see the module docstring.
-    Raises DataDirInUseError, SalvageRefusedError."""
+    ``parquet_dir``: the Parquet root (default ``<data_dir>/parquet``).  Raises DataDirInUseError,
+    SalvageRefusedError."""
+    root = parquet_dir if parquet_dir is not None else os.path.join(data_dir, PARQUET_DIR)
     if not os.path.exists(os.path.join(data_dir, "CURRENT")):
         raise StreamingError(f"{data_dir} holds no WAL database", path=data_dir)
     with offline(data_dir):
@@ -276,24 +372,30 @@ def salvage(data_dir: str, pchannels: list[str], *, apply: bool) -> Outcome:
                                       "cannot repair that: restore a backup", path=data_dir) from exc
         try:
             scan = scan_wal(data_dir, src)
-            plan = _plan(scan, pchannels)
+            plan = _plan(scan, pchannels, src)
+            for c in plan.cuts:
+                c.parquet = _parquet_past_cut(root, c)
             outcome = Outcome(plan, applied=False, findings=[f.line() for f in scan.findings])
             if not apply or not plan.needed:
                 return outcome
             new_dir = _build(data_dir, src, scan, plan)
         finally:
             src.close()
-        outcome.moved_to = _swap(data_dir, new_dir)
+        aside = _new_aside(data_dir)
+        # Before the swap: a salvage stopped in between leaves the old database, and run again it
+        # cuts the same ids and rewinds the flusher all the same (``_lower_positions``).
+        _move_parquet(root, aside, plan)
+        outcome.moved_to = _swap(data_dir, new_dir, aside)
         outcome.applied = True
         return outcome
 
 
-def run(data_dir: str, pchannels: list[str], *, apply: bool, out: TextIO = sys.stdout,
-        err: TextIO = sys.stderr) -> int:
+def run(data_dir: str, pchannels: list[str], *, apply: bool, parquet_dir: str | None = None,
+        out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """The ``salvage`` command: 0 when done (or nothing to cut), 1 when something would be cut but
     ``--truncate-at-corruption`` was not given, 2 when refused."""
     try:
-        outcome = salvage(data_dir, pchannels, apply=apply)
+        outcome = salvage(data_dir, pchannels, apply=apply, parquet_dir=parquet_dir)
     except StreamingError as exc:
         print(f"salvage: {exc}", file=err)
         return 2
@@ -308,6 +410,10 @@ def run(data_dir: str, pchannels: list[str], *, apply: bool, out: TextIO = sys.s
     verb = "cut" if outcome.applied else "would cut"
     for c in plan.cuts:
         print(c.line().replace(": cut ids", f": {verb} ids", 1), file=out)
+        where = f"{outcome.moved_to}/{PARQUET_DIR}" if outcome.moved_to else "the salvaged-<time> directory"
+        for rel in c.parquet:
+            print(f"pchannel {c.pchannel!r}: {'moved' if outcome.applied else 'would move'} Parquet file {rel} "
+                  f"(rows of cut messages) to {where}", file=out)
     if plan.journal_damaged:
         print(f"journal: damaged records {'were' if outcome.applied else 'would be'} dropped after applying "
               "every valid one", file=out)
