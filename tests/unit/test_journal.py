@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from wal import CorruptedError, MessageType, WALManager
+from wal import CorruptedError, Message, MessageType, WALManager
+from wal._codec import decode_block
 from wal.backends import RocksBackend, _journal
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _crash_after(path: Path, body: str, **backend: object) -> None:
+def _crash_after(path: Path, body: str, **backend: object) -> str:
     """Run ``body`` (async, with ``wal`` open on pchannel p) in a child, then kill it without a close."""
     script = textwrap.dedent('''
         import asyncio, json, os, sys
@@ -43,6 +45,7 @@ def _crash_after(path: Path, body: str, **backend: object) -> None:
     done = subprocess.run([sys.executable, "-c", script, str(path), json.dumps(backend)], cwd=ROOT, timeout=60,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, check=False)
     assert done.returncode == 0, f"the writer exited with {done.returncode}:\n{done.stderr}"
+    return done.stdout
 
 
 async def _payloads(path: Path) -> list[bytes]:
@@ -86,6 +89,21 @@ async def test_a_torn_record_at_the_end_is_dropped_and_the_rest_kept(tmp_path: P
     assert await _payloads(path) == [b"m%02d" % i for i in range(40)]
 
 
+def _refused(path: Path, name: str = "p") -> tuple[CorruptedError, list[bytes]]:
+    """Open the database (journal damage never refuses it), check that opening pchannel ``name``
+    fails with CORRUPTED, and return that error and the payloads the database still holds of it."""
+    backend = RocksBackend(path)
+    try:
+        with pytest.raises(CorruptedError) as info:
+            backend.open_channel(name)
+        key = backend.describe_channel(name).key
+        held = [m.payload for first, block in backend.read_blocks(key, 0, 1 << 30)
+                for m in decode_block(block, first) if m.message_type is MessageType.DATA]
+    finally:
+        backend.close()
+    return info.value, held
+
+
 async def test_damage_in_an_older_journal_file_is_reported_not_skipped(tmp_path: Path) -> None:
     path = tmp_path / "db"
     _crash_after(path, _APPEND_40)
@@ -96,10 +114,14 @@ async def test_damage_in_an_older_journal_file_is_reported_not_skipped(tmp_path:
     data[len(data) // 2] ^= 0x5A
     with open(older, "wb") as f:
         f.write(bytes(data))
-    with pytest.raises(CorruptedError, match=r"journal .* is damaged at byte \d+"):
-        RocksBackend(path)
-    os.remove(older)
-    assert await _payloads(path) == [b"m%02d" % i for i in range(40)], "the damage refused, nothing else lost"
+    err, held = _refused(path)
+    assert re.search(rf"lost journal records: {older} is damaged at byte \d+", str(err)), err
+    assert 0 < len(held) < 40 and held == [b"m%02d" % i for i in range(len(held))], \
+        "a clean prefix is held; nothing from the newer file was applied past the gap"
+    assert all(os.path.getsize(f) == 0 for f in _journal_files(path)), "only the fresh file is live"
+    assert os.path.exists(older + ".kept") and os.path.exists(last + ".kept"), \
+        "both files were not fully replayed: kept, never deleted"
+    assert _refused(path)[1] == held, "refused again, not forgotten"
 
 
 async def test_replay_never_brings_back_what_a_truncation_deleted(tmp_path: Path) -> None:
@@ -175,27 +197,27 @@ def _flip(path: str, offset: int) -> bytes:
     return bytes(data)
 
 
-async def test_a_flipped_byte_with_valid_records_after_it_refuses_to_open_and_keeps_the_file(
+async def test_a_flipped_byte_with_valid_records_after_it_refuses_the_pchannel_and_keeps_the_file(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "db"
     _crash_after(path, _APPEND_40)
     last = _journal_files(path)[-1]
     damaged = _flip(last, os.path.getsize(last) // 2)  # inside a record in the middle: 20 follow it
-    with pytest.raises(CorruptedError, match=rf"journal {last} is damaged at byte \d+") as info:
-        RocksBackend(path)
-    assert info.value.fields["file"] == last
+    err, held = _refused(path)
+    assert re.search(rf"lost journal records: {last} is damaged at byte \d+", str(err)), err
+    assert err.fields["file"] == last
     record_starts = [0]
-    for item in _journal.read(last):
+    for item in _journal.read(last + ".kept"):
         assert isinstance(item, list) or item.damaged
         if isinstance(item, list):
             record_starts.append(record_starts[-1] + sum(map(len, _journal.encode(item))))
-    assert info.value.fields["offset"] in record_starts, "the offset is where the damaged record starts"
-    assert 0 < info.value.fields["offset"] < os.path.getsize(last)
-    with open(last, "rb") as f:
+    assert err.fields["offset"] in record_starts, "the offset is where the damaged record starts"
+    assert 0 < err.fields["offset"] < len(damaged)
+    assert held == [b"m%02d" % i for i in range(len(held))] and len(held) < 40
+    with open(last + ".kept", "rb") as f:
         assert f.read() == damaged, "the evidence is kept as it was"
-    with pytest.raises(CorruptedError):
-        RocksBackend(path)  # and refused again, not forgotten
+    assert _refused(path)[1] == held  # and refused again, not forgotten
 
 
 async def test_a_flipped_byte_in_the_last_complete_record_is_damage_not_a_torn_tail(tmp_path: Path) -> None:
@@ -203,11 +225,11 @@ async def test_a_flipped_byte_in_the_last_complete_record_is_damage_not_a_torn_t
     _crash_after(path, _APPEND_40)
     last = _journal_files(path)[-1]
     _flip(last, os.path.getsize(last) - 30)  # in the last message of the last record: nothing follows
-    with pytest.raises(CorruptedError, match=rf"journal {last} is damaged at byte \d+ in a record holding "
-                                             r"pchannel\(s\) 'p' \(the block .* is damaged; its trailer") as info:
-        RocksBackend(path)
-    assert info.value.fields["pchannel"] == "p"
-    assert os.path.exists(last)
+    err, held = _refused(path)
+    assert re.search(rf"{last} is damaged at byte \d+ \(the block .* is damaged; its trailer", str(err)), err
+    assert err.fields["pchannel"] == "p"
+    assert held == [b"m%02d" % i for i in range(39)], "all but the damaged record's message"
+    assert os.path.exists(last + ".kept")
 
 
 @pytest.mark.parametrize("tail", ["cut", "zeros", "garbage"])
@@ -242,8 +264,9 @@ async def test_a_record_cut_short_in_the_middle_of_a_file_is_damage(tmp_path: Pa
     # vouches for it, only the valid records after it tell that this is no torn tail.
     with open(last, "wb") as f:
         f.write(data[:ends[9] - 20] + data[ends[9]:])
-    with pytest.raises(CorruptedError, match=rf"at byte {ends[8]} .*a valid record follows at byte \d+"):
-        RocksBackend(path)
+    err, held = _refused(path)
+    assert re.search(rf"at byte {ends[8]} .*a valid record follows at byte \d+", str(err)), err
+    assert len(held) < 40 and held == [b"m%02d" % i for i in range(len(held))]
 
 
 def test_version_1_records_of_an_older_build_still_replay(tmp_path: Path) -> None:
@@ -266,3 +289,97 @@ def test_version_1_records_of_an_older_build_still_replay(tmp_path: Path) -> Non
     name.write_bytes(record + record[:-3])  # and a cut second record is a torn tail, as before
     *good, torn = _journal.read(str(name))
     assert len(good) == 1 and isinstance(torn, _journal.Torn) and not torn.damaged and torn.offset == len(record)
+
+
+# --- damage contained to the pchannels it touches ---------------------------------------------------
+_APPEND_P_Q = '''
+    if "q" not in await m.list_channels():
+        await m.create_channel("q")
+    other = await m.open("q")
+    for i in range(30):
+        await wal.append_batch([Message(MessageType.DATA, "v", b"p%02d" % i)])
+        await other.append_batch([Message(MessageType.DATA, "v", b"q%02d" % i)])
+'''
+
+
+def _records(path: str) -> list[tuple[int, list[object]]]:
+    """(offset, groups) of each record of a whole journal file."""
+    out: list[tuple[int, list[object]]] = []
+    at = 0
+    for item in _journal.read(path):
+        assert isinstance(item, list)
+        out.append((at, list(item)))
+        at += sum(map(len, _journal.encode(item)))
+    return out
+
+
+async def _served(path: Path, name: str) -> list[bytes]:
+    m = await WALManager.start(RocksBackend(path))
+    try:
+        wal = await m.open(name)
+        return [x.payload for x in await wal.read_stored(wal.first_id, 1 << 30) if x.message_type is MessageType.DATA]
+    finally:
+        await m.aclose()
+
+
+@pytest.mark.parametrize("where", ["block", "record magic"])
+async def test_journal_damage_fails_only_the_pchannel_it_touches(tmp_path: Path, where: str) -> None:
+    path = tmp_path / "db"
+    _crash_after(path, _APPEND_P_Q)
+    last = _journal_files(path)[-1]
+    p_key = 1  # created first
+    records = _records(last)
+    # The twentieth record holding p's block (its message p%02d), in the middle of the file.
+    p_records = [(at, groups) for at, groups in records
+                 if any(getattr(g, "channel_key", None) == p_key for g in groups) and len(groups) == 1]
+    at, _groups = p_records[len(p_records) // 2]
+    # "block": the meta still names the pchannel.  "record magic": the record cannot be read at all,
+    # and only the ids that follow tell whose block it held.
+    _flip(last, at + (sum(map(len, _journal.encode(_groups))) - 20 if where == "block" else 0))
+    assert await _served(path, "q") == [b"q%02d" % i for i in range(30)], "the other pchannel lost nothing"
+    err, held = _refused(path, "p")
+    assert err.fields["file"] == last and err.fields["offset"] == at
+    assert held == [b"p%02d" % i for i in range(len(held))] and 0 < len(held) < 30
+    # q keeps serving and writing; the kept file is never deleted by the journal's own clean-up.
+    m = await WALManager.start(RocksBackend(path, journal_rotate_bytes=1 << 10))
+    try:
+        q = await m.open("q")
+        for i in range(30, 60):
+            await q.append_batch([Message(MessageType.DATA, "v", b"q%02d" % i)])
+    finally:
+        await m.aclose()
+    assert os.path.exists(last + ".kept")
+    assert await _served(path, "q") == [b"q%02d" % i for i in range(60)]
+    assert _refused(path, "p")[1] == held
+
+
+async def test_a_damaged_journal_copy_of_a_block_the_tables_hold_costs_nothing(tmp_path: Path) -> None:
+    # A journal file whose flush had in fact finished (the crash came before its deletion): the
+    # tables hold every block, so damage in the journal's copy loses nothing.
+    path = tmp_path / "db"
+    _crash_after(path, _APPEND_40)
+    last = _journal_files(path)[-1]
+    with open(last, "rb") as f:
+        copy = f.read()
+    assert await _payloads(path) == [b"m%02d" % i for i in range(40)]  # replayed, flushed, deleted
+    with open(last, "wb") as f:
+        f.write(copy)
+    _flip(last, len(copy) // 2)
+    assert await _payloads(path) == [b"m%02d" % i for i in range(40)]
+
+
+async def test_replay_skips_blocks_below_a_truncation_mark_and_ids_go_on(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    out = _crash_after(path, _APPEND_40 + '''
+    print("state", wal.next_id, wal.last_timetick, flush=True)
+    await wal.truncate(wal.next_id)  # everything: the journal holds every block, the tables none
+''')
+    next_id, last_ts = (int(x) for x in out.split("state ", 1)[1].split()[:2])
+    backend = RocksBackend(path)
+    try:
+        info = backend.open_channel("p")
+        assert backend.read_blocks(info.key, 0, 1 << 30) == [], "nothing truncated comes back"
+        assert (info.first_id, info.next_id) == (next_id, next_id), "ids go on from the truncation, never from 0"
+        assert info.last_timetick >= last_ts, "time never goes back"
+    finally:
+        backend.close()

@@ -36,14 +36,15 @@ only when both hold:
 - it is not complete: a trailer whose length reaches back exactly to the record's start proves the
   whole record reached the disk, so what fails inside it is damage, not a cut.
 
-Anything else is damage: the file is left as it is and opening fails with CORRUPTED naming the file
-and the record's offset.  A bad record in an older file is always damage.  The search may take a
-payload that happens to hold a valid record (or trailer) for one, and then refuses a true torn tail:
-the mistake goes towards refusing, never towards dropping what was acknowledged.  Version 1 records
+Anything else is damage (``Torn.damaged``); what replay makes of it, failing only the pchannels the
+record held and keeping the file, is wal/backends/_replay.py's.  A bad record in an older file is
+always damage.  The search may take a payload that happens to hold a valid record (or trailer) for
+one, and then refuses a true torn tail: the mistake goes towards refusing, never towards dropping
+what was acknowledged.  Version 1 records
 have no trailer: there, damage in the last record cannot be told from a cut.
 
-Deletions (truncation, a destroyed channel) first empty the journal the same way, so replay can never
-bring back what was deleted.
+A destroyed channel first empties the journal the same way, so replay can never bring back what was
+deleted; a truncation leaves a mark below which replay skips blocks instead (``_keys.TRUNCATED_META``).
 """
 
 from __future__ import annotations
@@ -56,7 +57,6 @@ from dataclasses import dataclass
 
 from wal._codec import BLOCK_HEADER_SIZE, block_checksum_ok
 from wal.backend import TickEntry, WriteGroup
-from wal.errors import CorruptedError
 
 MAGIC_V1 = 0x534E4A31  # "SNJ1": no trailer, the block body's CRC in the meta
 MAGIC = 0x534E4A32  # "SNJ2"
@@ -99,6 +99,10 @@ class Torn:
     reason: str
     damaged: bool = False
     channel_keys: tuple[int, ...] = ()  # the pchannels of the bad record, when its meta checks out
+    good: tuple[WriteGroup, ...] = ()
+    """The groups of the bad record whose blocks check out (only when its meta does)."""
+    bad: tuple[tuple[int, int], ...] = ()
+    """(channel key, first id) of each group of the bad record whose block does not check out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +110,8 @@ class _Bad:
     reason: str
     end: int | None  # where the record ends, when its meta checks out (its lengths can be trusted)
     channel_keys: tuple[int, ...] = ()
+    good: tuple[WriteGroup, ...] = ()
+    bad: tuple[tuple[int, int], ...] = ()
 
 
 def _parse(data: bytes, pos: int) -> tuple[list[WriteGroup], int] | _Bad:
@@ -137,18 +143,29 @@ def _parse(data: bytes, pos: int) -> tuple[list[WriteGroup], int] | _Bad:
     record_end = body + sum(e[4] for e in entries) + (_TRAILER.size if magic == MAGIC else 0)
     keys = tuple(sorted({e[0] for e in entries}))
     groups: list[WriteGroup] = []
+    bad: list[tuple[int, int]] = []
+    reason = ""
+    # Every block is checked, past a bad one too: the meta's lengths place each block, so the groups
+    # of other pchannels in a damaged record can still be told whole (see ``Torn.good``).
     for key, first_id, max_ts, ticks, block_len, crc in entries:
         block = data[body:body + block_len]
         if body + block_len > end:
-            return _Bad(f"the block of channel key {key} at id {first_id} is cut off", record_end, keys)
-        if magic == MAGIC:
-            header_ok = zlib.crc32(block[:BLOCK_HEADER_SIZE]) == crc
+            reason = reason or f"the block of channel key {key} at id {first_id} is cut off"
+            bad.append((key, first_id))
         else:
-            header_ok = len(block) >= BLOCK_HEADER_SIZE and _BLOCK_CRC.unpack_from(block, _BLOCK_CRC_OFFSET)[0] == crc
-        if not header_ok or not block_checksum_ok(block):
-            return _Bad(f"the block of channel key {key} at id {first_id} is damaged", record_end, keys)
-        groups.append(WriteGroup(key, first_id, block, ticks, max_ts))
+            if magic == MAGIC:
+                header_ok = zlib.crc32(block[:BLOCK_HEADER_SIZE]) == crc
+            else:
+                header_ok = (len(block) >= BLOCK_HEADER_SIZE
+                             and _BLOCK_CRC.unpack_from(block, _BLOCK_CRC_OFFSET)[0] == crc)
+            if header_ok and block_checksum_ok(block):
+                groups.append(WriteGroup(key, first_id, block, ticks, max_ts))
+            else:
+                reason = reason or f"the block of channel key {key} at id {first_id} is damaged"
+                bad.append((key, first_id))
         body += block_len
+    if bad:
+        return _Bad(reason, record_end, keys, tuple(groups), tuple(bad))
     # The trailer is not checked here: everything it could vouch for already checked out.  (A record
     # complete but for its trailer was cut in its last bytes; applying it brings back nothing wrong.)
     return groups, record_end
@@ -186,11 +203,13 @@ def _complete(data: bytes, pos: int, bad: _Bad) -> bool:
     return False
 
 
-def read(path: str) -> Iterator[list[WriteGroup] | Torn]:
-    """The records of one file in order; a ``Torn`` last if the file does not end on a record.
+def read(path: str, *, past_damage: bool = False) -> Iterator[list[WriteGroup] | Torn]:
+    """The records of one file in order; a ``Torn`` where a record does not check out.
 
     The ``Torn`` says whether the bad record is damage (``damaged``) or may be a write cut short; the
-    caller decides what a cut means where it is (the end of the newest file, or not).
+    caller decides what a cut means where it is (the end of the newest file, or not).  Reading stops
+    at the first ``Torn`` unless ``past_damage``: then it goes on at the valid record that follows
+    damage (a cut, with nothing valid after it, always ends the file).
     """
     with open(path, "rb") as f:
         data = f.read()
@@ -204,13 +223,15 @@ def read(path: str) -> Iterator[list[WriteGroup] | Torn]:
         follows = _valid_record_from(data, parsed.end if parsed.end is not None else pos + 1)
         if follows is not None:
             yield Torn(pos, f"{parsed.reason}; a valid record follows at byte {follows}", True,
-                       parsed.channel_keys)
+                       parsed.channel_keys, parsed.good, parsed.bad)
         elif _complete(data, pos, parsed):
             yield Torn(pos, f"{parsed.reason}; its trailer shows the record was written whole", True,
-                       parsed.channel_keys)
+                       parsed.channel_keys, parsed.good, parsed.bad)
         else:
-            yield Torn(pos, parsed.reason, False, parsed.channel_keys)
-        return
+            yield Torn(pos, parsed.reason, False, parsed.channel_keys, parsed.good, parsed.bad)
+        if follows is None or not past_damage:
+            return
+        pos = follows
 
 
 def files(directory: str) -> list[str]:
@@ -238,19 +259,6 @@ def sequence_of(path: str) -> int:
     return int(name[: -len(SUFFIX)])
 
 
-def corrupted(path: str, torn: Torn, newest: bool, pchannels: list[str]) -> CorruptedError:
-    """The error for damage at ``torn`` (``pchannels``: those the damaged record holds, if known)."""
-    why = "" if newest else " and newer journal files follow it"
-    whose = f" holding pchannel(s) {', '.join(map(repr, pchannels))}" if pchannels else ""
-    err = CorruptedError(
-        f"journal {path} is damaged at byte {torn.offset} in a record{whose} ({torn.reason}){why}; refusing "
-        "to open rather than lose acknowledged writes (the file is kept as it is)",
-        path=path, file=path, offset=torn.offset)
-    if pchannels:
-        err.fields["pchannel"] = ",".join(pchannels)
-    return err
-
-
 def keep_torn_tail(path: str, offset: int) -> str | None:
     """Copy what follows ``offset`` in ``path`` to ``<path>.torn`` (kept for inspection: it is never
     replayed); returns that file's name, or None when nothing follows."""
@@ -275,5 +283,5 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-__all__ = ["END_MAGIC", "KEPT_SUFFIX", "MAGIC", "MAGIC_V1", "SUFFIX", "TORN_SUFFIX", "Torn", "corrupted", "encode",
+__all__ = ["END_MAGIC", "KEPT_SUFFIX", "MAGIC", "MAGIC_V1", "SUFFIX", "TORN_SUFFIX", "Torn", "encode",
            "file_name", "files", "fsync_dir", "keep_torn_tail", "kept_files", "read", "sequence_of"]

@@ -3,11 +3,12 @@
 Key layout (all integers big-endian so that byte order is numeric order; see wal/README.md):
 
     b"M" + b"next_key"            -> u32   next channel key to hand out (never reused)
-    b"C" + name (utf-8)           -> JSON  {"key", "term", "properties"}
+    b"C" + name (utf-8)           -> JSON  {"key", "term", "properties"} (+ "damaged", see _replay.py)
     b"D" + u32 key + u64 first_id -> block (codec block of messages first_id ..)
     b"T" + u32 key + u64 timetick -> u64 tick message id + u64 resume id
     b"H" + u32 key                -> u64   largest timetick acknowledged (written with every block)
-    b"X" + u32 key + name         -> bytes small per-channel values (put_meta), e.g. the ts window
+    b"X" + u32 key + name         -> bytes small per-channel values (put_meta), e.g. the ts window,
+                                           and the truncation mark (_keys.TRUNCATED_META)
 
 A write is one WriteBatch holding every block of a group commit and their time-index entries, so a
 block and its index entries appear together or not at all.  By default (``SyncMethod.JOURNAL``) that
@@ -35,12 +36,12 @@ import structlog
 
 from wal._codec import block_count
 from wal.backend import Backend, ChannelInfo, TickEntry, WriteGroup
-from wal.backends import _journal
+from wal.backends import _journal, _replay
+from wal.backends._keys import DAMAGED, TRUNCATED_META, tail_state
 from wal.backends._keys import KEY_ID as _KEY_ID
 from wal.backends._keys import TICK_VALUE as _TICK_VALUE
 from wal.backends._keys import U32 as _U32
 from wal.backends._keys import U64 as _U64
-from wal.backends._keys import tail_state
 from wal.errors import (
     ChannelExistError,
     ChannelNotExistError,
@@ -403,22 +404,33 @@ class RocksBackend(Backend):
             del it
         raw_max = self._get(b"H" + _U32.pack(key), "reading the high-water timetick", name)
         max_ts = _U64.unpack(raw_max)[0] if raw_max is not None else 0
+        if last is None:
+            # Every block truncated: the ids go on from the truncation, never back to 0.
+            raw_mark = self._get(b"X" + _U32.pack(key) + TRUNCATED_META.encode(), "reading the truncation mark", name)
+            if raw_mark is not None and len(raw_mark) == _U64.size:
+                info.first_id = info.next_id = _U64.unpack(raw_mark)[0]
         return tail_state(info, last, str(self.path), max_ts)
 
     # --- the data journal ------------------------------------------------------------------------
     def _replay_journal(self) -> None:
+        """Replay what the journal holds (see wal/backends/_replay.py): damage fails only the
+        pchannels it touches; their channel records are marked and the files from the first damaged
+        one on are kept (``.kept``), never replayed again nor deleted."""
         paths = _journal.files(self._journal_dir)
         if not paths:
             return
-        replayed = 0
+        replay = _replay.Replay(self._db, self._ropts, self._wopts_nolog, sorted(self._channel_keys()))
+        kept_from: int | None = None
         for i, path in enumerate(paths):
             self._jseq = max(self._jseq, _journal.sequence_of(path))
             newest = i == len(paths) - 1
-            for item in _journal.read(path):
-                if isinstance(item, _journal.Torn):
-                    if item.damaged or not newest:
-                        # Nothing is deleted: the file stays as evidence and is found again next time.
-                        raise _journal.corrupted(path, item, newest, self._names_of(item.channel_keys))
+            for item in _journal.read(path, past_damage=True):
+                if not isinstance(item, _journal.Torn):
+                    replay.apply(item)
+                elif item.damaged or not newest:
+                    kept_from = i if kept_from is None else kept_from
+                    replay.damage(path, item)
+                else:
                     # Cut short by a crash before its sync: in SYNC durability never acknowledged; in
                     # RELAXED it is the loss a power failure may cause (see wal/README.md).  What is
                     # dropped is kept beside the journal, never replayed.
@@ -426,19 +438,35 @@ class RocksBackend(Backend):
                     log.warning("journal ends in a torn write, dropped",
                                 path=path, offset=item.offset, reason=item.reason,
                                 dropped_bytes=os.path.getsize(path) - item.offset, kept_in=aside)
-                    break
-                wb = rocksdict.WriteBatch(raw_mode=True)
-                self._put_groups(wb, item)
-                self._db.write(wb, self._wopts_nolog)
-                replayed += 1
-        # In RocksDB's tables now: the files can go.
+        damaged = replay.finish()
+        # In RocksDB's tables before anything is marked or moved: the files are the only other copy.
+        self._db.flush(True)
+        if damaged:
+            self._mark_damaged(damaged)
+        if kept_from is not None:
+            for path in paths[kept_from:]:
+                os.rename(path, path + _journal.KEPT_SUFFIX)
+            _journal.fsync_dir(self._journal_dir)
         self._drop_journal_before(self._jseq + 1)
-        log.info("journal replayed", path=self._journal_dir, files=len(paths), records=replayed)
+        log.info("journal replayed", path=self._journal_dir, files=len(paths), records=replay.records,
+                 skipped_groups=replay.skipped, damaged_pchannels=len(damaged))
 
-    def _names_of(self, channel_keys: tuple[int, ...]) -> list[str]:
-        """The names of the pchannels with these keys (a key with no readable channel record shows as
-        ``#key``)."""
-        return [self._pchannel(k) for k in channel_keys]
+    def _mark_damaged(self, damaged: dict[int, _replay.Damage]) -> None:
+        """Mark each damaged pchannel's channel record (synced), so that it stays FAILED until
+        ``salvage`` cuts it, though its journal files are no longer replayed."""
+        names = self._channel_keys()
+        for key, damage in sorted(damaged.items()):
+            name = names.get(key)
+            if name is None:
+                log.warning("damaged journal records of a channel key no channel has", channel_key=key,
+                            file=damage.file, offset=damage.offset)
+                continue
+            record = self._load(name)
+            # A mark from an earlier open stays: its first_id is where the loss began.
+            record.setdefault(DAMAGED, damage.record())
+            self._db.put(b"C" + name.encode(), json.dumps(record).encode(), self._wopts_sync)
+            log.error("journal damage: pchannel fails to open until salvaged", pchannel=name,
+                      file=damage.file, offset=damage.offset, reason=damage.reason, first_missing_id=damage.first_id)
 
     def _open_journal(self, seq: int) -> None:
         """Start appending to journal file ``seq`` (the previous one is synced and closed first)."""
@@ -561,6 +589,15 @@ class RocksBackend(Backend):
     def open_channel(self, name: str) -> ChannelInfo:
         with self._engine("open_channel"), self._meta_lock:
             record = self._load(name)
+            damage = record.get(DAMAGED)
+            if isinstance(damage, dict):
+                raise CorruptedError(
+                    f"pchannel {name!r} lost journal records: {damage.get('file')} is damaged at byte "
+                    f"{damage.get('offset')} ({damage.get('reason')}); the database holds its ids below "
+                    f"{damage.get('first_id')} only, the rest is kept in that journal file: `streamingnode "
+                    f"salvage --pchannel {name} --truncate-at-corruption` cuts it there",
+                    channel=name, pchannel=name, path=str(damage.get("file")), file=str(damage.get("file")),
+                    offset=damage.get("offset"), message_id=damage.get("first_id"))
             record["term"] = int(record["term"]) + 1
             self._db.put(b"C" + name.encode(), json.dumps(record).encode(), self._wopts_sync)
             return self._info(name, record)
@@ -707,8 +744,10 @@ class RocksBackend(Backend):
                     it.next()
             finally:
                 del it
-            self._journal_checkpoint()
+            # No journal checkpoint (a RocksDB flush, milliseconds on the writer thread): the mark,
+            # written with the deletion, makes replay skip the journal's copies of what is deleted.
             wb = rocksdict.WriteBatch(raw_mode=True)
+            wb.put(b"X" + _U32.pack(channel_key) + TRUNCATED_META.encode(), _U64.pack(keep_from))
             wb.delete_range(_data_key(channel_key, 0), _data_key(channel_key, keep_from))
             for k in stale_ticks:
                 wb.delete(k)
