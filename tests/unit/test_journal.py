@@ -322,7 +322,7 @@ async def _served(path: Path, name: str) -> list[bytes]:
         await m.aclose()
 
 
-@pytest.mark.parametrize("where", ["block", "record magic"])
+@pytest.mark.parametrize("where", ["block", "record magic", "last record magic"])
 async def test_journal_damage_fails_only_the_pchannel_it_touches(tmp_path: Path, where: str) -> None:
     path = tmp_path / "db"
     _crash_after(path, _APPEND_P_Q)
@@ -332,9 +332,10 @@ async def test_journal_damage_fails_only_the_pchannel_it_touches(tmp_path: Path,
     # The twentieth record holding p's block (its message p%02d), in the middle of the file.
     p_records = [(at, groups) for at, groups in records
                  if any(getattr(g, "channel_key", None) == p_key for g in groups) and len(groups) == 1]
-    at, _groups = p_records[len(p_records) // 2]
+    at, _groups = p_records[-1 if where == "last record magic" else len(p_records) // 2]
     # "block": the meta still names the pchannel.  "record magic": the record cannot be read at all,
-    # and only the ids that follow tell whose block it held.
+    # and only the ids that follow tell whose block it held; in p's last record, none follow for p,
+    # so p stays a suspect and is refused (q's next block continues q's ids: q is cleared).
     _flip(last, at + (sum(map(len, _journal.encode(_groups))) - 20 if where == "block" else 0))
     assert await _served(path, "q") == [b"q%02d" % i for i in range(30)], "the other pchannel lost nothing"
     err, held = _refused(path, "p")
@@ -364,7 +365,7 @@ async def test_a_damaged_journal_copy_of_a_block_the_tables_hold_costs_nothing(t
     assert await _payloads(path) == [b"m%02d" % i for i in range(40)]  # replayed, flushed, deleted
     with open(last, "wb") as f:
         f.write(copy)
-    _flip(last, len(copy) // 2)
+    _flip(last, len(copy) - 30)  # in the last block: the meta names it, the tables hold it whole
     assert await _payloads(path) == [b"m%02d" % i for i in range(40)]
 
 
