@@ -5,6 +5,7 @@ code; destroying it works.  Also when the damage is met while serving (a consume
 from __future__ import annotations
 
 import asyncio
+import os
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -182,6 +183,52 @@ async def test_a_pchannel_that_cannot_open_fails_alone(damaged_at_open: ServerTh
         await stub.CreateChannels(spb.CreateChannelsRequest(channel_names=["bad"]))
         await produce(stub, "bad", [[data("v", b"fresh")]])
         assert payloads(await consume(stub, spb.ConsumeOpen(pchannel="bad", vchannel="v"), until=1)) == [b"fresh"]
+
+
+async def test_journal_damage_at_start_fails_only_the_pchannel_it_held(tmp_path: Path) -> None:
+    import shutil  # noqa: PLC0415
+
+    from wal.backends import _journal  # noqa: PLC0415
+
+    live, image = tmp_path / "live", tmp_path / "image"
+    # The image is taken while the node runs: what it acknowledged is in the journal, not in tables.
+    with ServerThread(node_config(live, channels=("bad", "good"), flusher=False)) as srv:
+        async with grpc.aio.insecure_channel(srv.address) as ch:
+            stub = streaming_pb2_grpc.StreamingNodeStub(ch)
+            for i in range(20):
+                for name in ("bad", "good"):
+                    await produce(stub, name, [[data("v", f"{name}{i}".encode())]])
+        bad_key = (await asyncio.to_thread(srv.run, srv.node.manager.describe_channel("bad"))).key
+        await asyncio.to_thread(shutil.copytree, live, image)
+    (journal,) = [f for f in _journal.files(str(image / "journal")) if os.path.getsize(f) > 0]
+    at, hit = 0, None
+    for item in _journal.read(journal):
+        assert isinstance(item, list)
+        size = sum(map(len, _journal.encode(item)))
+        if hit is None and at > os.path.getsize(journal) // 2 and [g.channel_key for g in item] == [bad_key]:
+            hit = at
+            with open(journal, "r+b") as f:  # a byte inside the record's block
+                f.seek(at + size - 30)
+                byte = f.read(1)[0]
+                f.seek(at + size - 30)
+                f.write(bytes([byte ^ 0x5A]))
+        at += size
+    assert hit is not None, "a record of 'bad' alone in the second half of the journal"
+
+    with ServerThread(node_config(image, flusher=False)) as srv:
+        async with AsyncClient(srv.address) as client:
+            described = await client.describe_channels()
+        bad, good = _only(described, "bad"), _only(described, "good")
+        assert bad.failed and bad.failure_code is ErrorCode.CORRUPTED, bad
+        assert f"lost journal records: {journal} is damaged at byte {hit}" in bad.failure, bad.failure
+        assert good.state == "serving", good
+        assert _failed_gauge(srv) == {"bad": 1.0, "good": 0.0}
+        async with grpc.aio.insecure_channel(srv.address) as ch:
+            stub = streaming_pb2_grpc.StreamingNodeStub(ch)
+            await _refused_everywhere(stub, "bad")
+            got = await consume(stub, spb.ConsumeOpen(pchannel="good", vchannel="v"), until=20)
+            assert payloads(got) == [f"good{i}".encode() for i in range(20)]
+    assert os.path.exists(journal + _journal.KEPT_SUFFIX), "the damaged file is kept"
 
 
 async def test_corruption_met_while_serving_fails_that_pchannel_only(tmp_path: Path) -> None:
