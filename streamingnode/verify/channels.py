@@ -191,10 +191,10 @@ def scan_wal(data_dir: str, db: Any, progress: Progress | None = None) -> WalSca
                 scan.findings.append(Finding(rocks_name, "channel record is not readable", key=describe_key(k),
                                              channel=name))
                 continue
-            ch = scan.channels[ck] = ChannelScan(name, ck, record)
+            scan.channels[ck] = ChannelScan(name, ck, record)
             mark = record.get(DAMAGED)
             if mark is not None:
-                _marked(scan, ch, mark, rocks_name, describe_key(k))
+                _marked(scan, scan.channels[ck], mark, rocks_name, describe_key(k))
         elif kind == b"D" and len(k) == 13:
             ck, first = _KEY_ID.unpack_from(k, 1)
             ch = scan.channels.get(ck)
