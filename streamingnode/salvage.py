@@ -5,13 +5,20 @@ only reports what it would cut (exit 1 when there is something to cut).  With it
 
 1. the scan of ``verify`` (``scan_wal``) finds, per pchannel, the first id that is damaged or missing,
    whether the damage is in the journal, in a stored block or in a RocksDB table file;
+   A pchannel a node marked damaged at open (its channel record's ``DAMAGED`` field) is cut at the
+   first id the database lacks, or earlier;
 2. a new database is built beside the old one (``<data dir>/.salvage-new``): every readable key,
-   then every valid journal record (as replay applies them), minus the cut pchannel's blocks and
-   time-index entries from the cut on; its channel record gets the next term, and positions stored
-   past the cut (the flusher's checkpoint, consumer groups) are brought back to it, a recovery
-   snapshot past it is dropped;
-3. the old database files and the journal move into ``<data dir>/salvaged-<time>/`` (kept as
-   evidence, never deleted), the new files take their place.
+   then every valid record of the live journal files (as replay applies them: copies below a
+   truncation mark skipped), minus the cut pchannel's blocks and time-index entries from the cut on.
+   Records of kept files (``.jnl.kept``) are not applied: the node applied them at open but for the
+   damaged pchannels' groups, which lie past their cut, and applying them again would bring back
+   blocks deleted since.  The cut channel record gets the next term and loses its mark; consumer
+   positions past the cut are brought back to it, a recovery snapshot past it is dropped, and the
+   flusher's checkpoint goes back to the start of the retained log (see ``_lower_positions``);
+3. the Parquet files of the pchannel holding rows of cut messages (``_parquet_past_cut``) move into
+   ``<data dir>/salvaged-<time>/parquet/``, then the old database files and the journal (kept files
+   too) move into ``<data dir>/salvaged-<time>/`` (kept as evidence, never deleted), and the new
+   files take their place.
 
 Rebuilding rather than deleting in place is what makes damage in a table file survivable: a range
 deletion would leave the damaged block in its file, and the next compaction that reads it would stop
