@@ -250,3 +250,72 @@ async def test_parquet_files_past_the_cut_move_aside_and_the_flusher_rewrites_wh
     # The restarted flusher writes the kept rows again and the re-produced messages, no cut row.
     await _flushed_log(path, [(range(100, 105), True)])
     assert _visible_rows(root) == [*range(10), *range(100, 105)]
+
+
+async def test_from_journal_damage_to_a_salvaged_pchannel_through_the_real_backend(tmp_path: Path) -> None:
+    """The whole path: a crash image whose journal holds a damaged block of p; the backend opens,
+    fails p alone and keeps the file; verify names it; salvage cuts p there; p opens again under a
+    higher term, q has lost nothing, and verify is clean."""
+    import io  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    from wal import CorruptedError, Message, MessageType  # noqa: PLC0415
+
+    live, image = tmp_path / "live", tmp_path / "image"
+    m = await WALManager.start(RocksBackend(live))
+    try:
+        await m.create_channel("p")
+        await m.create_channel("q")
+        wals = {n: await m.open(n) for n in ("p", "q")}
+        for i in range(20):
+            for n in ("p", "q"):
+                await wals[n].append_batch([Message(MessageType.DATA, "v", f"{n}{i}".encode())])
+        shutil.copytree(live, image)  # while open: the journal holds the appends, the tables do not
+    finally:
+        await m.aclose()
+    (journal,) = [f for f in _journal.files(str(image / "journal")) if os.path.getsize(f) > 0]
+    at = hit = 0
+    lost_from = -1
+    for item in _journal.read(journal):
+        assert isinstance(item, list)
+        size = sum(map(len, _journal.encode(item)))
+        if not hit and at > os.path.getsize(journal) // 2 and [g.channel_key for g in item] == [KEYS["p"]]:
+            hit, lost_from = at, item[0].first_id
+            data = bytearray(Path(journal).read_bytes())
+            data[at + size - 30] ^= 0x5A  # inside p's block
+            Path(journal).write_bytes(bytes(data))
+        at += size
+    assert hit
+
+    backend = RocksBackend(image)
+    try:
+        term = backend.describe_channel("p").term
+        try:
+            backend.open_channel("p")
+            raise AssertionError("p opened with a hole in its log")
+        except CorruptedError as err:
+            assert err.fields["offset"] == hit
+        q = backend.open_channel("q")
+        assert q.next_id == 20  # every message of q (a raw WAL: no fence messages)
+    finally:
+        backend.close()
+
+    out = io.StringIO()
+    assert verify_run(str(image), None, None, out, io.StringIO()) == 1
+    assert f"{journal}{_journal.KEPT_SUFFIX}" in out.getvalue() and str(lost_from) in out.getvalue(), out.getvalue()
+    out = io.StringIO()
+    assert salvage_run(str(image), ["p"], apply=True, out=out, err=io.StringIO()) == 0, out.getvalue()
+    assert f"cut ids {lost_from}.." in out.getvalue(), out.getvalue()
+
+    m = await WALManager.start(RocksBackend(image))
+    try:
+        p = await m.open("p")
+        assert p.next_id == lost_from and p.term > term
+        got = [x.payload for x in await p.read_stored(0, 1 << 30)]
+        assert got == [f"p{i}".encode() for i in range(lost_from)]
+        q_wal = await m.open("q")
+        assert [x.payload for x in await q_wal.read_stored(0, 1 << 30)] == [f"q{i}".encode() for i in range(20)]
+        await p.append_batch([Message(MessageType.DATA, "v", b"after")])
+    finally:
+        await m.aclose()
+    assert verify_run(str(image), None, None, io.StringIO(), io.StringIO()) == 0
