@@ -51,7 +51,7 @@ from interceptors.snapshot import load_snapshot
 from interceptors.streaming import StreamingWAL
 from wal import bodies
 from wal.clock import physical_ms
-from wal.errors import InvalidArgumentError, OnShutdownError, StreamingError
+from wal.errors import ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError
 from wal.lifecycle import cancel_and_wait
 from wal.message import Message, MessageType, Position
 from wal.options import DeliverFilter, DeliverPolicy, ReadOption
@@ -145,11 +145,16 @@ class Flusher:
     Use one root per pchannel: segment ids are unique only within a pchannel.
     """
 
-    def __init__(self, stream: StreamingWAL | WAL, root: Path | str, config: FlusherConfig | None = None) -> None:
+    def __init__(self, stream: StreamingWAL | WAL, root: Path | str, config: FlusherConfig | None = None, *,
+                 on_damage: Callable[[BaseException], None] | None = None) -> None:
         self._stream = stream if isinstance(stream, StreamingWAL) else None
         self._wal: WAL = stream.wal if isinstance(stream, StreamingWAL) else stream
         self._root = Path(root)
         self._cfg = config or FlusherConfig()
+        self._on_damage = on_damage
+        """Told when the flusher stops on damaged storage (a CORRUPTED error from its reads of the
+        WAL); the node moves the pchannel to FAILED.  Called from the flusher's own tasks: it must
+        not wait for this flusher to close (the node schedules the close instead)."""
         self._state = FlusherState.STARTING
         self._collections: dict[tuple[str, str], _Collection] = {}
         self._buffers: dict[str, Buffer] = {}
@@ -295,8 +300,10 @@ class Flusher:
         self._state = FlusherState.DRAINING
         if self._check_task is not None:
             await cancel_and_wait(self._check_task)
-        if self._task is not None:
+        if self._task is not None and not self._task.done():
             await cancel_and_wait(self._task)
+        # A task that ended by itself was reported by ``_on_done`` (its error fails every waiter):
+        # raising it again here would stop the owner closing the rest of the pchannel.
         if self._scanner is not None:
             await self._scanner.aclose()
         self._fail_waiters(OnShutdownError(f"flusher of {self._wal.pchannel!r} is closed", channel=self._wal.pchannel))
@@ -319,10 +326,21 @@ class Flusher:
         exc = task.exception()
         if exc is None:  # the scanner ended (closed under us)
             exc = OnShutdownError(f"flusher of {self._wal.pchannel!r} stopped reading", channel=self._wal.pchannel)
+        elif self._report_damage(exc):
+            # The node logs the failure of the pchannel (the one error line); this says who met it.
+            log.warning("flusher stopped: the WAL it reads is damaged", pchannel=self._wal.pchannel, error=repr(exc))
         else:
             log.error("flusher stopped", pchannel=self._wal.pchannel, error=repr(exc))
         self._error = exc
         self._fail_waiters(exc)
+
+    def _report_damage(self, exc: BaseException) -> bool:
+        """Hand damaged storage (CORRUPTED) to ``on_damage``; True when it was handed over.  A
+        shutdown, a fence or a full disk is not damage: those are the flusher's own to report."""
+        if self._on_damage is None or not isinstance(exc, StreamingError) or exc.code is not ErrorCode.CORRUPTED:
+            return False
+        self._on_damage(exc)
+        return True
 
     def _fail_waiters(self, exc: BaseException) -> None:
         waiters, self._waiters = self._waiters, []
@@ -612,6 +630,12 @@ class Flusher:
                     await self._move_aside(d)
                     await self._rebuild([d])
         except (OSError, StreamingError, _layout.LayoutError) as exc:
+            if self._report_damage(exc):
+                # Rebuilding a file read a damaged WAL block: the pchannel fails (the node closes
+                # this flusher, so nothing more is checked; the hold on retention stays until then).
+                log.warning("flusher stopped checking its files: the WAL it reads is damaged",
+                            pchannel=self._wal.pchannel, error=repr(exc))
+                return
             log.exception("flusher could not check its files", pchannel=self._wal.pchannel)
             self.problems.append(f"the check of the committed Parquet files stopped: {exc!r:.200}")
         self._holding = False

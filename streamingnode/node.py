@@ -6,7 +6,8 @@ recovery, so a node that reports ready serves every channel at once.  Channel ad
 serialised by one lock: creating, destroying and opening channels are rare and must not interleave.
 
 Damage is contained to its pchannel: one that cannot open, or whose storage turns out damaged while it
-serves (a CORRUPTED error from a read or a write), goes to FAILED.  The node keeps serving the others;
+serves (a CORRUPTED error from a read or a write, met by a call or by its flusher's or retention's
+background reads), goes to FAILED.  The node keeps serving the others;
 every call on the failed one is refused with the cause's code (CORRUPTED for damage, which gRPC carries
 as DATA_LOSS) and a message naming the pchannel and the cause, until it is repaired and the node
 restarted, or destroyed.  A failed group commit (a sync error: ``UnrecoverableError``) stops every
@@ -241,6 +242,12 @@ class Node:
 
     async def _open_channel(self, name: str, new: bool) -> Channel:
         tracer = None if self.tracing is None else self.tracing.tracer
+
+        def on_damage(exc: BaseException) -> None:
+            # The flusher's and retention's tasks meeting damaged storage: FAILED as for a call.
+            # fail_on only schedules the close, so the task reporting it is never awaited by itself.
+            self.fail_on(name, exc)
+
         stream = await open_streaming_wal(self.manager, name, self.chain_config, tracer=tracer)
         structlog.contextvars.bind_contextvars(term=stream.term)
         flusher: Flusher | None = None
@@ -256,7 +263,7 @@ class Node:
                 flusher = Flusher(stream, root, FlusherConfig(
                     max_rows=cfg.flush_max_rows, max_bytes=cfg.flush_max_bytes,
                     max_age_seconds=cfg.flush_max_age_seconds, memory_cap_bytes=cfg.flush_memory_cap_bytes,
-                ))
+                ), on_damage=on_damage)
                 await flusher.start()
         except BaseException:
             if flusher is not None:
@@ -266,7 +273,7 @@ class Node:
         retention = ChannelRetention(stream, groups, flusher, RetentionConfig(
             retention_seconds=self.config.retention_seconds, check_seconds=self.config.retention_check_seconds,
             snapshot_every_messages=self.config.snapshot_every_messages,
-            snapshot_every_seconds=self.config.snapshot_every_seconds))
+            snapshot_every_seconds=self.config.snapshot_every_seconds), on_damage=on_damage)
         retention.start()
         channel = self._channels[name] = Channel(stream, groups, flusher, retention)
         self.metrics.open_channel(name, channel)

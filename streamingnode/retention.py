@@ -38,7 +38,7 @@ from interceptors.streaming import StreamingWAL, default_interceptors
 from streamingnode.groups import ConsumerGroups
 from wal.clock import compose
 from wal.crashpoints import CrashPoints
-from wal.errors import InvalidArgumentError, StreamingError
+from wal.errors import CorruptedError, ErrorCode, InvalidArgumentError, StreamingError
 from wal.lifecycle import cancel_and_wait
 from wal.message import MessageID
 from wal.wal import WALState
@@ -137,8 +137,14 @@ class ChannelRetention:
     def __init__(
         self, stream: StreamingWAL, groups: ConsumerGroups | None, flusher: Flusher | None,
         config: RetentionConfig | None = None, *, wall_ms: Callable[[], int] | None = None,
+        on_damage: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._stream = stream
+        self._on_damage = on_damage
+        """Told when a task stops on damaged storage (a CORRUPTED error from its reads of the WAL); the
+        node moves the pchannel to FAILED.  Called from the task itself, which then ends: it must not
+        wait for this retention to close (the node schedules the close instead).  Without it, such an
+        error is logged and retried like any other."""
         self._groups = groups
         self._flusher = flusher
         self._cfg = config or RetentionConfig()
@@ -209,7 +215,19 @@ class ChannelRetention:
             except StreamingError as exc:
                 if self._stream.wal.state is not WALState.RUNNING:
                     return  # closing, fenced or destroyed: nothing left to truncate here
+                if self._report_damage(exc, "retention stopped: the WAL it reads is damaged"):
+                    return
                 log.warning("retention check failed", pchannel=self._stream.pchannel, error=repr(exc))
+
+    def _report_damage(self, exc: StreamingError, what: str) -> bool:
+        """Hand damaged storage (CORRUPTED) to ``on_damage``; True when it was handed over.  Retrying
+        would meet the same damage every time; a full disk or a fence is not damage."""
+        if self._on_damage is None or exc.code is not ErrorCode.CORRUPTED:
+            return False
+        # A warning: the node logs the failure of the pchannel (the one error line).
+        log.warning(what, pchannel=self._stream.pchannel, error=repr(exc))
+        self._on_damage(exc)
+        return True
 
     # --- periodic snapshots ----------------------------------------------------------------------
     async def _snapshot_loop(self) -> None:
@@ -221,6 +239,8 @@ class ChannelRetention:
             except StreamingError as exc:
                 self._shadow = self._due_from = None  # seeded again (e.g. a truncation passed it)
                 if self._stream.wal.state is not WALState.RUNNING:
+                    return
+                if self._report_damage(exc, "recovery snapshots stopped: the WAL they read is damaged"):
                     return
                 log.warning("recovery snapshot failed", pchannel=self._stream.pchannel, error=repr(exc))
 
@@ -328,7 +348,15 @@ class ChannelRetention:
         self._held_by = held_by
         if bound <= first:
             return None
-        snapshot = await load_snapshot(wal)
+        try:
+            snapshot = await load_snapshot(wal)
+        except CorruptedError as exc:
+            # A damaged snapshot is not damage to the log (recovery passes over it too, with a
+            # warning): the pchannel keeps serving.  The state below the first retained message is
+            # known from no other snapshot, so nothing is truncated while it stays damaged.
+            log.warning("retention: the truncation snapshot is damaged, nothing is truncated",
+                        pchannel=wal.pchannel, error=str(exc))
+            return None
         base = snapshot.message_id if snapshot is not None else first
         payload = 0
         for _ in range(_MAX_CUT_TRIES):
