@@ -40,7 +40,7 @@ from wal.clock import compose
 from wal.crashpoints import CrashPoints
 from wal.errors import CorruptedError, ErrorCode, InvalidArgumentError, StreamingError
 from wal.lifecycle import cancel_and_wait
-from wal.message import MessageID
+from wal.message import MessageID, MessageType
 from wal.wal import WALState
 
 log = structlog.get_logger(__name__)
@@ -162,6 +162,11 @@ class ChannelRetention:
         self._stored_bytes = 0
         self._slot = 0
         self._due_from: MessageID | None = None
+        self._epoch = 0  # +1 per seeded shadow: its payload counts are comparable within one epoch only
+        self._payload_at: dict[MessageID, tuple[int, int]] = {}
+        """Stored periodic snapshot id -> (epoch, the shadow's payload bytes replayed up to it)."""
+        self._cut_payload: tuple[int, int] | None = None
+        """(epoch, payload bytes replayed up to the last cut), when the last cut was taken at a periodic snapshot."""
         self.snapshots_stored = 0
         self._checks = 0
         self._truncations = 0
@@ -262,6 +267,8 @@ class ChannelRetention:
         shadow = ShadowReplay(wal, steps, txns)
         shadow.load(seed)
         shadow.position = max(shadow.position, wal.first_id)  # truncated past it: as recovery does
+        self._epoch += 1
+        self._payload_at.clear()
         return shadow
 
     async def snapshot(self, *, force: bool = False) -> RecoverySnapshot | None:
@@ -300,6 +307,9 @@ class ChannelRetention:
                 return None
             await store_snapshot(wal, snapshot, PERIODIC_METAS[self._slot])
         self._slot = 1 - self._slot
+        self._payload_at[snapshot.message_id] = (self._epoch, shadow.payload_bytes)
+        for stale in sorted(self._payload_at)[:-len(PERIODIC_METAS)]:
+            del self._payload_at[stale]
         self._stored_id = snapshot.message_id
         self._stored_at = self._monotonic()
         self._stored_bytes = shadow.payload_bytes
@@ -359,6 +369,16 @@ class ChannelRetention:
             return None
         base = snapshot.message_id if snapshot is not None else first
         payload = 0
+        shortcut = await self._cut_at_periodic(bound, first, base)
+        if shortcut is _WAIT:
+            return None
+        if shortcut is not None:
+            assert not isinstance(shortcut, _Wait)
+            cut, periodic, payload = shortcut
+            await store_snapshot(wal, periodic)
+            crash_point("snapshot")
+            return await self._truncate(first, cut, payload, held_by)
+        self._cut_payload = None
         for _ in range(_MAX_CUT_TRIES):
             cut = await wal.block_start(bound)
             if cut <= first:
@@ -385,6 +405,62 @@ class ChannelRetention:
             return None
         if base > first:  # the messages below the snapshot were not replayed: count them for the stats
             payload += await _payload_bytes(self._stream, first, base)
+        return await self._truncate(first, cut, payload, held_by)
+
+    async def _cut_at_periodic(
+        self, bound: MessageID, first: MessageID, base: MessageID,
+    ) -> tuple[MessageID, RecoverySnapshot, int] | _Wait | None:
+        """A cut that needs no replay: at the newest periodic snapshot at or below ``bound``, which
+        becomes the truncation snapshot.  The periodic task's shadow has already replayed up to it, so
+        a check costs a few reads and writes instead of a second replay of everything written since
+        the last cut (which held the GIL for milliseconds while appends waited).
+
+        Truncation drops whole blocks: the cut is the start of the block holding the snapshot's id,
+        and the messages between stay in the log above the cut but below the snapshot (recovery
+        starts at the snapshot, as after a crash between the two steps).  No transaction may span
+        the cut, so a block holding any transaction message before the snapshot's id falls back to
+        the replay.  Returns (cut, snapshot, payload bytes truncated); ``_WAIT`` when the periodic
+        task has stored snapshots but none above the last cut yet (the next one lets the log go: a
+        truncation lags by at most the snapshot interval, and never replays); None: replay."""
+        if not self._cfg.snapshots:
+            return None
+        wal = self._stream.wal
+        periodic = [s for n, s in (await stored_snapshots(wal)).items() if n in PERIODIC_METAS]
+        candidates = [s for s in periodic if max(first, base) < s.message_id <= bound]
+        if not candidates:
+            return _WAIT if periodic and self._snapshot_task is not None else None
+        newest = max(candidates, key=lambda s: s.message_id)
+        cut = await wal.block_start(newest.message_id)
+        if cut <= first or cut < base:  # in the first block still: the next snapshot will be past it
+            return _WAIT if self._snapshot_task is not None else None
+        between = 0  # payload bytes of [cut, snapshot id): kept, though the snapshot holds them
+        nid = cut
+        while nid < newest.message_id:
+            batch = await wal.read_stored(nid)
+            for m in batch:
+                if m.message_id is None or m.message_id >= newest.message_id:
+                    continue
+                if m.txn is not None or m.message_type in _TXN_TYPES:
+                    return None
+                between += len(m.payload)
+            nid = batch[-1].message_id + 1  # type: ignore[operator]
+        # The stats: what the periodic shadow replayed between the last cut and this one, when both
+        # were counted by the same shadow; else the truncated messages are read to count them.
+        at = self._payload_at.get(newest.message_id)
+        payload: int | None = None
+        if at is not None:
+            upto = (at[0], at[1] - between)
+            if self._cut_payload is not None and self._cut_payload[0] == at[0]:
+                payload = upto[1] - self._cut_payload[1]
+            self._cut_payload = upto
+        else:
+            self._cut_payload = None
+        if payload is None:
+            payload = await _payload_bytes(self._stream, first, cut)
+        return cut, newest, payload
+
+    async def _truncate(self, first: MessageID, cut: MessageID, payload: int, held_by: str) -> Truncation:
+        wal = self._stream.wal
         new_first = await wal.truncate(cut)
         crash_point("truncate")
         done = Truncation(first, new_first, new_first - first, payload, held_by)
@@ -396,6 +472,14 @@ class ChannelRetention:
         log.info("wal truncated", pchannel=wal.pchannel, term=wal.term, first_id=first, before_id=new_first,
                  messages=done.messages, payload_bytes=payload, held_by=held_by)
         return done
+
+
+class _Wait:
+    """See ``ChannelRetention._cut_at_periodic``."""
+
+
+_WAIT = _Wait()
+_TXN_TYPES = frozenset({MessageType.BEGIN_TXN, MessageType.COMMIT_TXN, MessageType.ROLLBACK_TXN})
 
 
 async def _payload_bytes(stream: StreamingWAL, start: MessageID, stop: MessageID) -> int:
