@@ -13,7 +13,7 @@ def data_files(root: Path, collection: str = "c") -> list[Path]:
 
 
 def delete_files(root: Path, collection: str = "c") -> list[Path]:
-    return sorted((root / collection / "_deletes").glob("*.parquet"))
+    return sorted((root / "_deletes" / collection).glob("*.parquet"))
 
 
 def read_all(files: list[Path]) -> pa.Table | None:

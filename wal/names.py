@@ -95,10 +95,15 @@ CONSUMER_GROUP = NameRule("consumer group", 255, "use printable characters witho
 QUARANTINE_DIR = "_quarantine"
 """Where the flusher moves damaged Parquet files: a directory beside the collections' own."""
 
+DELETES_DIR = "_deletes"
+"""Where the flusher writes delete files (``_deletes/<collection>/``): a directory beside the
+collections' own, kept out of them so that a glob of a collection's files reads data only."""
+
 COLLECTION = NameRule(
     "collection", 255, "use ASCII letters, digits, '_' and '-', starting with a letter or '_'",
-    re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*"), frozenset({QUARANTINE_DIR}))
-"""A collection names a directory under its pchannel's directory, beside ``QUARANTINE_DIR``."""
+    re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*"), frozenset({QUARANTINE_DIR, DELETES_DIR}))
+"""A collection names a directory under its pchannel's directory, beside ``QUARANTINE_DIR`` and
+``DELETES_DIR``."""
 
 PARTITION = NameRule(
     "partition", 245, "use ASCII letters, digits, '_' and '-', starting with a letter or '_'",
@@ -107,6 +112,6 @@ PARTITION = NameRule(
 
 
 __all__ = [
-    "COLLECTION", "CONSUMER_GROUP", "PARTITION", "PCHANNEL", "QUARANTINE_DIR", "QUOTE_CHARS", "VCHANNEL", "NameRule",
-    "shorten",
+    "COLLECTION", "CONSUMER_GROUP", "DELETES_DIR", "PARTITION", "PCHANNEL", "QUARANTINE_DIR", "QUOTE_CHARS", "VCHANNEL",
+    "NameRule", "shorten",
 ]

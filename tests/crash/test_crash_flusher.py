@@ -150,7 +150,7 @@ async def _verify(data_dir: Path, root: Path, logs: list[bytes]) -> tuple[int, i
             got_rows.update((coll, k, ts) for k, ts in zip(t.column("pk").to_pylist(), t.column("_ts").to_pylist(),
                                                              strict=True))
     got_deletes: Counter[tuple[int, int]] = Counter()
-    for path in (root / "c" / "_deletes").glob("*.parquet"):
+    for path in (root / "_deletes" / "c").glob("*.parquet"):
         t = pq.read_table(path)
         got_deletes.update(zip(t.column("pk").to_pylist(), t.column("_ts").to_pylist(), strict=True))
 

@@ -87,6 +87,6 @@ async def test_flush_writes_exactly_the_committed_rows_to_parquet(server_thread)
                            exclude_invalid_files=True).to_table()
         data_rows = table.filter(ds.field("_ts").is_valid())
         assert sorted(data_rows.column("pk").to_pylist()) == [1, 2, 3, 10, 11]
-        assert (root / "users" / "_deletes").is_dir()
+        assert (root / "_deletes" / "users").is_dir()
         again, _ = await data.flush("v", "users")
         assert again == [], "nothing buffered, nothing written"

@@ -81,7 +81,7 @@ class FlushedCollection:
         name = self.primary_key or "id"
         table = pa.table({name: pa.array(keys, key_type or pa.int64()), "_ts": pa.array(ts, pa.int64())})
         first, last = self._ids(table.num_rows)
-        return self._commit(table, self.path / DELETES_DIR / file_name(first, last))
+        return self._commit(table, self.root / DELETES_DIR / self.name / file_name(first, last))
 
     def write_temporary(self, table: pa.Table, directory: Path) -> Path:
         """A complete Parquet file left under a dot-name, as a crash mid-flush leaves it: must never be read."""

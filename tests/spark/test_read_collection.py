@@ -73,10 +73,10 @@ def test_deletes_absent_or_empty(spark: SparkSession, tmp_path: Path, deletes: s
     c = FlushedCollection(tmp_path, "c")
     c.write_rows([1, 2], [timetick(0), timetick(1)])
     if deletes == "empty-dir":
-        (c.path / "_deletes").mkdir()
+        (c.root / "_deletes" / c.name).mkdir(parents=True)
     elif deletes == "only-a-temporary-file":
         keys = pa.table({"id": pa.array([1], pa.int64()), "_ts": pa.array([timetick(5)], pa.int64())})
-        c.write_temporary(keys, c.path / "_deletes")
+        c.write_temporary(keys, c.root / "_deletes" / c.name)
     elif deletes == "zero-rows":
         c.write_deletes([], [])
     assert visible(read_collection(spark, tmp_path, "c")) == {(1, timetick(0)), (2, timetick(1))}

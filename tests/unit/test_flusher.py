@@ -138,7 +138,7 @@ async def test_deletes_are_written_per_collection_with_the_primary_key_name_and_
     d1 = await swal.append(bodies.delete("v", "s", ["a", "b"]))
     d2 = await swal.append(bodies.delete("v", "s", pa.array(["c"], pa.large_string())))
     files = await f.flush("v", "s")
-    assert [Path(p).parent.as_posix() for p in files] == ["s/_deletes"]
+    assert [Path(p).parent.as_posix() for p in files] == ["_deletes/s"]
     [path] = delete_files(tmp_path, "s")
     assert path.name == f"{d1.message_id:020d}-{d2.message_id:020d}.parquet"
     t = pq.read_table(path)
