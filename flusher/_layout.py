@@ -2,13 +2,16 @@
 
 ```
 <root>/<collection>/partition=<p>/segment=<id>/<first_id>-<last_id>.parquet   rows + _ts, _segment
-<root>/<collection>/_deletes/<first_id>-<last_id>.parquet                     primary keys + _ts
+<root>/_deletes/<collection>/<first_id>-<last_id>.parquet                     primary keys + _ts
 <root>/<collection>/_dropped                                                  JSON, once dropped
 ```
 
 Ids are the WAL message ids of the first and last message in the file, in delivery order, zero-padded
 to 20 digits so that names sort.  Names starting with ``_`` or ``.`` are hidden from Spark and Hive
-readers of ``<root>/<collection>``, which is why deletes and the drop marker use them.
+readers of ``<root>/<collection>``, which is why the drop marker uses one.  Delete files live outside
+the collection's directory altogether (``<root>/_deletes/``, a name collections cannot take), so that
+a plain glob ``<root>/<collection>/**/*.parquet`` (DuckDB's, say) reads data files only: a delete file
+there would add its keys as rows with NULL user columns.
 
 Every data file carries, in its Parquet key-value metadata, the *delivery key* ``(ts, id)`` of its
 first and last message: ``ts`` is the timestamp the message became visible (a transaction body's
@@ -25,6 +28,7 @@ The checks run in a child process (``flusher._probe``): pyarrow aborts the proce
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -35,6 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from flusher.commit import fsync_dir, make_dirs
+from wal.names import DELETES_DIR
 
 DeliveryKey = tuple[int, int]
 """(visible timestamp, message id): the order in which a scanner delivers messages."""
@@ -42,7 +47,6 @@ DeliveryKey = tuple[int, int]
 FIRST_KEY = b"streamingnode.first_key"
 LAST_KEY = b"streamingnode.last_key"
 PCHANNEL = b"streamingnode.pchannel"
-DELETES_DIR = "_deletes"
 DROPPED_MARKER = "_dropped"
 QUARANTINE_DIR = "_quarantine"
 """Under the pchannel's root: damaged files moved aside, never read by the flusher or a reader."""
@@ -56,8 +60,9 @@ def segment_dir(collection: str, partition: str, segment: int) -> str:
 
 
 def deletes_dir(collection: str) -> str:
-    """The directory of one collection's delete files, relative to the root."""
-    return f"{collection}/{DELETES_DIR}"
+    """The directory of one collection's delete files, relative to the root: outside the collection's
+    own directory, so that no glob of data files under it can take a delete file for rows."""
+    return f"{DELETES_DIR}/{collection}"
 
 
 def file_name(first_id: int, last_id: int) -> str:
@@ -131,9 +136,9 @@ def _data_dirs(root: Path) -> list[Path]:
     for coll in sorted(root.iterdir()) if root.is_dir() else []:
         if not coll.is_dir() or coll.name.startswith("."):
             continue
-        deletes = coll / DELETES_DIR
-        if deletes.is_dir():
-            out.append(deletes)
+        if coll.name == DELETES_DIR:
+            out.extend(d for d in sorted(coll.iterdir()) if d.is_dir() and not d.name.startswith("."))
+            continue
         for part in sorted(coll.glob("partition=*")):
             out.extend(seg for seg in sorted(part.glob("segment=*")) if seg.is_dir())
     return out
@@ -254,23 +259,183 @@ def quarantine(root: Path, rel: str) -> Path:
     return target
 
 
+# --- compaction records ----------------------------------------------------------------------------
+#
+# ``<root>/<collection>/_compactions/<generation, 20 digits>.json`` (``flusher/compact.py`` writes them):
+# ``{"generation", "horizon", "inputs", "outputs", "flushed"}``, paths relative to the root.  Outputs
+# are written first under hidden names (``.`` before the file name), the record is committed, then each
+# output gets its visible name (a hard link, so that the hidden name a reader may hold stays readable)
+# and, after a grace period, the inputs and the hidden names are deleted.  ``flushed`` keeps, per input
+# directory, the largest delivery key of its files: a restarted flusher skips those messages even once
+# the directory is gone.
+
+COMPACTIONS_DIR = "_compactions"
+_RECORD = re.compile(r"(\d{20})\.json")
+
+
+class AsOfBeforeHorizonError(ValueError):
+    """An as-of read before the compaction horizon: versions older than it may be gone, so the read
+    cannot be exact.  ``as_of`` and ``horizon`` are timeticks."""
+
+    def __init__(self, as_of: int, horizon: int, collection: str | None = None) -> None:
+        where = "" if collection is None else f" of collection {collection[:200]!r}"
+        super().__init__(f"as-of timetick {as_of} is before the compaction horizon {horizon}{where}: rows deleted "
+                         f"at or before the horizon were compacted away, so only reads as of {horizon} or later "
+                         f"are exact")
+        self.as_of = as_of
+        self.horizon = horizon
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionRecord:
+    generation: int
+    horizon: int
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    flushed: dict[str, DeliveryKey]
+
+    def to_json(self) -> bytes:
+        return json.dumps({"generation": self.generation, "horizon": self.horizon, "inputs": list(self.inputs),
+                           "outputs": list(self.outputs),
+                           "flushed": {d: list(k) for d, k in sorted(self.flushed.items())}}, indent=1).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str) -> CompactionRecord:
+        try:
+            doc = json.loads(raw)
+            rec = cls(int(doc["generation"]), int(doc["horizon"]), tuple(str(p) for p in doc["inputs"]),
+                      tuple(str(p) for p in doc["outputs"]),
+                      {str(d): (int(k[0]), int(k[1])) for d, k in doc.get("flushed", {}).items()})
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise LayoutError(f"{where}: not a compaction record ({str(exc)[:200]})") from exc
+        return rec
+
+
+def compactions_dir(collection: str) -> str:
+    """The directory of one collection's compaction records, relative to the root."""
+    return f"{collection}/{COMPACTIONS_DIR}"
+
+
+def record_name(generation: int) -> str:
+    return f"{generation:020d}.json"
+
+
+def hidden(rel: str) -> str:
+    """The name a compaction output is written under before its record is committed."""
+    head, _, name = rel.rpartition("/")
+    return f"{head}/.{name}" if head else f".{name}"
+
+
+def read_records(root: Path | str, collection: str) -> list[CompactionRecord]:
+    """The committed compaction records of ``collection``, oldest first.  A record that does not parse
+    raises LayoutError naming it (records are written atomically: that is damage, not a crash)."""
+    d = Path(root) / compactions_dir(collection)
+    try:
+        names = sorted(e.name for e in os.scandir(d) if _RECORD.fullmatch(e.name))
+    except FileNotFoundError:
+        return []
+    out = []
+    for n in names:
+        with open(d / n, "rb") as f:
+            out.append(CompactionRecord.from_json(f.read(), str(d / n)))
+    return out
+
+
+def compacted_keys(root: Path | str, collections: list[str] | None = None) -> dict[str, DeliveryKey]:
+    """Per directory, the largest delivery key that compaction records say was flushed into it."""
+    base = Path(root)
+    if collections is None:
+        collections = [c.name for c in sorted(base.iterdir()) if c.is_dir() and (c / COMPACTIONS_DIR).is_dir()] \
+            if base.is_dir() else []
+    out: dict[str, DeliveryKey] = {}
+    for c in collections:
+        for rec in read_records(base, c):
+            for d, k in rec.flushed.items():
+                if k > out.get(d, (-1, -1)):
+                    out[d] = k
+    return out
+
+
+def _listed(base: Path, under: str, skip_hidden_dirs: bool) -> set[str]:
+    top = base / under
+    found: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(top):
+        if skip_hidden_dirs:
+            dirnames[:] = [n for n in dirnames if not n.startswith(("_", "."))]
+        rel = Path(dirpath).relative_to(base).as_posix()
+        found.update(f"{rel}/{n}" for n in filenames if n.endswith(SUFFIX) and not n.startswith(("_", ".")))
+    return found
+
+
+def visible_files(root: Path | str, collection: str) -> tuple[list[str], list[str], int | None]:
+    """What a reader of ``collection`` reads: ``(data files, delete files, horizon)``.
+
+    Files are absolute paths, sorted; ``horizon`` is the largest compaction horizon (None before any
+    compaction): a read as of an earlier timetick must raise ``AsOfBeforeHorizonError``
+    (``check_as_of``).  The set is every visible data and delete file, minus the inputs of every
+    committed compaction record, plus its outputs (under the visible name, or the hidden one while it
+    is not yet linked).  The files are listed before the records are read: a compaction that commits in
+    between is then seen whole (its inputs, still present during the grace period, are subtracted),
+    never half.
+    """
+    base = Path(root)
+    data = _listed(base, collection, skip_hidden_dirs=True)
+    deletes = _listed(base, deletes_dir(collection), skip_hidden_dirs=False)
+    records = read_records(base, collection)
+    consumed = {p for r in records for p in r.inputs}
+    prefix = deletes_dir(collection) + "/"
+    for r in records:
+        for out in r.outputs:
+            if out in consumed:
+                continue
+            # The hidden name stays until the grace period after the visible one was linked.
+            if (base / out).exists():
+                chosen = out
+            elif (base / hidden(out)).exists():
+                chosen = hidden(out)
+            else:
+                raise LayoutError(f"{base / out}: an output of compaction record {r.generation} of "
+                                  f"{collection!r} is missing under both its names")
+            (deletes if out.startswith(prefix) else data).add(chosen)
+    data -= consumed
+    deletes -= consumed
+    horizon = max((r.horizon for r in records), default=None)
+    return sorted(str(base / p) for p in data), sorted(str(base / p) for p in deletes), horizon
+
+
+def check_as_of(as_of: int | None, horizon: int | None, collection: str | None = None) -> None:
+    """Raise AsOfBeforeHorizonError when a read as of ``as_of`` (None: no bound) is before ``horizon``."""
+    if as_of is not None and horizon is not None and as_of < horizon:
+        raise AsOfBeforeHorizonError(as_of, horizon, collection)
+
+
 __all__ = [
+    "COMPACTIONS_DIR",
     "DELETES_DIR",
     "DROPPED_MARKER",
     "FIRST_KEY",
     "LAST_KEY",
     "QUARANTINE_DIR",
+    "AsOfBeforeHorizonError",
     "Committed",
+    "CompactionRecord",
     "Damaged",
     "DamagedFileError",
     "DeliveryKey",
     "LayoutError",
+    "check_as_of",
     "check_data",
     "committed_files",
+    "compacted_keys",
+    "compactions_dir",
     "deletes_dir",
     "file_name",
+    "hidden",
     "parse_name",
     "quarantine",
     "read_keys",
+    "read_records",
+    "record_name",
     "segment_dir",
+    "visible_files",
 ]
