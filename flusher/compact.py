@@ -1,0 +1,496 @@
+"""Compaction of a collection's small Parquet files (see flusher/README.md "Compaction").
+
+A pass over one collection, all on the caller's thread (the flusher's own, so that it never races a
+flusher commit):
+
+1. ``recover``: finish every committed record (link its outputs' visible names; after the grace
+   period delete its inputs and the hidden names) and delete outputs no record committed (a crash
+   before step 4).
+2. Plan: per partition, the small files (under half the target size) and the files with many dead
+   rows, in delivery order, cut into groups of at most the target size.  A row is dead when a delete
+   entry at or before the horizon removes it (the row rule: ``(row._ts, row._id) < (del._ts,
+   del._id)``); no read as of the horizon or later can see it.
+3. Write each group, minus its dead rows, as one hidden output ``.<first>-<last>.parquet`` under
+   ``<collection>/partition=<p>/segment=-<generation>/`` (a negative segment: never a real one, so no
+   flusher buffer writes there, and names never collide across generations), and the delete files
+   as one, minus the entries that can no longer remove any row; fsync all.  Step ``output``.
+4. Commit the record ``<collection>/_compactions/<generation>.json`` (temporary, fsync, rename,
+   directory fsync).  Step ``record``.  From here readers (``_layout.visible_files``) see the new set.
+5. Link each output's visible name (its hidden one stays readable for readers that listed it).
+   Step ``link``.
+6. After ``grace_seconds`` (at once when 0, else on a later pass), delete the inputs and the hidden
+   names.  Step ``inputs``.
+
+``STREAMINGNODE_COMPACT_KILL_AT=<step>[:<n>]`` kills the process right after a step (crash tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from flusher import _layout
+from flusher._layout import CompactionRecord, DeliveryKey
+from flusher.commit import fsync_dir, make_dirs
+from wal.clock import compose
+from wal.crashpoints import CrashPoints
+
+KILL_ENV = "STREAMINGNODE_COMPACT_KILL_AT"
+STEPS = ("output", "record", "link", "inputs")
+crash_point = CrashPoints(KILL_ENV, STEPS)
+
+_TS = "_ts"
+_ID = "_id"
+_PRIMARY_KEY = b"streamingnode.primary_key"
+_HIDDEN_OUTPUT = re.compile(r"\.\d{20}-\d{20}\.parquet")
+_DEAD_SHARE = 0.2
+"""A file at least this share of whose rows are dead is rewritten even when it is not small."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionConfig:
+    target_bytes: int = 128 * 1024 * 1024
+    """Size of an output file (estimated from the inputs' sizes); files under half of it are small."""
+    target_rows: int | None = None
+    """When set, an output also holds at most this many rows (and files under half of it are small)."""
+    min_files: int = 8
+    """A partition is compacted once it has this many small files (or a file with many dead rows)."""
+    horizon_seconds: float = 3600.0
+    """As-of reads stay exact for timeticks of the last this many seconds."""
+    grace_seconds: float = 60.0
+    """How long inputs stay after a record is committed, for readers that listed them before."""
+    io_bytes_per_second: int = 0
+    """Read plus write rate limit; 0 means none."""
+    compression: str = "zstd"
+
+    def __post_init__(self) -> None:
+        if self.target_bytes <= 0:
+            raise ValueError(f"target_bytes must be positive, got {self.target_bytes}")
+        if self.target_rows is not None and self.target_rows <= 0:
+            raise ValueError(f"target_rows must be positive or None, got {self.target_rows}")
+        if self.min_files < 1:
+            raise ValueError(f"min_files must be at least 1, got {self.min_files}")
+        if self.horizon_seconds < 0 or self.grace_seconds < 0 or self.io_bytes_per_second < 0:
+            raise ValueError("horizon_seconds, grace_seconds and io_bytes_per_second must not be negative")
+
+
+@dataclass(slots=True)
+class CompactionResult:
+    collection: str
+    generation: int | None = None
+    """The record committed, or None when there was nothing to compact."""
+    horizon: int | None = None
+    files_before: int = 0
+    bytes_before: int = 0
+    files_after: int = 0
+    bytes_after: int = 0
+    rows_before: int = 0
+    rows_after: int = 0
+    delete_entries_dropped: int = 0
+    seconds: float = 0.0
+
+    @property
+    def rows_dropped(self) -> int:
+        return self.rows_before - self.rows_after
+
+
+@dataclass(slots=True)
+class _File:
+    rel: str
+    size: int
+    first: DeliveryKey
+    last: DeliveryKey
+    rows: int
+    dead: int = 0
+
+
+@dataclass(slots=True)
+class _Throttle:
+    rate: int
+    start: float = field(default_factory=time.monotonic)
+    done: int = 0
+
+    def __call__(self, nbytes: int) -> None:
+        if self.rate <= 0:
+            return
+        self.done += nbytes
+        ahead = self.done / self.rate - (time.monotonic() - self.start)
+        if ahead > 0:
+            time.sleep(ahead)  # the I/O limit: this runs on the flusher's thread, never the loop
+
+
+# --- recovery --------------------------------------------------------------------------------------
+
+
+def _unlink(path: Path, dirs: set[Path]) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+        dirs.add(path.parent)
+
+
+def _sync_and_prune(dirs: Iterable[Path], root: Path) -> None:
+    for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+        if not d.exists():
+            continue
+        fsync_dir(d)
+        # An emptied segment directory goes too (a flusher that writes there again creates it).
+        if d.name.startswith("segment=") and not any(d.iterdir()):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+                fsync_dir(d.parent)
+
+
+def recover(root: Path, collection: str, grace_seconds: float = 0.0, *, now: float | None = None) -> int:
+    """Finish committed records and delete uncommitted outputs (see the module docstring).
+
+    Returns how many records are still waiting for their grace period."""
+    records = _layout.read_records(root, collection)
+    wall = time.time() if now is None else now
+    waiting = 0
+    referenced: set[str] = set()
+    for rec in records:
+        referenced.update(_layout.hidden(o) for o in rec.outputs)
+        linked: set[Path] = set()
+        for out in rec.outputs:
+            if not (root / out).exists() and (root / _layout.hidden(out)).exists():
+                with contextlib.suppress(FileExistsError):
+                    os.link(root / _layout.hidden(out), root / out)
+                linked.add((root / out).parent)
+        for d in linked:
+            fsync_dir(d)
+        if linked:
+            crash_point("link")
+        leftovers = [p for p in (*rec.inputs, *map(_layout.hidden, rec.outputs)) if (root / p).exists()]
+        if not leftovers:
+            continue
+        record = root / _layout.compactions_dir(collection) / _layout.record_name(rec.generation)
+        committed_at = record.stat().st_mtime
+        if wall - committed_at < grace_seconds:
+            waiting += 1
+            continue
+        touched: set[Path] = set()
+        for p in leftovers:
+            _unlink(root / p, touched)
+        _sync_and_prune(touched, root)
+        crash_point("inputs")
+    # Outputs of a compaction that crashed before its record: never visible, deleted.
+    stale: set[Path] = set()
+    for top in (root / collection, root / _layout.deletes_dir(collection)):
+        for dirpath, dirnames, filenames in os.walk(top):
+            dirnames[:] = [n for n in dirnames if n != _layout.COMPACTIONS_DIR]
+            rel = Path(dirpath).relative_to(root).as_posix()
+            for n in filenames:
+                if _HIDDEN_OUTPUT.fullmatch(n) and f"{rel}/{n}" not in referenced:
+                    _unlink(Path(dirpath) / n, stale)
+    cdir = root / _layout.compactions_dir(collection)
+    if cdir.is_dir():
+        for e in os.scandir(cdir):
+            if e.name.startswith(".") and e.name.endswith(".tmp"):
+                _unlink(Path(e.path), stale)
+    _sync_and_prune(stale, root)
+    return waiting
+
+
+# --- planning --------------------------------------------------------------------------------------
+
+
+def _latest(table: pa.Table, key: str, pick: str) -> pa.Table:
+    """Per key, the largest (pick="max") or smallest ("min") (_ts, _id): columns key, _ts, _id."""
+    by_ts = table.group_by(key).aggregate([(_TS, pick)]).rename_columns([key, _TS])
+    at = table.join(by_ts, [key, _TS], join_type="inner")
+    return at.group_by([key, _TS]).aggregate([(_ID, pick)]).rename_columns([key, _TS, _ID])
+
+
+def _keys_of(table: pa.Table, key: str) -> pa.Table:
+    ids = table.column(_ID) if _ID in table.column_names else pa.array([0] * table.num_rows, pa.int64())
+    return pa.table({key: table.column(key), _TS: table.column(_TS), _ID: ids})
+
+
+def _older_than(rows: pa.Table, bound: pa.Table, key: str, *, reverse: bool = False) -> pa.Array:
+    """Per row of ``rows`` (key, _ts, _id), whether ``bound`` (one (_ts, _id) per key) holds its key
+    with a larger tuple (with ``reverse``: a smaller one).  False when the key is not in ``bound``."""
+    tagged = rows.append_column("_n", pa.array(range(rows.num_rows), pa.int64()))
+    joined = tagged.join(bound.rename_columns([key, "_bts", "_bid"]), key, join_type="left outer")
+    (lo_ts, lo_id), (hi_ts, hi_id) = ((joined["_bts"], joined["_bid"]), (joined[_TS], joined[_ID])) if reverse \
+        else ((joined[_TS], joined[_ID]), (joined["_bts"], joined["_bid"]))
+    less = pc.or_(pc.less(lo_ts, hi_ts), pc.and_(pc.equal(lo_ts, hi_ts), pc.less(lo_id, hi_id)))
+    flags = pc.take(pc.fill_null(less, False), pc.sort_indices(joined["_n"]))  # the join does not keep order
+    return flags.combine_chunks() if isinstance(flags, pa.ChunkedArray) else flags
+
+
+def _read(root: Path, rel: str, throttle: _Throttle, columns: list[str] | None = None) -> pa.Table:
+    path = root / rel
+    t = pq.read_table(path, columns=columns)
+    throttle(path.stat().st_size if columns is None else t.nbytes)
+    return t
+
+
+def _primary_key(root: Path, rel: str) -> str:
+    meta = pq.read_schema(root / rel).metadata or {}
+    raw = meta.get(_PRIMARY_KEY)
+    if not raw:
+        raise _layout.LayoutError(f"{root / rel}: no primary key in its metadata")
+    return str(raw.decode())
+
+
+def _file(root: Path, rel: str) -> _File:
+    first, last = _layout.read_keys(str(root / rel))
+    return _File(rel, (root / rel).stat().st_size, first, last, pq.read_metadata(root / rel).num_rows)
+
+
+def _groups(files: list[_File], cfg: CompactionConfig) -> list[list[_File]]:
+    """Cut ``files`` (delivery order) into runs of at most the target size (at least one file each)."""
+    out: list[list[_File]] = []
+    size = rows = 0
+    for f in files:
+        live = f.rows - f.dead
+        est = f.size * live // max(f.rows, 1)
+        if out and (size + est > cfg.target_bytes or (cfg.target_rows is not None and rows + live > cfg.target_rows)):
+            out.append([])
+            size = rows = 0
+        if not out:
+            out.append([])
+        out[-1].append(f)
+        size += est
+        rows += live
+    return out
+
+
+# --- the pass --------------------------------------------------------------------------------------
+
+
+def _write_hidden(root: Path, rel: str, table: pa.Table, compression: str, throttle: _Throttle) -> int:
+    path = root / _layout.hidden(rel)
+    make_dirs(path.parent)
+    with open(path, "wb") as f:
+        pq.write_table(table, f, compression=compression, coerce_timestamps="us", allow_truncated_timestamps=True,
+                       write_page_checksum=True)
+        f.flush()
+        os.fsync(f.fileno())
+    size = path.stat().st_size
+    throttle(size)
+    return size
+
+
+def _merged(tables: list[pa.Table], meta: dict[bytes, bytes], first: DeliveryKey, last: DeliveryKey) -> pa.Table:
+    t = pa.concat_tables([x.replace_schema_metadata(None) for x in tables], promote_options="default")
+    out = dict(meta)
+    out[_layout.FIRST_KEY] = _layout.encode_key(first)
+    out[_layout.LAST_KEY] = _layout.encode_key(last)
+    return t.replace_schema_metadata(out)
+
+
+def _write_record(root: Path, collection: str, rec: CompactionRecord) -> None:
+    d = root / _layout.compactions_dir(collection)
+    make_dirs(d)
+    name = _layout.record_name(rec.generation)
+    tmp = d / f".{name}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(rec.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, d / name)
+    fsync_dir(d)
+
+
+def compact_collection(root: Path | str, collection: str, config: CompactionConfig | None = None, *,
+                       now_ms: int | None = None, busy: Iterable[str] = (), drop_deletes: bool = True,
+                       progress: Callable[[str], None] | None = None) -> CompactionResult:
+    """One pass over ``collection`` under ``root`` (see the module docstring).
+
+    ``busy``: directories (relative to the root) with rows still buffered by a flusher; their files
+    are left alone, and when any belongs to this collection no delete entry is dropped (a buffered
+    row may be older than it).  ``drop_deletes=False`` keeps every delete entry (offline, where rows
+    not yet flushed may be older than an entry)."""
+    cfg = config or CompactionConfig()
+    base = Path(root)
+    say = progress or (lambda _msg: None)
+    started = time.monotonic()
+    result = CompactionResult(collection)
+    recover(base, collection, cfg.grace_seconds)
+    records = _layout.read_records(base, collection)
+    wall_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    previous = max((r.horizon for r in records), default=0)
+    horizon = max(previous, compose(max(wall_ms - int(cfg.horizon_seconds * 1000), 0), 0))
+    data_paths, delete_paths, _ = _layout.visible_files(base, collection)
+    busy_dirs = set(busy)
+    data_rel = [Path(p).relative_to(base).as_posix() for p in data_paths]
+    delete_rel = [Path(p).relative_to(base).as_posix() for p in delete_paths]
+    if any(d == _layout.deletes_dir(collection) or d.startswith(collection + "/") for d in busy_dirs):
+        drop_deletes = False
+    throttle = _Throttle(cfg.io_bytes_per_second)
+    if not data_rel and len(delete_rel) < 2:
+        result.seconds = time.monotonic() - started
+        return result
+    key = _primary_key(base, (data_rel or delete_rel)[0])
+    deletes = [_keys_of(_read(base, r, throttle), key) for r in delete_rel]
+    all_deletes = pa.concat_tables(deletes) if deletes else pa.table(
+        {key: pa.array([], pq.read_schema(base / data_rel[0]).field(key).type), _TS: pa.array([], pa.int64()),
+         _ID: pa.array([], pa.int64())})
+    early = all_deletes.filter(pc.less_equal(all_deletes[_TS], horizon))
+    removing = _latest(early, key, "max")
+
+    # Plan: which files of which partition to rewrite.
+    files: dict[str, list[_File]] = {}
+    for rel in data_rel:
+        directory = rel.rpartition("/")[0]
+        if directory in busy_dirs:
+            continue
+        f = _file(base, rel)
+        if removing.num_rows:
+            f.dead = pc.sum(_older_than(_keys_of(_read(base, rel, throttle, [key, _TS, _ID]), key), removing, key)
+                            .cast(pa.int64())).as_py() or 0
+        files.setdefault(directory.rpartition("/")[0], []).append(f)
+    generation = (records[-1].generation + 1) if records else 1
+    chosen: list[list[_File]] = []
+    for partition, fs in sorted(files.items()):
+        limit = cfg.target_bytes // 2
+        small = [f for f in fs if f.size < limit and (cfg.target_rows is None or f.rows < cfg.target_rows // 2)]
+        dying = [f for f in fs if f.dead and f.dead >= _DEAD_SHARE * f.rows]
+        if len(small) < cfg.min_files and not dying:
+            continue
+        picked = sorted({f.rel: f for f in (*small, *dying)}.values(), key=lambda f: f.first)
+        groups = [g for g in _groups(picked, cfg) if len(g) > 1 or g[0].dead]
+        say(f"{collection}: partition {partition}: {sum(map(len, groups))} files into {len(groups)}")
+        chosen.extend(groups)
+
+    inputs: list[str] = []
+    outputs: list[str] = []
+    flushed: dict[str, DeliveryKey] = {}
+    kept_rows: list[pa.Table] = []
+    for group in chosen:
+        tables = []
+        for f in group:
+            t = _read(base, f.rel, throttle)
+            result.rows_before += t.num_rows
+            if f.dead:
+                t = t.filter(pc.invert(_older_than(_keys_of(t, key), removing, key)))
+            tables.append(t)
+            inputs.append(f.rel)
+            result.files_before += 1
+            result.bytes_before += f.size
+            d = f.rel.rpartition("/")[0]
+            flushed[d] = max(flushed.get(d, f.last), f.last)
+        first = min(f.first for f in group)
+        last = max(f.last for f in group)
+        merged = _merged(tables, dict(pq.read_schema(base / group[0].rel).metadata or {}), first, last)
+        result.rows_after += merged.num_rows
+        if merged.num_rows:
+            partition = group[0].rel.rsplit("/", 2)[0]
+            rel = f"{partition}/segment=-{generation}/{_layout.file_name(first[1], last[1])}"
+            result.bytes_after += _write_hidden(base, rel, merged, cfg.compression, throttle)
+            result.files_after += 1
+            outputs.append(rel)
+            kept_rows.append(_keys_of(merged, key))
+        say(f"{collection}: wrote {len(outputs)} of {len(chosen)} outputs")
+
+    # The delete files: merged into one, without the entries that can no longer remove a row.
+    if len(delete_rel) >= 2 or (delete_rel and chosen):
+        survivors = all_deletes
+        if drop_deletes and early.num_rows:
+            rest = [_keys_of(_read(base, r, throttle, [key, _TS, _ID]), key)
+                    for r in data_rel if r not in set(inputs)]
+            remaining = pa.concat_tables([*rest, *kept_rows]) if rest or kept_rows else all_deletes.slice(0, 0)
+            oldest = _latest(remaining, key, "min")
+            # An entry stays while some remaining row of its key is older than it (it may still remove
+            # that row), or while it is after the horizon (reads before it must not see its removal).
+            has_older = _older_than(all_deletes, oldest, key, reverse=True)
+            drop = pc.and_(pc.less_equal(all_deletes[_TS], horizon), pc.invert(has_older))
+            survivors = all_deletes.filter(pc.invert(drop))
+            result.delete_entries_dropped = all_deletes.num_rows - survivors.num_rows
+        if len(delete_rel) >= 2 or result.delete_entries_dropped:
+            dfiles = [_file(base, r) for r in delete_rel]
+            first = min(f.first for f in dfiles)
+            last = max(f.last for f in dfiles)
+            originals = [_read(base, r, throttle) for r in delete_rel]
+            full = pa.concat_tables([x.replace_schema_metadata(None) for x in originals], promote_options="default")
+            if result.delete_entries_dropped:
+                full = full.filter(pc.invert(drop))
+            meta = dict(pq.read_schema(base / delete_rel[0]).metadata or {})
+            merged = _merged([full], meta, first, last)
+            for f in dfiles:
+                inputs.append(f.rel)
+                result.files_before += 1
+                result.bytes_before += f.size
+            flushed[_layout.deletes_dir(collection)] = last
+            if merged.num_rows:
+                rel = f"{_layout.deletes_dir(collection)}/{_layout.file_name(first[1], last[1])}"
+                result.bytes_after += _write_hidden(base, rel, merged, cfg.compression, throttle)
+                result.files_after += 1
+                outputs.append(rel)
+    if not inputs:
+        result.seconds = time.monotonic() - started
+        return result
+    for out_dir in {(base / o).parent for o in outputs}:
+        fsync_dir(out_dir)
+    crash_point("output")
+    rec = CompactionRecord(generation, horizon, tuple(inputs), tuple(outputs), flushed)
+    _write_record(base, collection, rec)
+    crash_point("record")
+    say(f"{collection}: committed generation {generation} (horizon {horizon})")
+    recover(base, collection, cfg.grace_seconds)
+    result.generation = generation
+    result.horizon = horizon
+    result.seconds = time.monotonic() - started
+    return result
+
+
+@dataclass(slots=True)
+class CompactionTotals:
+    """What a flusher's compactions did since it started (the node's metrics read it)."""
+
+    runs: int = 0
+    files_before: int = 0
+    bytes_before: int = 0
+    files_after: int = 0
+    bytes_after: int = 0
+    rows_dropped: int = 0
+    delete_entries_dropped: int = 0
+    seconds: float = 0.0
+
+    def add(self, r: CompactionResult) -> None:
+        self.seconds += r.seconds
+        if r.generation is None:
+            return
+        self.runs += 1
+        self.files_before += r.files_before
+        self.bytes_before += r.bytes_before
+        self.files_after += r.files_after
+        self.bytes_after += r.bytes_after
+        self.rows_dropped += r.rows_dropped
+        self.delete_entries_dropped += r.delete_entries_dropped
+
+
+def collections(root: Path | str) -> list[str]:
+    """The collections under ``root``: directories holding partitions, and those with delete files."""
+    base = Path(root)
+    if not base.is_dir():
+        return []
+    found = {e.name for e in os.scandir(base) if e.is_dir() and not e.name.startswith(("_", "."))
+             and any(p.name.startswith("partition=") for p in Path(e.path).iterdir())}
+    deletes = base / _layout.DELETES_DIR
+    if deletes.is_dir():
+        found.update(e.name for e in os.scandir(deletes) if e.is_dir() and not e.name.startswith("."))
+    return sorted(found)
+
+
+__all__ = [
+    "KILL_ENV",
+    "STEPS",
+    "CompactionConfig",
+    "CompactionResult",
+    "CompactionTotals",
+    "collections",
+    "compact_collection",
+    "crash_point",
+    "recover",
+]
