@@ -81,7 +81,10 @@ class NodeConfig:
     """Root of the Parquet files, one directory per pchannel (default: ``<data_dir>/parquet``)."""
     flush_max_rows: int = 1_000_000
     flush_max_bytes: int = 64 << 20
-    flush_max_age_seconds: float = 600.0
+    flush_max_age_seconds: float = 50.0
+    """Write a buffer once its first row is this old, even when nothing else comes: an idle insert
+    reaches Parquet within about this long plus a tick (``bench/freshness.py``), under a minute.  The
+    file is a small one in its segment (the segment seals later, by size or at 600 s)."""
     flush_memory_cap_bytes: int = 256 << 20
     """All buffers of one pchannel's flusher together; above it the largest is written first."""
     retention_seconds: float = 86400.0

@@ -13,7 +13,8 @@ duplicates; consumers resume after a reconnect without loss or duplicates; ``txn
 manager; ``msgstream`` is the Milvus MsgStream shape.  Every failure raises the ``StreamingError``
 subclass the node raised.
 
-Everything a user of the SDK touches is importable from here: the clients, the message model
+``client.data(pchannel)`` holds collections of Arrow rows (``sharded`` spreads one over several
+vchannels by primary key).  Everything a user of the SDK touches is importable from here: the clients, the message model
 (``Message``, ``MessageType``, ``Position``, ``MsgPack``, ``AppendResult``), how to read
 (``DeliverPolicy``, ``DeliverFilter``), every error class with its ``ErrorCode``, and
 ``message_links`` (a consumer's span linked to the producers of a pack).
@@ -31,7 +32,9 @@ from streamingnode.client._msgstream import (
     hash_key,
 )
 from streamingnode.client._producer import Producer
+from streamingnode.client._shards import ShardedCollection, shard_of
 from streamingnode.client._sync import Client, SyncConsumer, SyncMsgStream, SyncProducer, SyncTransaction
+from streamingnode.client._sync_data import SyncDataClient, SyncShardedCollection
 from streamingnode.client._txn import Transaction
 from streamingnode.client._types import ChannelDescription, GroupDescription, GroupProgress, Owner, TxnInfo
 from streamingnode.tracing import message_links
@@ -119,11 +122,14 @@ __all__ = [
     "Repack",
     "ResourceExhaustedError",
     "SchemaMismatchError",
+    "ShardedCollection",
     "StorageFullError",
     "StreamingError",
     "SyncConsumer",
+    "SyncDataClient",
     "SyncMsgStream",
     "SyncProducer",
+    "SyncShardedCollection",
     "SyncTransaction",
     "Transaction",
     "TxnExpiredError",
@@ -137,4 +143,5 @@ __all__ = [
     "hash_key",
     "message_links",
     "resume_read",
+    "shard_of",
 ]

@@ -3,17 +3,20 @@
 ``client.data(pchannel)`` binds them to a pchannel.  The node checks every insert against the
 collection's schema before it reaches the log (SchemaMismatchError, CollectionNotExistError: nothing
 written), and the flusher turns what was committed into Parquet.  Inside ``client.txn`` the same calls
-exist on the Transaction and commit or roll back together.
+exist on the Transaction and commit or roll back together.  ``sharded`` spreads one collection
+over several vchannels by primary key (``ShardedCollection``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from streamingnode.client._shards import ShardedCollection
 from wal import bodies
 from wal.message import AppendResult, Message
 
@@ -38,6 +41,20 @@ class DataClient:
     async def _send(self, message: Message) -> AppendResult:
         return await self._writer().send(
             message.vchannel, message.payload, properties=dict(message.properties), type=message.message_type)
+
+    async def send_all(self, messages: Sequence[Message]) -> list[AppendResult]:
+        """Send ``messages`` together (queued at once, so they batch), in order; their results, once
+        every one is durable.  Each message is atomic, the whole is not: on an error some may be
+        written (the first error is raised)."""
+        writer = self._writer()
+        futures = [writer.send_nowait(m.vchannel, m.payload, properties=dict(m.properties), type=m.message_type)
+                   for m in messages]
+        return list(await asyncio.gather(*futures))
+
+    def sharded(self, vchannel: str, name: str, shards: int, primary_key: str) -> ShardedCollection:
+        """Collection ``name`` spread over ``shards`` vchannels ``<vchannel>_0`` .. by a stable hash
+        of ``primary_key`` (see ``ShardedCollection``); ``create(schema)`` creates it.  No call is made."""
+        return ShardedCollection(self, vchannel, name, shards, primary_key)
 
     async def create_collection(self, vchannel: str, name: str, schema: pa.Schema, primary_key: str) -> AppendResult:
         """Create ``name`` on ``vchannel`` with ``schema``; ``primary_key`` is an int64 or string column."""

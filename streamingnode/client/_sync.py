@@ -1,6 +1,6 @@
 """Client: the AsyncClient API for synchronous code, run on a private event loop thread.
 
-Every object made by the sync client (producer, consumer, transaction, msgstream) is a thin handle on
+Every object made by the sync client (producer, consumer, transaction, data client, msgstream) is a thin handle on
 its async twin, which lives on that loop; calls hop over with ``run_coroutine_threadsafe`` and block
 until done.  The handles may be used from several threads: concurrent ``send`` calls from different
 threads are batched together like concurrent sends on the async side.
@@ -16,12 +16,17 @@ import threading
 from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
+import pyarrow as pa
+
 from streamingnode.client._async import DEFAULT_ADDR, AsyncClient
 from streamingnode.client._consumer import Consumer
+from streamingnode.client._data import DataClient
 from streamingnode.client._msgstream import MsgStream, MsgStreamPack, Repack
 from streamingnode.client._producer import Producer
+from streamingnode.client._sync_data import SyncDataClient
 from streamingnode.client._txn import Transaction
 from streamingnode.client._types import ChannelDescription, GroupDescription, Owner, TxnInfo
+from wal import bodies
 from wal.message import AppendResult, Message, MessageType, Position
 from wal.options import DeliverFilter, DeliverPolicy
 from wal.scanner import MsgPack
@@ -155,7 +160,8 @@ class SyncConsumer:
 
 
 class SyncTransaction:
-    """Blocking handle on a ``Transaction``."""
+    """Blocking handle on a ``Transaction``.  After the ``with`` block, ``committed`` and
+    ``commit_timetick`` are the commit's (as on the async one)."""
 
     def __init__(self, portal: _Portal, tx: Transaction) -> None:
         self._portal = portal
@@ -173,6 +179,28 @@ class SyncTransaction:
         self, payload: bytes, *, properties: dict[str, str] | None = None, type: MessageType = MessageType.DATA,
     ) -> AppendResult:
         return self._portal.call(self._tx.send(payload, properties=properties, type=type))
+
+    def insert(
+        self, collection: str, data: pa.RecordBatch | pa.Table, partition: str = bodies.DEFAULT_PARTITION,
+    ) -> AppendResult:
+        """Insert rows as part of the transaction (see ``Transaction.insert``)."""
+        return self._portal.call(self._tx.insert(collection, data, partition))
+
+    def delete(self, collection: str, keys: pa.Array | pa.ChunkedArray | Sequence[Any]) -> AppendResult:
+        """Delete by primary key as part of the transaction."""
+        return self._portal.call(self._tx.delete(collection, keys))
+
+    @property
+    def finished(self) -> bool:
+        return self._tx.finished
+
+    @property
+    def committed(self) -> AppendResult | None:
+        return self._tx.committed
+
+    @property
+    def commit_timetick(self) -> int:
+        return self._tx.commit_timetick
 
     def commit(self) -> AppendResult:
         return self._portal.call(self._tx.commit())
@@ -361,6 +389,13 @@ class Client:
                 raise
         else:
             self._portal.call(scope.__aexit__(None, None, None))
+
+    def data(self, pchannel: str) -> SyncDataClient:
+        """Collections, inserts, deletes and flush on ``pchannel`` (see ``DataClient``), blocking."""
+        async def make() -> DataClient:
+            return self._client.data(pchannel)
+
+        return SyncDataClient(self._portal, self._portal.call(make()))
 
     def msgstream(self) -> SyncMsgStream:
         async def make() -> MsgStream:

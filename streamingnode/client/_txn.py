@@ -23,7 +23,9 @@ class Transaction:
     """An open transaction on one vchannel.  Made by ``AsyncClient.txn``.
 
     ``send`` appends a body message (ProduceBatch.txn set); readers see the body only after
-    ``commit``, whole, at the commit timetick — or never after ``rollback``.
+    ``commit``, whole, at the commit timetick — or never after ``rollback``.  After the ``async with``
+    block, ``committed`` (the CommitTxn's AppendResult) and ``commit_timetick`` say when: an as-of read
+    at or after that timetick sees the whole body.
     """
 
     def __init__(self, client: AsyncClient, info: TxnInfo, producer: Producer) -> None:
@@ -32,6 +34,7 @@ class Transaction:
         self._producer = producer
         self._futures: list[asyncio.Future[AppendResult]] = []
         self._finished = False
+        self._committed: AppendResult | None = None
 
     @property
     def txn_id(self) -> int:
@@ -77,7 +80,8 @@ class Transaction:
             raise failed
         self._finished = True
         try:
-            return await self._client.commit_txn(self.info.pchannel, self.info.vchannel, self.txn_id)
+            self._committed = await self._client.commit_txn(self.info.pchannel, self.info.vchannel, self.txn_id)
+            return self._committed
         finally:
             await self._producer.aclose()
 
@@ -94,6 +98,21 @@ class Transaction:
     @property
     def finished(self) -> bool:
         return self._finished
+
+    @property
+    def committed(self) -> AppendResult | None:
+        """The CommitTxn's AppendResult once the transaction committed; None before, or when it was
+        rolled back (or its commit failed)."""
+        return self._committed
+
+    @property
+    def commit_timetick(self) -> int:
+        """The timetick at which readers see the whole body; ``InvalidTxnStateError`` unless committed."""
+        if self._committed is None:
+            state = "rolled back or failed" if self._finished else "still open"
+            raise InvalidTxnStateError(f"transaction {self.txn_id} has no commit timetick: it is {state}",
+                                       txn_id=self.txn_id)
+        return self._committed.timetick
 
     def _check_open(self) -> None:
         if self._finished:

@@ -18,11 +18,12 @@ CLIENT_ALL = [
     "InvalidTxnStateError", "Message", "MessageTooLargeError", "MessageType", "MsgPack", "MsgStream",
     "MsgStreamPack", "OnShutdownError", "OutOfOrderSequenceError", "OutOfRangeError", "Owner",
     "PartitionExistError", "PartitionNotExistError", "PermissionDeniedError", "Position", "Producer",
-    "RedoError", "Repack", "ResourceExhaustedError", "SchemaMismatchError", "StorageFullError", "StreamingError",
-    "SyncConsumer",
-    "SyncMsgStream", "SyncProducer", "SyncTransaction", "Transaction", "TxnExpiredError", "TxnInfo",
+    "RedoError", "Repack", "ResourceExhaustedError", "SchemaMismatchError", "ShardedCollection", "StorageFullError",
+    "StreamingError", "SyncConsumer", "SyncDataClient",
+    "SyncMsgStream", "SyncProducer", "SyncShardedCollection", "SyncTransaction", "Transaction", "TxnExpiredError",
+    "TxnInfo",
     "TxnNotFoundError", "TxnTooLargeError", "UnauthenticatedError", "UnavailableError", "UnrecoverableError",
-    "default_repack", "hash_key", "message_links", "resume_read",
+    "default_repack", "hash_key", "message_links", "resume_read", "shard_of",
 ]
 
 WAL_ALL = [
