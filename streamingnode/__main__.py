@@ -93,6 +93,10 @@ def _serve(args: argparse.Namespace) -> None:
         "txn_max_messages": args.txn_max_messages, "txn_max_bytes": args.txn_max_bytes,
         "max_streams": args.max_streams, "max_streams_per_connection": args.max_streams_per_connection,
         "storage_min_free_bytes": args.storage_min_free_bytes,
+        "compaction_interval_seconds": args.compaction_interval_seconds,
+        "compaction_target_bytes": args.compaction_target_bytes, "compaction_min_files": args.compaction_min_files,
+        "compaction_horizon_seconds": args.compaction_horizon_seconds,
+        "compaction_io_bytes_per_second": args.compaction_io_bytes_per_second,
     })
 
     def ready(running: RunningServer) -> None:
@@ -143,6 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--storage-min-free-bytes", type=int,
                        help="free disk space under which appends are refused (STORAGE_FULL) and the node flushes "
                        "and truncates at once (default 256 MiB; 0 = off)")
+    serve.add_argument("--compaction-interval-seconds", type=float,
+                       help="how often small Parquet files are compacted (default 300; 0: never in the background)")
+    serve.add_argument("--compaction-target-bytes", type=int, help="size of a compacted file (default 128 MiB)")
+    serve.add_argument("--compaction-min-files", type=int, help="small files a partition needs first (default 8)")
+    serve.add_argument("--compaction-horizon-seconds", type=float,
+                       help="as-of reads of the last this many seconds stay exact (default 3600)")
+    serve.add_argument("--compaction-io-bytes-per-second", type=int, help="compaction I/O limit (default 0: none)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     demo = sub.add_parser("demo", help="durable append/read round trip on pchannel 'demo'")
     demo.add_argument("--count", type=int, default=1000)
@@ -153,6 +164,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="data directory (default $STREAMINGNODE_DATA_DIR or ./data)")
     verify.add_argument("--pchannel", help="check only this pchannel (and what no pchannel owns)")
     verify.add_argument("--parquet-dir", help="root of the Parquet files (default <data dir>/parquet)")
+    comp = sub.add_parser("compact", help="offline: compact the small Parquet files of a stopped node (progress on "
+                          "stderr, one summary line per collection on stdout)")
+    comp.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS,
+                      help="data directory (default $STREAMINGNODE_DATA_DIR or ./data)")
+    comp.add_argument("--parquet-dir", help="root of the Parquet files (default <data dir>/parquet)")
+    comp.add_argument("--pchannel", help="only this pchannel")
+    comp.add_argument("--collection", help="only this collection")
+    comp.add_argument("--target-bytes", type=int, default=128 << 20, help="size of a compacted file (default 128 MiB)")
+    comp.add_argument("--min-files", type=int, default=2, help="small files a partition needs (default 2)")
+    comp.add_argument("--horizon-seconds", type=float, default=3600.0,
+                      help="as-of reads of the last this many seconds stay exact (default 3600)")
     salvage = sub.add_parser("salvage", help="offline: cut a pchannel at its first damaged block (only with "
                              "--truncate-at-corruption; without it, report what would be cut)")
     salvage.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS,
@@ -179,6 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         from streamingnode import verify as verify_cmd  # noqa: PLC0415
 
         return verify_cmd.run(_data_dir(args), args.pchannel, args.parquet_dir)
+    if args.command == "compact":
+        from flusher.compact import run_offline  # noqa: PLC0415
+
+        return run_offline(_data_dir(args), args.parquet_dir, args.pchannel, args.collection,
+                           target_bytes=args.target_bytes, min_files=args.min_files,
+                           horizon_seconds=args.horizon_seconds)
     if args.command == "salvage":
         from streamingnode import salvage as salvage_cmd  # noqa: PLC0415
 

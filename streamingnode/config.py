@@ -15,10 +15,13 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wal.backend import Durability
 from wal.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from flusher.compact import CompactionConfig
 
 ENV_PREFIX = "STREAMINGNODE_"
 DEFAULT_ADDR = "localhost:19530"
@@ -87,6 +90,19 @@ class NodeConfig:
     file is a small one in its segment (the segment seals later, by size or at 600 s)."""
     flush_memory_cap_bytes: int = 256 << 20
     """All buffers of one pchannel's flusher together; above it the largest is written first."""
+    compaction_interval_seconds: float = 300.0
+    """How often each flusher compacts its small Parquet files (flusher/README.md "Compaction"); 0: never
+    in the background (``streamingnode compact`` still does, offline)."""
+    compaction_target_bytes: int = 128 << 20
+    """Size of a compacted file; files under half of it are small."""
+    compaction_min_files: int = 8
+    """A partition is compacted once it holds this many small files (or a file with many deleted rows)."""
+    compaction_horizon_seconds: float = 3600.0
+    """As-of reads of the last this many seconds stay exact; earlier ones fail (AsOfBeforeHorizonError)."""
+    compaction_grace_seconds: float = 60.0
+    """How long a compaction's input files stay for readers that listed them before the switch."""
+    compaction_io_bytes_per_second: int = 0
+    """Read plus write rate of compaction; 0: no limit."""
     retention_seconds: float = 86400.0
     """Keep WAL messages at least this long; older ones are truncated once the flusher, every consumer
     group and the open transactions are past them.  0: no time floor; negative: never truncate."""
@@ -128,6 +144,11 @@ class NodeConfig:
             raise InvalidArgumentError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
         if self.storage_min_free_bytes < 0:
             raise InvalidArgumentError(f"storage_min_free_bytes must be >= 0, got {self.storage_min_free_bytes!r}")
+        if (self.compaction_interval_seconds < 0 or self.compaction_target_bytes <= 0 or self.compaction_min_files < 1
+                or self.compaction_horizon_seconds < 0 or self.compaction_grace_seconds < 0
+                or self.compaction_io_bytes_per_second < 0):
+            raise InvalidArgumentError("compaction settings: interval, horizon, grace and io limit must be >= 0, "
+                                       "target_bytes > 0 and min_files >= 1")
         if not self.retention_check_seconds > 0:
             raise InvalidArgumentError(f"retention_check_seconds must be > 0, got {self.retention_check_seconds!r}")
         if self.snapshot_every_messages < 0 or not self.snapshot_every_seconds >= 0:
@@ -142,6 +163,15 @@ class NodeConfig:
     @property
     def wal_durability(self) -> Durability:
         return Durability(self.durability)
+
+
+def compaction_config(cfg: NodeConfig) -> CompactionConfig:
+    """The flushers' compaction settings from the node's (``compaction_*``)."""
+    from flusher.compact import CompactionConfig  # noqa: PLC0415  (pyarrow: only where a flusher runs)
+
+    return CompactionConfig(target_bytes=cfg.compaction_target_bytes, min_files=cfg.compaction_min_files,
+                            horizon_seconds=cfg.compaction_horizon_seconds, grace_seconds=cfg.compaction_grace_seconds,
+                            io_bytes_per_second=cfg.compaction_io_bytes_per_second)
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
