@@ -3,7 +3,7 @@
 The layout (the flusher's contract; both readers code against it and nothing else)::
 
     <root>/<collection>/partition=<p>/segment=<id>/<first_id>-<last_id>.parquet   data (ids 20-digit zero-padded)
-    <root>/<collection>/_deletes/<first_id>-<last_id>.parquet                      deletes: <primary key>, _ts
+    <root>/_deletes/<collection>/<first_id>-<last_id>.parquet                      deletes: <primary key>, _ts
     <root>/<collection>/_dropped                                                   marker: the collection was dropped
 
 * Data files hold the user columns plus ``_ts`` (int64 hybrid timetick of the row: ``physical_ms << 18 |
@@ -11,27 +11,45 @@ The layout (the flusher's contract; both readers code against it and nothing els
   primary key column in its Parquet key-value metadata under ``streamingnode.primary_key``.
 * Any file or directory whose name starts with ``.`` is a file being written and is never read. Spark's file
   listing and pyarrow.dataset (``ignore_prefixes``) both skip names starting with ``.`` or ``_``, which is also
-  what keeps ``_deletes/`` and ``_dropped`` out of the data.
+  what keeps ``_dropped`` out of the data. Delete files live outside the collection's directory (``_deletes`` is a
+  name the node refuses for a collection), so that no glob of the collection's directory reads them as rows.
 * ``_dropped`` does not hide anything: a drop only stops new rows, so a dropped collection reads like any other
   (its rows up to the drop, minus its deletes).
 
-Semantics of a read as of timetick ``T`` (``None`` means "everything": no bound on rows or deletes): the rows
-with ``_ts <= T``, minus each row whose primary key has a delete with ``row._ts < delete._ts <= T``. A row
-inserted again after its delete (a later ``_ts``) is visible again; a delete at the very timetick of a row does
-not remove it (an upsert is a delete and an insert at one timetick). Rows are not de-duplicated: two inserts of
-one key with no delete between them are two rows.
+The row rule: every reader of the layout applies exactly this. Data rows and delete entries both carry ``_ts`` (the
+timetick they became visible: their message's own, or their transaction's commit timetick) and ``_id`` (the WAL
+message id of the INSERT, UPSERT or DELETE they came from; ids increase in log order, so within one commit they
+give statement order). As of timetick ``T`` (``None`` means "everything": no bound on rows or deletes) a row is
+visible iff ``row._ts <= T`` and its primary key has no delete entry with ``delete._ts <= T`` and
+``(row._ts, row._id) < (delete._ts, delete._id)`` (tuple order: ``_ts`` first, ``_id`` on a tie). Consequences:
 
-Columns of the result: the user columns, ``_ts``, ``_segment`` and ``partition`` (the partition name from the
+* a delete removes the key's rows written before it, a row written after a delete of its key is visible;
+* inside one transaction (one ``_ts``) statement order decides: ``insert(k); delete(k)`` leaves nothing,
+  ``delete(k); insert(k)`` leaves the row, ``insert(k); delete(k); insert(k)`` leaves one row;
+* an UPSERT writes, for each row, the row and a delete entry of its key at the same ``(_ts, _id)``: equal tuples,
+  so it removes every older version of the key and never itself;
+* rows are not de-duplicated: two inserts of one key with no delete between them are two rows (as in Milvus;
+  use upsert to replace).
+
+Files written before ``_id`` existed lack the column: their rows count as later, and their deletes as earlier,
+than any statement at the same ``_ts`` (the old rule ``row._ts < delete._ts``).
+
+Columns of the result: the user columns, ``_ts``, ``_id``, ``_segment`` and ``partition`` (the partition name from the
 directory, always a string: a partition called ``1`` stays ``"1"``). The discovered ``segment`` directory column is
 dropped because ``_segment`` already carries the same id with a fixed type (int64), while the discovered one is
 int or long depending on the values. A collection that exists but has no data file yet reads as zero rows with
 only ``partition``, ``_ts`` and ``_segment``: there is no file to take the user schema from. Files of one
 collection are expected to share a schema: the schema is taken from one file, as both engines do by default.
 
-Types, as Spark reads them: int64 → long, float → float, double → double, bool → boolean, string and the
-``arrow.json`` extension (Parquet JSON logical type) → string, binary → binary, ``fixed_size_list<float32>[16]`` and
-``list<float>`` → ``array<float>``. Timestamp columns must be written with ``coerce_timestamps="us"``: Spark
-refuses Parquet TIMESTAMP(NANOS).
+Types, as Spark reads them (the full table, with Parquet and DuckDB, is in ``flusher/README.md``): int8 → tinyint,
+int16 → smallint, int32 → int, int64 → bigint, float → float, double → double, bool → boolean, string and the
+``arrow.json`` extension (Parquet JSON logical type) → string, binary and binary vectors (``fixed_size_binary``) →
+binary, date32 → date, ``decimal128(p, s)`` → ``decimal(p,s)``, a timestamp without a zone → ``timestamp_ntz`` and
+with one → ``timestamp`` (the flusher writes every timestamp as microseconds, ``coerce_timestamps="us"``: Spark
+refuses Parquet TIMESTAMP(NANOS), so ``timestamp[ns]`` columns are refused at CreateCollection), ``list<scalar>`` →
+``array<…>``, a struct → ``struct<…>``, float, float16 and bfloat16 vectors → ``array<float>`` (the flusher widens the
+16-bit ones to float32, exactly, and names them in the field metadata ``streamingnode.vector``), and sparse vectors
+(``map<uint32, float32>``) → ``map<bigint,float>``.
 
 The same files are plain Hive-layout Parquet, so other engines read them too: ``read_collection_arrow`` here does
 it with pyarrow.dataset (the same semantics, tested against the Spark reader), and DuckDB would with
@@ -45,8 +63,11 @@ pyspark is an optional dependency (the ``spark`` extra); it is imported only by 
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -57,12 +78,15 @@ import pyarrow.parquet as pq
 from wal.clock import LOGICAL_MAX, TIMETICK_MAX, compose, physical_ms
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, DataFrameReader, SparkSession
+
+    from flusher._layout import AsOfBeforeHorizonError
 
 __all__ = [
     "DELETES_DIR",
     "DROPPED_MARKER",
     "PRIMARY_KEY_METADATA",
+    "AsOfBeforeHorizonError",
     "CollectionLayoutError",
     "CollectionNotFoundError",
     "DamagedFileError",
@@ -75,6 +99,7 @@ PRIMARY_KEY_METADATA = "streamingnode.primary_key"
 DELETES_DIR = "_deletes"
 DROPPED_MARKER = "_dropped"
 TS_COLUMN = "_ts"
+ID_COLUMN = "_id"
 SEGMENT_COLUMN = "_segment"
 PARTITION_COLUMN = "partition"
 _SEGMENT_DIR_COLUMN = "segment"
@@ -83,6 +108,11 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Names the anti-join gives the delete side; the double underscore keeps them off any user column.
 _DEL_KEY = "__streamingnode_del_pk"
 _DEL_TS = "__streamingnode_del_ts"
+_DEL_ID = "__streamingnode_del_id"
+_LATEST = "__streamingnode_latest"
+# A missing _id (a file from before the column) sorts a row after, and a delete before, any statement at its _ts.
+_NO_ROW_ID = (1 << 63) - 1
+_NO_DELETE_ID = -1
 
 
 class CollectionNotFoundError(FileNotFoundError):
@@ -139,10 +169,62 @@ def _bound(as_of_ts: int | None) -> int | None:
 
 
 def _collection_path(root: str | os.PathLike[str], name: str) -> str:
-    # A leading "_" is allowed (Milvus names may start with one); "." is a file being written.
-    if not name or "/" in name or name.startswith("."):
+    # A leading "_" is allowed (Milvus names may start with one); "." is a file being written; DELETES_DIR is the
+    # directory of every collection's deletes, a name the node refuses for a collection.
+    if not name or "/" in name or name.startswith(".") or name == DELETES_DIR:
         raise ValueError(f"not a collection name: {name!r}")
     return f"{os.fspath(root).rstrip('/')}/{name}"
+
+
+def _deletes_path(collection: str) -> str:
+    """``<root>/_deletes/<name>`` for the collection path ``<root>/<name>``: outside the data's directory."""
+    root, _, name = collection.rpartition("/")
+    return f"{root}/{DELETES_DIR}/{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class _FileSet:
+    """The files one read takes (local paths, compaction records applied), from ``_layout.visible_files``."""
+
+    data: list[str]
+    deletes: list[str]
+
+
+def _local_dir(path: str) -> str | None:
+    """The local directory a plain path or a ``file://`` URI names; None for any other filesystem."""
+    if "://" not in path:
+        return os.path.abspath(path)
+    if path.startswith("file://"):
+        return os.path.abspath(unquote(urlparse(path).path))
+    return None
+
+
+def _file_set(collection: str, bound: int | None) -> _FileSet | None:
+    """What a read of `collection` as of `bound` takes, with its compaction records applied; None for a root on
+    another filesystem than the local one, which is read by listing its directories (see the module docstring).
+
+    Raises `AsOfBeforeHorizonError` when `bound` is before the compaction horizon.
+    """
+    local = _local_dir(collection)
+    if local is None:
+        return None
+    # Imported here: flusher._layout pulls in parts of the log's package, which spark-submit does not need
+    # to import flusher.spark.
+    from flusher import _layout  # noqa: PLC0415
+
+    root, _, name = local.rpartition("/")
+    data, deletes, horizon = _layout.visible_files(root, name)
+    _layout.check_as_of(bound, horizon, name)
+    return _FileSet(data, deletes)
+
+
+def __getattr__(name: str) -> object:
+    # AsOfBeforeHorizonError lives in flusher._layout (the compactor raises it too), loaded only when asked for.
+    if name == "AsOfBeforeHorizonError":
+        from flusher._layout import AsOfBeforeHorizonError  # noqa: PLC0415
+
+        return AsOfBeforeHorizonError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:
@@ -187,7 +269,7 @@ def _resolve_primary_key(
         except (OSError, pa.ArrowException):
             key = None  # a filesystem pyarrow cannot open (hdfs without libhdfs, ...): fall back to the deletes
     if key is None:
-        candidates = [c for c in delete_columns if c != TS_COLUMN]
+        candidates = [c for c in delete_columns if c not in (TS_COLUMN, ID_COLUMN)]
         if len(candidates) != 1:
             raise CollectionLayoutError(
                 collection,
@@ -220,6 +302,35 @@ def _quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+# How long a Spark read waits for a committed compaction output to get its visible name (see _spark_file_set).
+_LINK_WAIT_SECONDS = 30.0
+
+
+def _spark_file_set(collection: str, bound: int | None) -> _FileSet | None:
+    """`_file_set` for Spark, which skips a file whose name starts with ``.`` even when it is named explicitly.
+
+    A compaction output is under its hidden name only between its record's commit and the link of its visible name
+    (a moment, unless the compactor died there: the node links it when it starts again), so the read waits for the
+    link, and fails naming the file if it does not come.
+    """
+    deadline = time.monotonic() + _LINK_WAIT_SECONDS
+    while True:
+        files = _file_set(collection, bound)
+        hidden = [] if files is None else [
+            p for p in (*files.data, *files.deletes) if os.path.basename(p).startswith(".")]
+        if not hidden:
+            return files
+        if time.monotonic() >= deadline:
+            raise CollectionLayoutError(hidden[0], "a committed compaction output still has only its hidden name, "
+                                                   "which Spark does not read: retry once the node has linked it")
+        time.sleep(0.05)
+
+
+def _spark_paths(collection: str, paths: list[str]) -> list[str]:
+    # Named as the root was: a plain path resolves against the session's default filesystem, as the root did.
+    return [f"file://{p}" for p in paths] if collection.startswith("file:") else paths
+
+
 def read_collection(
     spark: SparkSession,
     root: str | os.PathLike[str],
@@ -231,12 +342,9 @@ def read_collection(
 
     `root` is a path or any URI the session's Hadoop configuration can read. Deletes are applied with a left
     anti-join on the primary key (`primary_key`, else the data files' ``streamingnode.primary_key`` metadata, else
-    the one non-``_ts`` column of the deletes); a missing or empty ``_deletes`` means no deletes. See the module
-    docstring for the exact semantics and the columns returned. The plan is lazy: the only work done here is
-    listing files and reading a footer or two to learn the schemas.
-
-    Spark logs "All paths were ignored: .../_deletes" at WARN when it reads the deletes: the warning is about the
-    directory's ``_`` name, which hides it from the data listing; given as the path to read, it is read.
+    the one non-``_ts`` column of the deletes); a missing or empty ``<root>/_deletes/<name>`` means no deletes. See
+    the module docstring for the exact semantics and the columns returned. The plan is lazy: the only work done here
+    is listing files and reading a footer or two to learn the schemas.
 
     Raises `CollectionNotFoundError` when the collection's directory does not exist, and `CollectionLayoutError`
     when deletes exist but no primary key can be found or it is not a column.
@@ -248,17 +356,30 @@ def read_collection(
 
     bound = _bound(as_of_ts)
     collection = _collection_path(root, name)
+    local = _local_dir(collection)
+    if local is not None and not os.path.isdir(local):
+        raise CollectionNotFoundError(collection)
+    files = _spark_file_set(collection, bound)
+
+    def read_data(reader: DataFrameReader) -> DataFrame:
+        if files is None:
+            return reader.parquet(collection)
+        # basePath: partition discovery takes partition=/segment= from below the collection's directory.
+        return reader.option("basePath", collection).parquet(*_spark_paths(collection, files.data))
+
+    empty = StructType(
+        [StructField(c, t) for c, t in ((TS_COLUMN, LongType()), (SEGMENT_COLUMN, LongType()))]
+        + [StructField(PARTITION_COLUMN, StringType())]
+    )
+    if files is not None and not files.data:
+        return spark.createDataFrame([], empty)
     try:
-        rows = spark.read.parquet(collection)
+        rows = read_data(spark.read)
     except AnalysisException as e:
         if e.getCondition() == "PATH_NOT_FOUND":
             raise CollectionNotFoundError(collection) from e
         if e.getCondition() != "UNABLE_TO_INFER_SCHEMA":
             raise
-        empty = StructType(
-            [StructField(c, t) for c, t in ((TS_COLUMN, LongType()), (SEGMENT_COLUMN, LongType()))]
-            + [StructField(PARTITION_COLUMN, StringType())]
-        )
         return spark.createDataFrame([], empty)
 
     # Partition discovery infers `partition=1` as an int (and would turn "007" into 7): read again with the
@@ -268,7 +389,7 @@ def read_collection(
         schema = StructType(
             [StructField(f.name, StringType()) if f.name == PARTITION_COLUMN else f for f in rows.schema.fields]
         )
-        rows = spark.read.schema(schema).parquet(collection)
+        rows = read_data(spark.read.schema(schema))
     if _SEGMENT_DIR_COLUMN in rows.columns:
         rows = rows.drop(_SEGMENT_DIR_COLUMN)
     for column in (TS_COLUMN, SEGMENT_COLUMN):
@@ -278,16 +399,25 @@ def read_collection(
     if bound is not None:
         rows = rows.where(F.col(TS_COLUMN) <= F.lit(bound))
 
-    deletes = _spark_read_parquet(spark, f"{collection}/{DELETES_DIR}")
+    if files is None:
+        deletes = _spark_read_parquet(spark, _deletes_path(collection))
+    else:
+        deletes = spark.read.parquet(*_spark_paths(collection, files.deletes)) if files.deletes else None
     if deletes is None:
         return rows
     key = _resolve_primary_key(collection, primary_key, rows.columns, deletes.columns)
-    deletes = deletes.select(F.col(_quoted(key)).alias(_DEL_KEY), F.col(TS_COLUMN).alias(_DEL_TS))
+    del_id = F.coalesce(F.col(ID_COLUMN), F.lit(_NO_DELETE_ID)) if ID_COLUMN in deletes.columns else F.lit(_NO_DELETE_ID)
+    deletes = deletes.select(F.col(_quoted(key)).alias(_DEL_KEY), F.col(TS_COLUMN).alias(_DEL_TS),
+                             del_id.cast(LongType()).alias(_DEL_ID))
     if bound is not None:
         deletes = deletes.where(F.col(_DEL_TS) <= F.lit(bound))
-    # Only the latest delete of each key matters: a row is gone iff some delete is later than it, i.e. the latest.
-    latest = deletes.groupBy(_DEL_KEY).agg(F.max(_DEL_TS).alias(_DEL_TS))
-    condition = (F.col(_quoted(key)) == F.col(_DEL_KEY)) & (F.col(TS_COLUMN) < F.col(_DEL_TS))
+    # Only the latest (_ts, _id) delete of each key matters: a row is gone iff some delete is later than it, i.e. the
+    # latest. Spark orders structs field by field, which is the tuple order of the row rule.
+    latest = (deletes.groupBy(_DEL_KEY).agg(F.max(F.struct(_DEL_TS, _DEL_ID)).alias(_LATEST))
+              .select(_DEL_KEY, F.col(f"{_LATEST}.{_DEL_TS}").alias(_DEL_TS), F.col(f"{_LATEST}.{_DEL_ID}").alias(_DEL_ID)))
+    row_id = F.coalesce(F.col(ID_COLUMN), F.lit(_NO_ROW_ID)) if ID_COLUMN in rows.columns else F.lit(_NO_ROW_ID)
+    earlier = (F.col(TS_COLUMN) < F.col(_DEL_TS)) | ((F.col(TS_COLUMN) == F.col(_DEL_TS)) & (row_id < F.col(_DEL_ID)))
+    condition = (F.col(_quoted(key)) == F.col(_DEL_KEY)) & earlier
     return rows.join(latest, on=condition, how="left_anti")
 
 
@@ -299,38 +429,55 @@ _PARQUET = ds.ParquetFileFormat(
     default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
 
 
-def _arrow_dataset(fs: pafs.FileSystem, path: str, partitioning: ds.Partitioning | None) -> ds.Dataset:
+def _arrow_dataset(
+    fs: pafs.FileSystem, path: str, partitioning: ds.Partitioning | None, files: list[str] | None = None
+) -> ds.Dataset:
+    """The Parquet files under `path` (hidden names skipped), or exactly `files` (hive directories under `path`)."""
     try:
+        if files is not None:  # a list is read as given: a compaction output still under its hidden name too
+            return ds.dataset(files, filesystem=fs, format=_PARQUET, partitioning=partitioning,
+                              partition_base_dir=path)
         return ds.dataset(path, filesystem=fs, format=_PARQUET, partitioning=partitioning,
                           ignore_prefixes=[".", "_"])
     except (OSError, pa.ArrowException) as exc:  # discovery reads a footer
-        raise _damaged(fs, path, exc) from exc
+        raise _damaged(fs, path if files is None else files, exc) from exc
 
 
-def _damaged(fs: pafs.FileSystem, path: str, exc: Exception) -> Exception:
-    """The first file under `path` that cannot be read whole, as a DamagedFileError; else `exc` itself.
+def _damaged(fs: pafs.FileSystem, where: str | list[str], exc: Exception) -> Exception:
+    """The first file of `where` (a list, or the visible files under a directory) that cannot be read whole, as a
+    DamagedFileError; else `exc` itself.
 
     pyarrow's errors do not always say which file of a dataset failed (a bad page names none), so the files are
     read one by one to find it: a cost paid only on the failure path.
     """
-    selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
-    for info in sorted(fs.get_file_info(selector), key=lambda i: i.path):
-        relative = info.path[len(path):].lstrip("/")
-        if info.type != pafs.FileType.File or any(p.startswith((".", "_")) for p in relative.split("/")):
-            continue
+    if isinstance(where, str):
+        selector = pafs.FileSelector(where, recursive=True, allow_not_found=True)
+        infos = fs.get_file_info(selector)
+        paths = [i.path for i in infos if i.type == pafs.FileType.File and not any(
+            p.startswith((".", "_")) for p in i.path[len(where):].lstrip("/").split("/"))]
+    else:
+        paths = where
+    for path in sorted(paths):
         try:
-            with fs.open_input_file(info.path) as f:
+            with fs.open_input_file(path) as f:
                 pq.ParquetFile(f, page_checksum_verification=True).read()
         except (OSError, pa.ArrowException) as bad:
-            return DamagedFileError(info.path, f"not a readable Parquet file: {str(bad)[:200]}")
+            return DamagedFileError(path, f"not a readable Parquet file: {str(bad)[:200]}")
     return exc
 
 
-def _read(data: ds.Dataset, fs: pafs.FileSystem, path: str, **kwargs: object) -> pa.Table:
+def _read(data: ds.Dataset, fs: pafs.FileSystem, **kwargs: object) -> pa.Table:
     try:
         return data.to_table(**kwargs)
     except (OSError, pa.ArrowException) as exc:
-        raise _damaged(fs, path, exc) from exc
+        raise _damaged(fs, list(data.files), exc) from exc
+
+
+def _ids(table: pa.Table, missing: int) -> pa.ChunkedArray | pa.Array:
+    """The ``_id`` column of ``table``, ``missing`` where a file had none (see the row rule)."""
+    if ID_COLUMN not in table.column_names:
+        return pa.nulls(table.num_rows, pa.int64()).fill_null(missing)
+    return pc.fill_null(table[ID_COLUMN], missing)
 
 
 def read_collection_arrow(
@@ -348,10 +495,11 @@ def read_collection_arrow(
     if fs.get_file_info(inner).type != pafs.FileType.Directory:
         raise CollectionNotFoundError(collection)
 
+    files = _file_set(collection, bound)
     partitioning = ds.partitioning(
         pa.schema([(PARTITION_COLUMN, pa.string()), (_SEGMENT_DIR_COLUMN, pa.int64())]), flavor="hive"
     )
-    data = _arrow_dataset(fs, inner, partitioning)
+    data = _arrow_dataset(fs, inner, partitioning, None if files is None else files.data)
     if not data.files:
         return pa.table(
             {
@@ -365,24 +513,39 @@ def read_collection_arrow(
         if column not in columns:
             raise CollectionLayoutError(collection, f"data files have no {column!r} column: {columns}")
     row_filter = None if bound is None else pc.field(TS_COLUMN) <= bound
-    rows = _read(data, fs, inner, columns=columns, filter=row_filter)
+    rows = _read(data, fs, columns=columns, filter=row_filter)
 
-    deletes_path = f"{inner}/{DELETES_DIR}"
-    if fs.get_file_info(deletes_path).type != pafs.FileType.Directory:
+    deletes_path = _deletes_path(inner)
+    if files is not None:
+        deletes_ds = _arrow_dataset(fs, deletes_path, None, files.deletes)
+    elif fs.get_file_info(deletes_path).type == pafs.FileType.Directory:
+        deletes_ds = _arrow_dataset(fs, deletes_path, None)
+    else:
         return rows
-    deletes_ds = _arrow_dataset(fs, deletes_path, None)
     if not deletes_ds.files:
         return rows
     key = _resolve_primary_key(collection, primary_key, rows.column_names, deletes_ds.schema.names)
-    deletes = _read(deletes_ds, fs, deletes_path, columns=[key, TS_COLUMN], filter=row_filter)
-    latest = deletes.group_by(key).aggregate([(TS_COLUMN, "max")]).rename_columns([_DEL_KEY, _DEL_TS])
-    # Join only the key, _ts and the row number: Acero's hash join does not carry every nested type (vectors),
+    has_ids = ID_COLUMN in deletes_ds.schema.names
+    deletes = _read(deletes_ds, fs, columns=[key, TS_COLUMN, *([ID_COLUMN] if has_ids else [])],
+                    filter=row_filter)
+    del_ids = _ids(deletes, _NO_DELETE_ID)
+    # Only the latest (_ts, _id) delete of each key matters (see the row rule): sorted by that tuple, the last of
+    # each key's group is it ("last" follows input order when the grouping is single-threaded).
+    ordered = pa.table({_DEL_KEY: deletes[key], _DEL_TS: deletes[TS_COLUMN], _DEL_ID: del_ids}).sort_by(
+        [(_DEL_TS, "ascending"), (_DEL_ID, "ascending")])
+    grouped = ordered.group_by(_DEL_KEY, use_threads=False).aggregate([(_DEL_TS, "last"), (_DEL_ID, "last")])
+    latest = pa.table({_DEL_KEY: grouped[_DEL_KEY], _DEL_TS: grouped[f"{_DEL_TS}_last"],
+                       _DEL_ID: grouped[f"{_DEL_ID}_last"]})
+    # Join only the key, _ts, _id and the row number: Acero's hash join does not carry every nested type (vectors),
     # so the surviving row numbers select from the full table afterwards, in the original order.
-    slim = pa.table(
-        {_DEL_KEY: rows[key], TS_COLUMN: rows[TS_COLUMN], "__row": pa.array(range(rows.num_rows), pa.int64())}
-    )
+    slim = pa.table({_DEL_KEY: rows[key], TS_COLUMN: rows[TS_COLUMN], ID_COLUMN: _ids(rows, _NO_ROW_ID),
+                     "__row": pa.array(range(rows.num_rows), pa.int64())})
     joined = slim.join(latest, keys=_DEL_KEY, join_type="left outer")
-    # Kleene or: "no delete" (null) or'd with the null comparison it causes must be true, not null.
-    keep = pc.or_kleene(pc.is_null(joined[_DEL_TS]), pc.greater_equal(joined[TS_COLUMN], joined[_DEL_TS]))
+    # Kept unless (row._ts, row._id) < (del._ts, del._id). Kleene or: "no delete" (null) or'd with the null
+    # comparisons it causes must be true, not null.
+    row_ts, del_ts = joined[TS_COLUMN], joined[_DEL_TS]
+    not_earlier = pc.or_kleene(pc.greater(row_ts, del_ts), pc.and_kleene(
+        pc.equal(row_ts, del_ts), pc.greater_equal(joined[ID_COLUMN], joined[_DEL_ID])))
+    keep = pc.or_kleene(pc.is_null(del_ts), not_earlier)
     survivors = joined.filter(keep)["__row"]
     return rows.take(survivors.take(pc.sort_indices(survivors)))
