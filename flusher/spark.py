@@ -51,10 +51,15 @@ refuses Parquet TIMESTAMP(NANOS), so ``timestamp[ns]`` columns are refused at Cr
 16-bit ones to float32, exactly, and names them in the field metadata ``streamingnode.vector``), and sparse vectors
 (``map<uint32, float32>``) → ``map<bigint,float>``.
 
+Which files: on a local root (a path or ``file://``) the readers read exactly what ``_layout.visible_files`` gives,
+the files its compaction records publish (flusher/README.md, Compaction), and raise `AsOfBeforeHorizonError` for an
+as-of before the compaction horizon. A root on another filesystem is read by listing its directories, without the
+records: exact except during a compaction's grace period (a compacted row twice), and without the horizon check.
+
 The same files are plain Hive-layout Parquet, so other engines read them too: ``read_collection_arrow`` here does
-it with pyarrow.dataset (the same semantics, tested against the Spark reader), and DuckDB would with
-``read_parquet('<root>/<collection>/partition=*/segment=*/[!.]*.parquet', hive_partitioning = true)`` plus the same
-anti-join on ``_deletes`` (not installed here, so not tested).
+it with pyarrow.dataset and `flusher.duckdb.read_collection_duckdb` with DuckDB (the same rule; the three are tested
+against one model). A plain read of ``<root>/<collection>`` returns the data files' rows only: every version, deleted
+rows included, no as-of (flusher/README.md, Reading, says exactly what).
 
 pyspark is an optional dependency (the ``spark`` extra); it is imported only by `read_collection`, so `as_of` and
 `read_collection_arrow` work without it.
