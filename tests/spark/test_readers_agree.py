@@ -3,7 +3,9 @@
 A random workload (inserts in two partitions, deletes, transactions that insert and delete the same keys in any
 order, a rolled back one now and then, rows written while a transaction is open, flushes at random moments) goes
 through a real node; a Python model keeps every statement with its visible ``(ts, order)`` and says which rows a
-read as of T returns. pyarrow and DuckDB must equal it at ~20 timeticks, Spark at 5 of them.
+read as of T returns. pyarrow and DuckDB must equal it at ~20 timeticks, Spark at 5 of them; then again after a
+compaction whose horizon lies in the middle of the history (its inputs still there, in their grace period), where
+a read before the horizon must fail instead.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ import duckdb
 import pyarrow as pa
 import pytest
 
+from flusher import _layout
+from flusher.compact import CompactionConfig, compact_collection
 from flusher.duckdb import read_collection_duckdb
-from flusher.spark import read_collection, read_collection_arrow
+from flusher.spark import AsOfBeforeHorizonError, read_collection, read_collection_arrow
 from streamingnode.client import AsyncClient
 from streamingnode.server import ServerThread
 from tests.integration.conftest import node_config
 from tests.seeds import draw_seed
+from wal.clock import physical_ms
 
 pytestmark = pytest.mark.spark
 
@@ -121,6 +126,31 @@ def as_tuples(table: pa.Table) -> list[Row]:
     return sorted(zip(*(table.column(c).to_pylist() for c in ("pk", "val", "_ts", "partition")), strict=True))
 
 
+def check_pyarrow_and_duckdb(root: Path, model: Model, bounds: list[int | None], horizon: int | None) -> None:
+    con = duckdb.connect()
+    try:
+        for bound in bounds:
+            if horizon is not None and bound is not None and bound < horizon:
+                with pytest.raises(AsOfBeforeHorizonError):
+                    read_collection_arrow(root, "c", bound)
+                with pytest.raises(AsOfBeforeHorizonError):
+                    read_collection_duckdb(con, root, "c", as_of=bound)
+                continue
+            expected = model.visible(bound)
+            assert as_tuples(read_collection_arrow(root, "c", bound)) == expected, f"pyarrow as of {bound}"
+            got = read_collection_duckdb(con, root, "c", as_of=bound).select("pk, val, _ts, partition").fetchall()
+            assert sorted(got) == expected, f"duckdb as of {bound}"
+    finally:
+        con.close()
+
+
+def check_spark(spark, root: Path, model: Model, bounds: list[int | None]) -> None:
+    for bound in bounds:
+        df = read_collection(spark, root, "c", as_of_ts=bound).select("pk", "val", "_ts", "partition")
+        got = sorted((r["pk"], r["val"], r["_ts"], r["partition"]) for r in df.collect())
+        assert got == model.visible(bound), f"spark as of {bound}"
+
+
 def test_spark_pyarrow_and_duckdb_agree_with_the_model(
     tmp_path: Path, spark, record_property: Callable[[str, object], None]
 ) -> None:
@@ -132,18 +162,17 @@ def test_spark_pyarrow_and_duckdb_agree_with_the_model(
     # Bounds: just before and at statements' timeticks (where the answers change), and no bound at all.
     candidates = sorted({b for ts in stamps for b in (ts - 1, ts)})
     bounds: list[int | None] = [None, *sorted(rng.sample(candidates, min(19, len(candidates))))]
-    con = duckdb.connect()
-    try:
-        for bound in bounds:
-            expected = model.visible(bound)
-            assert as_tuples(read_collection_arrow(root, "c", bound)) == expected, f"pyarrow as of {bound}"
-            got = read_collection_duckdb(con, root, "c", as_of=bound).select("pk, val, _ts, partition").fetchall()
-            assert sorted(got) == expected, f"duckdb as of {bound}"
-    finally:
-        con.close()
     assert any(model.visible(b) != model.visible(None) for b in bounds[1:]), "the bounds cut through the history"
+    check_pyarrow_and_duckdb(root, model, bounds, None)
+    check_spark(spark, root, model, [None, *rng.sample(bounds[1:], 2)])
 
-    for bound in [None, *rng.sample(bounds[1:], 4)]:
-        df = read_collection(spark, root, "c", as_of_ts=bound).select("pk", "val", "_ts", "partition")
-        got = sorted((r["pk"], r["val"], r["_ts"], r["partition"]) for r in df.collect())
-        assert got == model.visible(bound), f"spark as of {bound}"
+    # A compaction with its horizon in the middle of the history; the inputs stay for their grace period.
+    middle = sorted(stamps)[len(stamps) // 2]
+    config = CompactionConfig(min_files=2, horizon_seconds=0, grace_seconds=3600)
+    result = compact_collection(root, "c", config, now_ms=physical_ms(middle))
+    assert result.generation is not None and result.horizon is not None and result.files_after < result.files_before
+    [record] = _layout.read_records(root, "c")
+    assert all((root / p).exists() for p in record.inputs), "the inputs are still there: the readers must skip them"
+    check_pyarrow_and_duckdb(root, model, bounds, result.horizon)
+    later = [b for b in bounds[1:] if b is not None and b >= result.horizon]
+    check_spark(spark, root, model, [None, *rng.sample(later, min(1, len(later)))])
