@@ -17,8 +17,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+import flusher.spark
 from flusher.duckdb import read_collection_duckdb
-from flusher.spark import AsOfBeforeHorizonError, read_collection, read_collection_arrow
+from flusher.spark import AsOfBeforeHorizonError, CollectionLayoutError, read_collection, read_collection_arrow
 from tests.spark.layout import FlushedCollection, file_name, timetick
 
 pytestmark = pytest.mark.spark
@@ -82,3 +83,16 @@ def test_spark_reads_the_committed_set_once_and_refuses_an_as_of_before_the_hori
     assert got == EXPECTED
     with pytest.raises(AsOfBeforeHorizonError, match=str(timetick(15))):
         read_collection(spark, tmp_path, "c", as_of_ts=timetick(15) - 1)
+
+
+def test_spark_fails_naming_an_output_that_keeps_only_its_hidden_name(
+    tmp_path: Path, spark, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark skips a name starting with '.' even when it is named: rather than read the inputs, or nothing, the
+    read waits for the link and then fails naming the file (no wait here)."""
+    compacted(tmp_path, hidden_output=True)
+    monkeypatch.setattr(flusher.spark, "_LINK_WAIT_SECONDS", 0.0)
+    hidden = tmp_path / OUTPUT
+    with pytest.raises(CollectionLayoutError, match="hidden name") as raised:
+        read_collection(spark, tmp_path, "c")
+    assert raised.value.path == str(hidden.with_name("." + hidden.name))
