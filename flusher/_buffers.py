@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from flusher._layout import FIRST_KEY, LAST_KEY, PCHANNEL, TS_COLUMN, DeliveryKey, encode_key, segment_dir
 from wal import bodies
@@ -21,6 +22,9 @@ from wal.message import Message, Position
 PRIMARY_KEY = b"streamingnode.primary_key"
 """The key ``flusher.spark`` looks up (PRIMARY_KEY_METADATA there)."""
 SEGMENT_COLUMN = "_segment"
+ID_COLUMN = "_id"
+"""The WAL message id of the INSERT, UPSERT or DELETE a row or delete entry came from: with ``_ts`` it
+orders the statements of one transaction (which share their commit ``_ts``); see ``flusher.spark``."""
 
 
 @dataclass(slots=True, eq=False)
@@ -42,6 +46,8 @@ class Buffer:
     vchannels: set[str] = field(default_factory=set)
     batches: list[pa.RecordBatch] = field(default_factory=list)
     stamps: list[int] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    """One message id per batch, beside its timestamp."""
     rows: int = 0
     nbytes: int = 0
     first_id: int = -1
@@ -60,6 +66,7 @@ class Buffer:
             self.born_ms = physical_ms(ts)
         self.batches.append(batch)
         self.stamps.append(ts)
+        self.ids.append(key[1])
         self.rows += batch.num_rows
         self.nbytes += size
         self.last_id = key[1]
@@ -67,9 +74,10 @@ class Buffer:
         self.vchannels.add(vchannel)
 
     def to_table(self, pchannel: str) -> pa.Table:
-        """The file's content: user columns conformed to the schema, then ``_ts`` (and ``_segment``)."""
-        fields = list(self.schema)
+        """The file's content: user columns conformed to the schema, then ``_ts``, ``_id`` (and ``_segment``)."""
+        fields = [parquet_field(f) for f in self.schema]
         fields.append(pa.field(TS_COLUMN, pa.int64(), nullable=False))
+        fields.append(pa.field(ID_COLUMN, pa.int64(), nullable=False))
         if self.segment is not None:
             fields.append(pa.field(SEGMENT_COLUMN, pa.int64(), nullable=False))
         out_schema = pa.schema(fields, metadata={
@@ -79,10 +87,11 @@ class Buffer:
             PRIMARY_KEY: self.primary_key.encode(),
         })
         out = []
-        for batch, ts in zip(self.batches, self.stamps, strict=True):
+        for batch, ts, mid in zip(self.batches, self.stamps, self.ids, strict=True):
             n = batch.num_rows
-            arrays = [_conform(batch.column(i), f.type) for i, f in enumerate(self.schema)]
+            arrays = [_to_parquet(_conform(batch.column(i), f.type), f) for i, f in enumerate(self.schema)]
             arrays.append(_constant(ts, n))
+            arrays.append(_constant(mid, n))
             if self.segment is not None:
                 arrays.append(_constant(self.segment, n))
             out.append(pa.RecordBatch.from_arrays(arrays, schema=out_schema))
@@ -90,7 +99,7 @@ class Buffer:
 
 
 def insert_destination(m: Message, collection: str) -> tuple[str, int]:
-    """The directory (and segment) an INSERT of ``collection`` goes to."""
+    """The directory (and segment) the rows of an INSERT or UPSERT of ``collection`` go to."""
     segment = bodies.read_segment(m)
     partition = m.properties.get(bodies.PROP_PARTITION, bodies.DEFAULT_PARTITION)
     return segment_dir(collection, partition, segment), segment
@@ -102,10 +111,55 @@ def delete_rows(m: Message, schema: pa.Schema, primary_key: str) -> tuple[pa.Sch
     return pa.schema([pk]), pa.RecordBatch.from_arrays([bodies.read_delete(m)], names=[pk.name])
 
 
+def upsert_delete_rows(rows: pa.RecordBatch, schema: pa.Schema, primary_key: str) -> tuple[pa.Schema, pa.RecordBatch]:
+    """An UPSERT's delete entries (the key of each of its ``rows``) as a delete buffer's schema and batch.
+
+    Written at the UPSERT's own ``(ts, id)``, like its rows: the delete then removes every older
+    version of the keys and none of the rows it came with."""
+    pk = schema.field(primary_key)
+    return pa.schema([pk]), pa.RecordBatch.from_arrays([rows.column(primary_key)], names=[pk.name])
+
+
 def _conform(array: pa.Array, t: pa.DataType) -> pa.Array:
     # Inserts may differ from the schema only where RowCheck allows it (a vector's child name,
     # string vs large_string delete keys); a cast makes every batch of one file the same type.
     return array if array.type == t else array.cast(t)
+
+
+def parquet_field(f: pa.Field) -> pa.Field:
+    """The field a schema's field becomes in a Parquet file: itself, except for float16 and bfloat16
+    vectors, widened to float32 vectors (exactly: every 16-bit value is a float32) named by field
+    metadata, because Spark cannot read Parquet FLOAT16 (it fails on the whole file) and nothing
+    reads bfloat16 bytes as numbers.  Timestamps stay as they are; the writer stores them as
+    microseconds (``coerce_timestamps="us"``)."""
+    if bodies.is_float16_vector(f.type):
+        kind = bodies.FLOAT16
+    elif bodies.is_bfloat16_vector(f):
+        kind = bodies.BFLOAT16
+    else:
+        return f
+    dim = f.type.list_size if kind == bodies.FLOAT16 else f.type.byte_width // 2
+    metadata = {**(f.metadata or {}), bodies.VECTOR_METADATA: kind}
+    return pa.field(f.name, pa.list_(pa.float32(), dim), f.nullable, metadata)
+
+
+def _to_parquet(array: pa.Array, f: pa.Field) -> pa.Array:
+    if bodies.is_float16_vector(f.type):
+        return array.cast(pa.list_(pa.float32(), f.type.list_size))
+    if bodies.is_bfloat16_vector(f):
+        return _widen_bfloat16(array, f.type.byte_width // 2)
+    return array
+
+
+def _widen_bfloat16(array: pa.FixedSizeBinaryArray, dim: int) -> pa.FixedSizeListArray:
+    # A bfloat16 is the high half of a float32: each little-endian 16-bit value shifted left by 16
+    # is the float32's bit pattern.  Done on the buffers, in C++ (no numpy here).
+    n = len(array)
+    halves = pa.Array.from_buffers(
+        pa.uint16(), n * dim, [None, array.buffers()[1]], offset=array.offset * dim)
+    bits = pc.shift_left(halves.cast(pa.uint32()), pa.scalar(16, pa.uint32()))  # a plain 16 widens to int64
+    floats = pa.Array.from_buffers(pa.float32(), n * dim, [None, bits.buffers()[1]], offset=bits.offset)
+    return pa.FixedSizeListArray.from_arrays(floats, dim, mask=array.is_null() if array.null_count else None)
 
 
 def _constant(value: int, n: int) -> pa.Array:
@@ -113,4 +167,5 @@ def _constant(value: int, n: int) -> pa.Array:
     return pa.nulls(n, pa.int64()).fill_null(value)
 
 
-__all__ = ["SEGMENT_COLUMN", "TS_COLUMN", "Buffer", "delete_rows", "insert_destination"]
+__all__ = ["ID_COLUMN", "SEGMENT_COLUMN", "TS_COLUMN", "Buffer", "delete_rows", "insert_destination",
+           "upsert_delete_rows"]

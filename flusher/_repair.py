@@ -18,7 +18,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from flusher._buffers import Buffer, delete_rows, insert_destination
+from flusher._buffers import Buffer, delete_rows, insert_destination, upsert_delete_rows
 from flusher._layout import deletes_dir
 from wal import bodies
 from wal.message import MessageType, Position
@@ -67,38 +67,46 @@ async def rebuild(wal: WAL, targets: list[Target], collections: Mapping[tuple[st
                         registry[(m.vchannel, name)] = _Created(name, bodies.read_schema(m),
                                                                 m.properties[bodies.PROP_PRIMARY_KEY])
                     continue
-                if t is not MessageType.INSERT and t is not MessageType.DELETE:
+                if t not in _DML:
                     continue
                 c = registry.get((m.vchannel, m.properties.get(bodies.PROP_COLLECTION, "")))
                 mid = m.message_id
                 if c is None or mid is None:
                     continue
-                segment: int | None = None
-                if t is MessageType.INSERT:
-                    directory, segment = insert_destination(m, c.name)
-                else:
-                    directory = deletes_dir(c.name)
-                entry = open_.get(directory)
-                if entry is None:
-                    target = waiting.pop((directory, mid), None)
-                    if target is None:
+                # An UPSERT is in two files: its rows in the segment's, its delete entries in the deletes'.
+                parts: list[tuple[str, int | None]] = []
+                if t is not MessageType.DELETE:
+                    parts.append(insert_destination(m, c.name))
+                if t is not MessageType.INSERT:
+                    parts.append((deletes_dir(c.name), None))
+                for directory, segment in parts:
+                    entry = open_.get(directory)
+                    if entry is None and (directory, mid) not in waiting:
                         continue
-                    schema = c.schema if segment is not None else delete_rows(m, c.schema, c.primary_key)[0]
-                    entry = open_[directory] = (target, Buffer(directory, c.name, schema, segment,
-                                                               Position(wal.pchannel, mid, 0),
-                                                               primary_key=c.primary_key))
-                target, b = entry
-                batch = bodies.read_insert(m) if segment is not None else delete_rows(m, c.schema, c.primary_key)[1]
-                ts = m.timetick if m.txn is None else commits.get(m.txn.txn_id, m.timetick)
-                b.add(batch, ts, (ts, mid), m.vchannel, len(m.payload))
-                if mid == target.last_id:
-                    done[target] = b
-                    del open_[directory]
+                    if segment is not None:
+                        schema, batch = c.schema, bodies.read_rows(m)
+                    elif t is MessageType.UPSERT:
+                        schema, batch = upsert_delete_rows(bodies.read_rows(m), c.schema, c.primary_key)
+                    else:
+                        schema, batch = delete_rows(m, c.schema, c.primary_key)
+                    if entry is None:
+                        entry = open_[directory] = (waiting.pop((directory, mid)), Buffer(
+                            directory, c.name, schema, segment, Position(wal.pchannel, mid, 0),
+                            primary_key=c.primary_key))
+                    target, b = entry
+                    ts = m.timetick if m.txn is None else commits.get(m.txn.txn_id, m.timetick)
+                    b.add(batch, ts, (ts, mid), m.vchannel, len(m.payload))
+                    if mid == target.last_id:
+                        done[target] = b
+                        del open_[directory]
             if (not waiting and not open_) or pack.end_ts >= stop_ts:
                 break
     finally:
         await scanner.aclose()
     return done
+
+
+_DML = frozenset({MessageType.INSERT, MessageType.DELETE, MessageType.UPSERT})
 
 
 @dataclass(slots=True)

@@ -7,7 +7,10 @@ What it does with each message (in the scanner's delivery order, transactions wh
 
 - CREATE_COLLECTION registers the schema; DROP_COLLECTION writes the collection's remaining buffers,
   then a ``_dropped`` marker, and ignores the collection's later messages.
-- INSERT rows buffer per segment directory, DELETE keys per collection; a file is written on the
+- INSERT rows buffer per segment directory, DELETE keys per collection; an UPSERT buffers both, its
+  rows and a delete entry of each row's key, at its one ``(ts, id)``.  Every row and delete entry
+  carries ``_ts`` (its visible timestamp) and ``_id`` (its message id), which order the statements of
+  one transaction for the readers (``flusher.spark``, "the row rule").  A file is written on the
   segment's FLUSH, on a MANUAL_FLUSH of its vchannel (and collection), when a buffer reaches
   ``max_rows``/``max_bytes``/``max_age_seconds``, and — largest buffer first — whenever all buffers
   together exceed ``memory_cap_bytes``.
@@ -28,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import dataclasses
 import enum
 import errno
 import functools
@@ -44,7 +48,8 @@ import pyarrow.parquet as pq
 import structlog
 
 from flusher import _layout, _probe, _repair
-from flusher._buffers import Buffer, delete_rows, insert_destination
+from flusher import compact as _compact
+from flusher._buffers import Buffer, delete_rows, insert_destination, upsert_delete_rows
 from flusher.commit import commit_file, crash_point, inside, remove_temporaries
 from interceptors.shard import ShardInterceptor
 from interceptors.snapshot import load_snapshot
@@ -85,6 +90,9 @@ class FlusherConfig:
     checkpoint_name: str = CHECKPOINT_META
     """The WAL meta key of the checkpoint: one per (pchannel, root); a second flusher of the same
     pchannel writing elsewhere needs its own."""
+    compaction: _compact.CompactionConfig | None = None
+    """Compaction of small files (``flusher/compact.py``); None: never in the background."""
+    compaction_interval_seconds: float = 300.0
 
     def __post_init__(self) -> None:
         if self.max_rows < 1 or self.max_bytes < 1 or self.memory_cap_bytes < 1 or not self.max_age_seconds > 0:
@@ -186,6 +194,8 @@ class Flusher:
         self._unchecked: list[str] = []  # sound footers whose data the check task has still to read
         self._holding = False
         self._check_task: asyncio.Task[None] | None = None
+        self._compact_task: asyncio.Task[None] | None = None
+        self._compactions = _compact.CompactionTotals()
         self.problems: list[str] = []
         """Damage found that this flusher cannot repair (one human-readable line per finding); the
         node shows it in DescribeChannels."""
@@ -225,8 +235,13 @@ class Flusher:
         if self._state is not FlusherState.STARTING:
             raise InvalidArgumentError(f"flusher of {self._wal.pchannel!r} was already started")
         removed = await self._in_thread(remove_temporaries, self._root)
+        await self._in_thread(self._recover_compactions)
         committed = await _probe.scan(self._root, self._wal.pchannel)
         self._flushed = committed.flushed
+        # Directories compacted away still count: their messages are in the compaction outputs.
+        for directory, key in (await self._in_thread(_layout.compacted_keys, self._root)).items():
+            if key > self._flushed.get(directory, _NOTHING):
+                self._flushed[directory] = key
         self._unchecked = committed.files
         self._holding = True  # until the data of every file is checked (``_check_files``)
         for d in committed.damaged:
@@ -266,6 +281,9 @@ class Flusher:
         self._task = asyncio.get_running_loop().create_task(self._run(self._scanner),
                                                             name=f"flusher-{self._wal.pchannel}")
         self._task.add_done_callback(self._on_done)
+        if self._cfg.compaction is not None and self._cfg.compaction_interval_seconds > 0:
+            self._compact_task = asyncio.get_running_loop().create_task(
+                self._compact_loop(), name=f"flusher-compact-{self._wal.pchannel}")
         self._state = FlusherState.RUNNING
         log.info("flusher started", pchannel=self._wal.pchannel, root=str(self._root), checkpoint=self._saved,
                  committed_dirs=len(self._flushed), removed_temporaries=removed,
@@ -300,6 +318,8 @@ class Flusher:
         self._state = FlusherState.DRAINING
         if self._check_task is not None:
             await cancel_and_wait(self._check_task)
+        if self._compact_task is not None:
+            await cancel_and_wait(self._compact_task)
         if self._task is not None and not self._task.done():
             await cancel_and_wait(self._task)
         # A task that ended by itself was reported by ``_on_done`` (its error fails every waiter):
@@ -498,7 +518,7 @@ class Flusher:
         key = _key(m, ts)
         if key <= self._flushed.get(directory, _NOTHING):
             return  # already in a committed file (a replay after a restart)
-        batch = bodies.read_insert(m)
+        batch = bodies.read_rows(m)
         b = self._buffers.get(directory)
         if b is None:
             b = self._buffers[directory] = Buffer(directory, c.name, c.schema, segment, self._pack_start,
@@ -509,22 +529,37 @@ class Flusher:
 
     async def _on_delete(self, m: Message, ts: int) -> None:
         c = self._live(m)
+        if c is not None:
+            await self._add_deletes(c, m, ts, lambda: delete_rows(m, c.schema, c.primary_key))
+
+    async def _on_upsert(self, m: Message, ts: int) -> None:
+        # The row and the delete entry of its key share the message's (ts, id): by the row rule the
+        # delete removes the key's older versions and not this row.  Each half goes to its own
+        # directory and is skipped on a replay by that directory's own committed key.
+        c = self._live(m)
         if c is None:
             return
+        await self._on_insert(m, ts)
+        await self._add_deletes(c, m, ts, lambda: upsert_delete_rows(bodies.read_rows(m), c.schema, c.primary_key))
+
+    async def _add_deletes(self, c: _Collection, m: Message, ts: int,
+                           entries: Callable[[], tuple[pa.Schema, pa.RecordBatch]]) -> None:
         directory = _layout.deletes_dir(c.name)
         key = _key(m, ts)
         if key <= self._flushed.get(directory, _NOTHING):
             return
-        schema, batch = delete_rows(m, c.schema, c.primary_key)
+        schema, batch = entries()
         b = self._buffers.get(directory)
         if b is None:
             b = self._buffers[directory] = Buffer(directory, c.name, schema, None, self._pack_start,
                                                   primary_key=c.primary_key)
-        await self._add(b, batch, ts, key, m)
+        # An upsert's keys are a view of the payload its rows already count.
+        await self._add(b, batch, ts, key, m, size=batch.nbytes if m.message_type is _MT.UPSERT else None)
 
-    async def _add(self, b: Buffer, batch: pa.RecordBatch, ts: int, key: _layout.DeliveryKey, m: Message) -> None:
+    async def _add(self, b: Buffer, batch: pa.RecordBatch, ts: int, key: _layout.DeliveryKey, m: Message, *,
+                   size: int | None = None) -> None:
         # The payload stays alive as long as the zero-copy batch does: count whichever is larger.
-        size = max(len(m.payload), batch.nbytes)
+        size = max(len(m.payload), batch.nbytes) if size is None else size
         b.add(batch, ts, key, m.vchannel, size)
         self._buffered += size
         self._peak = max(self._peak, self._buffered)
@@ -558,6 +593,46 @@ class Flusher:
         self._flush_files[ts] = files
         while len(self._flush_files) > _KEEP_FLUSH_RESULTS:
             self._flush_files.popitem(last=False)
+
+    # --- compaction ------------------------------------------------------------------------------
+    def _recover_compactions(self) -> None:
+        grace = (self._cfg.compaction or _compact.CompactionConfig()).grace_seconds
+        for c in _compact.collections(self._root):
+            _compact.recover(self._root, c, grace)
+
+    async def compact(self, collection: str | None = None,
+                      progress: Callable[[str], None] | None = None) -> list[_compact.CompactionResult]:
+        """One compaction pass over ``collection`` (or every collection), on the flusher's own thread,
+        so no commit runs meanwhile.  Directories with buffered rows are left alone."""
+        cfg = self._cfg.compaction or _compact.CompactionConfig()
+        busy = set(self._buffers)  # a buffer opened later holds only messages delivered later
+        names = [collection] if collection is not None else await self._in_thread(_compact.collections, self._root)
+        results = []
+        for name in names:
+            r = await self._in_thread(functools.partial(_compact.compact_collection, self._root, name, cfg,
+                                                        busy=busy, progress=progress))
+            self._compactions.add(r)
+            if r.generation is not None:
+                log.info("compacted", pchannel=self._wal.pchannel, collection=name, generation=r.generation,
+                         files_before=r.files_before, files_after=r.files_after, bytes_before=r.bytes_before,
+                         bytes_after=r.bytes_after, rows_dropped=r.rows_dropped, seconds=round(r.seconds, 3))
+            results.append(r)
+        return results
+
+    def compaction_stats(self) -> _compact.CompactionTotals:
+        """Totals of this flusher's compactions (a copy)."""
+        return dataclasses.replace(self._compactions)
+
+    async def _compact_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._cfg.compaction_interval_seconds)
+            if self._holding or self._state is not FlusherState.RUNNING:
+                continue  # files are still being checked (or rebuilt): compaction would race the check
+            try:
+                await self.compact()
+            except (OSError, ValueError, _layout.LayoutError, pa.ArrowException) as exc:
+                # A failed pass leaves its uncommitted outputs, removed by the next one; the flusher goes on.
+                log.error("compaction failed", pchannel=self._wal.pchannel, error=str(exc)[:300])  # noqa: TRY400
 
     # --- writing ---------------------------------------------------------------------------------
     async def _write(self, b: Buffer) -> None:
@@ -699,6 +774,7 @@ _HANDLERS: dict[MessageType, _Handler] = {
     _MT.DROP_COLLECTION: Flusher._on_drop_collection,
     _MT.INSERT: Flusher._on_insert,
     _MT.DELETE: Flusher._on_delete,
+    _MT.UPSERT: Flusher._on_upsert,
     _MT.FLUSH: Flusher._on_flush,
     _MT.MANUAL_FLUSH: Flusher._on_manual_flush,
 }

@@ -411,7 +411,8 @@ def read_collection(
     if deletes is None:
         return rows
     key = _resolve_primary_key(collection, primary_key, rows.columns, deletes.columns)
-    del_id = F.coalesce(F.col(ID_COLUMN), F.lit(_NO_DELETE_ID)) if ID_COLUMN in deletes.columns else F.lit(_NO_DELETE_ID)
+    no_id = F.lit(_NO_DELETE_ID)
+    del_id = F.coalesce(F.col(ID_COLUMN), no_id) if ID_COLUMN in deletes.columns else no_id
     deletes = deletes.select(F.col(_quoted(key)).alias(_DEL_KEY), F.col(TS_COLUMN).alias(_DEL_TS),
                              del_id.cast(LongType()).alias(_DEL_ID))
     if bound is not None:
@@ -419,9 +420,11 @@ def read_collection(
     # Only the latest (_ts, _id) delete of each key matters: a row is gone iff some delete is later than it, i.e. the
     # latest. Spark orders structs field by field, which is the tuple order of the row rule.
     latest = (deletes.groupBy(_DEL_KEY).agg(F.max(F.struct(_DEL_TS, _DEL_ID)).alias(_LATEST))
-              .select(_DEL_KEY, F.col(f"{_LATEST}.{_DEL_TS}").alias(_DEL_TS), F.col(f"{_LATEST}.{_DEL_ID}").alias(_DEL_ID)))
+              .select(_DEL_KEY, F.col(f"{_LATEST}.{_DEL_TS}").alias(_DEL_TS),
+                      F.col(f"{_LATEST}.{_DEL_ID}").alias(_DEL_ID)))
     row_id = F.coalesce(F.col(ID_COLUMN), F.lit(_NO_ROW_ID)) if ID_COLUMN in rows.columns else F.lit(_NO_ROW_ID)
-    earlier = (F.col(TS_COLUMN) < F.col(_DEL_TS)) | ((F.col(TS_COLUMN) == F.col(_DEL_TS)) & (row_id < F.col(_DEL_ID)))
+    row_ts = F.col(TS_COLUMN)
+    earlier = (row_ts < F.col(_DEL_TS)) | ((row_ts == F.col(_DEL_TS)) & (row_id < F.col(_DEL_ID)))
     condition = (F.col(_quoted(key)) == F.col(_DEL_KEY)) & earlier
     return rows.join(latest, on=condition, how="left_anti")
 

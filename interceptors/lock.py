@@ -1,6 +1,6 @@
 """lock: a read/write lock per vchannel, so DDL never interleaves with the DML it changes.
 
-DML and transaction bodies take their vchannel's lock shared; CreateCollection, DropCollection,
+DML (INSERT, UPSERT, DELETE) and transaction bodies take their vchannel's lock shared; CreateCollection, DropCollection,
 CreatePartition, DropPartition and ManualFlush take it exclusive, and so do broadcasts (an empty
 vchannel), which lock the whole pchannel.  An exclusive message fails the transactions open on its
 vchannel (their snapshot of the schema would be stale), through ``on_exclusive``.

@@ -5,7 +5,7 @@ batch's earlier messages leave it (so create-then-insert works in one batch), DM
 collection's schema, and one invalid message fails the batch with nothing written.  The registry
 changes only once the write succeeded.
 
-Inserts get the ``segment`` (and ``rows``) property: the current growing segment of their
+Inserts and upserts get the ``segment`` (and ``rows``) property: the current growing segment of their
 (vchannel, collection, partition).  A segment is sealed by a FLUSH message written in the same batch
 right after the message that caused it — when it reaches ``max_rows`` or ``max_bytes`` (an insert
 that would overflow it goes to a new segment instead), when an insert finds it older than
@@ -259,7 +259,7 @@ class ShardInterceptor:
         # several vchannels (its shards), or created again after a drop, adds to that table.  So it must
         # keep the table's schema and key, or readers would find files that cannot be read together.
         for other in self._same_name(plan, name):
-            if other.primary_key != pk or not other.schema.equals(schema):
+            if other.primary_key != pk or not bodies.same_columns(other.schema, schema):
                 was = "was dropped" if other.dropped else "exists"
                 raise SchemaMismatchError(
                     f"collection {name!r} {was} on vchannel {other.vchannel!r} with another schema or primary key; "
@@ -291,9 +291,11 @@ class ShardInterceptor:
         plan.overlay[(m.vchannel, c.info.name)] = c.with_partitions(c.info.partitions - {p})
 
     def _insert(self, plan: _Plan, m: Message, before: list[Message], after: list[Message]) -> None:
+        """An INSERT, or an UPSERT (rows too: the same checks and segment, and no key twice)."""
         c = self._live(plan, m)
         p = self._partition(c, m, DEFAULT_PARTITION)
-        rows = c.rows.check_insert(bodies.read_insert(m))
+        batch = bodies.read_rows(m)
+        rows = c.rows.check_insert(batch) if m._type is _T.INSERT else c.rows.check_upsert(batch)
         size = len(m.payload)
         if plan.now is None:
             plan.now = self._clock()
@@ -404,7 +406,7 @@ class ShardInterceptor:
         sid = bodies.read_segment(m)
         self._segments.next_id = max(self._segments.next_id, sid + 1)
         raw = m.properties.get(PROP_ROWS, "")
-        rows = int(raw) if raw.isascii() and raw.isdigit() else int(bodies.read_insert(m).num_rows)
+        rows = int(raw) if raw.isascii() and raw.isdigit() else int(bodies.read_rows(m).num_rows)
         if sid in self._replay_sealed:
             return  # rows that landed after their segment's seal (see the module docstring)
         seg = self._segments.get(sid)
@@ -495,6 +497,7 @@ _HANDLERS: dict[MessageType, _Handler] = {
     _T.CREATE_PARTITION: ShardInterceptor._create_partition,
     _T.DROP_PARTITION: ShardInterceptor._drop_partition,
     _T.INSERT: ShardInterceptor._insert,
+    _T.UPSERT: ShardInterceptor._insert,
     _T.DELETE: ShardInterceptor._delete,
     _T.MANUAL_FLUSH: ShardInterceptor._manual_flush,
     _T.FLUSH: ShardInterceptor._flush,
@@ -503,6 +506,7 @@ _SHARD_TYPES = frozenset(_HANDLERS) | {_T.CREATE_SEGMENT}
 _REPLAY: dict[MessageType, Callable[[ShardInterceptor, Message], None]] = {
     **dict.fromkeys(_DDL, ShardInterceptor._replay_ddl),
     _T.INSERT: ShardInterceptor._replay_insert,
+    _T.UPSERT: ShardInterceptor._replay_insert,
     _T.FLUSH: ShardInterceptor._replay_flush,
 }
 

@@ -33,6 +33,7 @@ PRODUCIBLE_TYPES = frozenset(
         MessageType.DATA,
         MessageType.INSERT,
         MessageType.DELETE,
+        MessageType.UPSERT,
         MessageType.CREATE_COLLECTION,
         MessageType.DROP_COLLECTION,
         MessageType.CREATE_PARTITION,

@@ -38,6 +38,8 @@ class MessageType(enum.IntEnum):
     MANUAL_FLUSH = 403
     """A user asked to flush a vchannel (exclusive)."""
     CREATE_SEGMENT = 404
+    UPSERT = 405
+    """Rows like an INSERT that replace every older version of their keys: one atomic delete-then-insert."""
     DATA = 1000
     """An opaque user message: payload and properties, no schema; the shard step lets it through."""
     TIME_TICK = 1200

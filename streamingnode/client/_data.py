@@ -1,4 +1,4 @@
-"""Data calls: collections with an Arrow schema, inserts of Arrow rows, deletes by primary key, flush.
+"""Data calls: collections with an Arrow schema, inserts and upserts of Arrow rows, deletes by primary key, flush.
 
 ``client.data(pchannel)`` binds them to a pchannel.  The node checks every insert against the
 collection's schema before it reaches the log (SchemaMismatchError, CollectionNotExistError: nothing
@@ -75,6 +75,14 @@ class DataClient:
     ) -> AppendResult:
         """Append the rows of ``data``; durable (and checked against the schema) when it returns."""
         return await self._send(bodies.insert(vchannel, collection, data, partition))
+
+    async def upsert(
+        self, vchannel: str, collection: str, data: pa.RecordBatch | pa.Table,
+        partition: str = bodies.DEFAULT_PARTITION,
+    ) -> AppendResult:
+        """Insert the rows of ``data``, each replacing every older version of its primary key (in any
+        partition), in one atomic message; a key may appear once.  Durable when it returns."""
+        return await self._send(bodies.upsert(vchannel, collection, data, partition))
 
     async def delete(
         self, vchannel: str, collection: str, keys: pa.Array | pa.ChunkedArray | Sequence[Any],

@@ -63,6 +63,14 @@ class Transaction:
         m = bodies.insert(self.info.vchannel, collection, data, partition)
         return await self.send(m.payload, properties=dict(m.properties), type=m.message_type)
 
+    async def upsert(
+        self, collection: str, data: pa.RecordBatch | pa.Table, partition: str = bodies.DEFAULT_PARTITION,
+    ) -> AppendResult:
+        """Upsert rows as part of the transaction: each replaces the older versions of its key, including
+        rows this transaction inserted before it (statements keep their order)."""
+        m = bodies.upsert(self.info.vchannel, collection, data, partition)
+        return await self.send(m.payload, properties=dict(m.properties), type=m.message_type)
+
     async def delete(self, collection: str, keys: pa.Array | pa.ChunkedArray | Sequence[Any]) -> AppendResult:
         """Delete by primary key as part of the transaction."""
         m = bodies.delete(self.info.vchannel, collection, keys)

@@ -53,6 +53,7 @@ class MessageType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MESSAGE_TYPE_FLUSH: _ClassVar[MessageType]
     MESSAGE_TYPE_MANUAL_FLUSH: _ClassVar[MessageType]
     MESSAGE_TYPE_CREATE_SEGMENT: _ClassVar[MessageType]
+    MESSAGE_TYPE_UPSERT: _ClassVar[MessageType]
     MESSAGE_TYPE_DATA: _ClassVar[MessageType]
     MESSAGE_TYPE_TIME_TICK: _ClassVar[MessageType]
     MESSAGE_TYPE_BEGIN_TXN: _ClassVar[MessageType]
@@ -104,6 +105,7 @@ MESSAGE_TYPE_DELETE: MessageType
 MESSAGE_TYPE_FLUSH: MessageType
 MESSAGE_TYPE_MANUAL_FLUSH: MessageType
 MESSAGE_TYPE_CREATE_SEGMENT: MessageType
+MESSAGE_TYPE_UPSERT: MessageType
 MESSAGE_TYPE_DATA: MessageType
 MESSAGE_TYPE_TIME_TICK: MessageType
 MESSAGE_TYPE_BEGIN_TXN: MessageType

@@ -73,10 +73,11 @@ async def test_a_segment_seal_writes_its_rows_with_ts_and_segment_columns(swal: 
     files = data_files(tmp_path)
     assert len(files) == 1
     t = pq.read_table(files[0])
-    assert t.column_names == ["pk", "name", "vec", "_ts", "_segment"]
-    assert t.schema.field("_ts").type == pa.int64() and t.schema.field("_segment").type == pa.int64()
+    assert t.column_names == ["pk", "name", "vec", "_ts", "_id", "_segment"]
+    assert all(t.schema.field(c).type == pa.int64() for c in ("_ts", "_id", "_segment"))
     assert t.column("pk").to_pylist() == list(range(30))
     assert t.column("_ts").to_pylist() == [r.timetick for r in results for _ in range(10)]
+    assert t.column("_id").to_pylist() == [r.message_id for r in results for _ in range(10)]
     stored = {m.message_id: m for m in await swal.wal.read_stored(swal.wal.first_id)}
     segment = bodies.read_segment(stored[results[0].message_id])
     assert set(t.column("_segment").to_pylist()) == {segment}
@@ -142,10 +143,11 @@ async def test_deletes_are_written_per_collection_with_the_primary_key_name_and_
     [path] = delete_files(tmp_path, "s")
     assert path.name == f"{d1.message_id:020d}-{d2.message_id:020d}.parquet"
     t = pq.read_table(path)
-    assert t.column_names == ["id", "_ts"]
+    assert t.column_names == ["id", "_ts", "_id"]
     assert t.schema.field("id").type == pa.string()
-    assert t.to_pylist() == [{"id": "a", "_ts": d1.timetick}, {"id": "b", "_ts": d1.timetick},
-                             {"id": "c", "_ts": d2.timetick}]
+    assert t.to_pylist() == [{"id": "a", "_ts": d1.timetick, "_id": d1.message_id},
+                             {"id": "b", "_ts": d1.timetick, "_id": d1.message_id},
+                             {"id": "c", "_ts": d2.timetick, "_id": d2.message_id}]
     assert f.stats().delete_rows_written == 3
     await f.aclose()
 
@@ -310,7 +312,7 @@ async def test_every_column_type_round_trips_through_parquet(swal: StreamingWAL,
     await f.flush("v")
     [path] = data_files(tmp_path, "all")
     t = pq.read_table(path)
-    assert t.column_names == [*schema.names, "_ts", "_segment"]
+    assert t.column_names == [*schema.names, "_ts", "_id", "_segment"]
     assert t.select(schema.names).schema.remove_metadata().equals(schema)
     assert t.select(schema.names).to_pylist() == batch.to_pylist()
     await f.aclose()
