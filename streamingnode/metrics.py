@@ -416,6 +416,18 @@ class _StateCollector(Collector):
         f_ckpt = GaugeMetricFamily(f"{ns}_flusher_checkpoint_timestamp_seconds",
                                    "Physical time of the flusher's checkpoint (all before it is in Parquet).",
                                    labels=by_p)
+        c_runs = CounterMetricFamily(f"{ns}_compactions", "Compaction records committed (flusher/compact.py).",
+                                     labels=by_p)
+        c_files = CounterMetricFamily(f"{ns}_compaction_files", "Files compacted (when=before: inputs; when=after: "
+                                      "outputs).", labels=["pchannel", "when"])
+        c_bytes = CounterMetricFamily(f"{ns}_compaction_bytes", "Bytes of compacted files (inputs, outputs).",
+                                      labels=["pchannel", "when"])
+        c_rows = CounterMetricFamily(f"{ns}_compaction_rows_dropped", "Rows removed for good: deleted at or before "
+                                     "the compaction horizon.", labels=by_p)
+        c_dels = CounterMetricFamily(f"{ns}_compaction_delete_entries_dropped", "Delete entries removed: no row "
+                                     "left for them to remove.", labels=by_p)
+        c_secs = CounterMetricFamily(f"{ns}_compaction_seconds", "Time spent compacting (passes that found nothing "
+                                     "included).", labels=by_p)
         for name, (channel, cm) in channels:
             stream = channel.stream
             for t in stream.chain.timings:
@@ -457,13 +469,23 @@ class _StateCollector(Collector):
                 f_disk.add_metric([name], self._m.tree_bytes(str(channel.flusher.root)))
                 f_quar.add_metric([name], st.files_quarantined)
                 f_lost.add_metric([name], st.files_lost)
+            if channel.flusher is not None:
+                cs = channel.flusher.compaction_stats()
+                c_runs.add_metric([name], cs.runs)
+                c_files.add_metric([name, "before"], cs.files_before)
+                c_files.add_metric([name, "after"], cs.files_after)
+                c_bytes.add_metric([name, "before"], cs.bytes_before)
+                c_bytes.add_metric([name, "after"], cs.bytes_after)
+                c_rows.add_metric([name], cs.rows_dropped)
+                c_dels.add_metric([name], cs.delete_entries_dropped)
+                c_secs.add_metric([name], cs.seconds)
             if channel.retention is not None:
                 rs = channel.retention.stats()
                 r_msgs.add_metric([name], rs.messages_truncated)
                 r_bytes.add_metric([name], rs.bytes_truncated)
         yield from (step_s, step_b, step_m, allocated, confirmed, tick_lag, txns, scanners, backlog, wal_msgs,
                     g_lag, g_lag_s, f_rows, f_del, f_bytes, f_files, f_buf, f_lag, f_ckpt, f_disk, f_quar, f_lost,
-                    r_msgs, r_bytes)
+                    r_msgs, r_bytes, c_runs, c_files, c_bytes, c_rows, c_dels, c_secs)
         if self._m.data_dir is not None:
             yield GaugeMetricFamily(f"{ns}_wal_disk_bytes", "Bytes of the WAL database on disk (all pchannels).",
                                     value=self._m.wal_bytes)

@@ -27,7 +27,7 @@ from flusher import incarnation
 from flusher.commit import inside
 from flusher.flusher import Flusher, FlusherConfig
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
-from streamingnode.config import NodeConfig
+from streamingnode.config import NodeConfig, compaction_config
 from streamingnode.groups import ConsumerGroups
 from streamingnode.metrics import NodeMetrics
 from streamingnode.retention import ChannelRetention, RetentionConfig
@@ -263,6 +263,7 @@ class Node:
                 flusher = Flusher(stream, root, FlusherConfig(
                     max_rows=cfg.flush_max_rows, max_bytes=cfg.flush_max_bytes,
                     max_age_seconds=cfg.flush_max_age_seconds, memory_cap_bytes=cfg.flush_memory_cap_bytes,
+                    compaction=compaction_config(cfg), compaction_interval_seconds=cfg.compaction_interval_seconds,
                 ), on_damage=on_damage)
                 await flusher.start()
         except BaseException:
