@@ -149,11 +149,18 @@ class ShardedCollection:
         self, data: pa.RecordBatch | pa.Table, partition: str = bodies.DEFAULT_PARTITION,
     ) -> list[AppendResult]:
         """Replace the rows of the keys in ``data`` (each in its key's shard): one UPSERT per shard."""
-        build = getattr(bodies, "upsert", None)
-        if build is None:
-            raise NotImplementedError("this node's message bodies have no UPSERT")
+        if isinstance(data, pa.RecordBatch | pa.Table) and self.primary_key in data.schema.names:
+            # Checked here, before any shard is written: the node refuses a key twice in one UPSERT,
+            # and would refuse only the shard holding it.
+            seen: set[Any] = set()
+            for twice in data.column(self.primary_key).to_pylist():
+                if twice not in seen:
+                    seen.add(twice)
+                    continue
+                raise InvalidArgumentError(f"upsert into {self.name!r} holds key {twice!r:.200} twice",
+                                           field=self.primary_key, collection=self.name)
         return await self._data.send_all(
-            self._split_rows(data, lambda v, rows: build(v, self.name, rows, partition)))
+            self._split_rows(data, lambda v, rows: bodies.upsert(v, self.name, rows, partition)))
 
     async def flush(self) -> tuple[list[str], int]:
         """Flush every shard: (the Parquet files written, the largest flush timetick)."""

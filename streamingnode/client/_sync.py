@@ -186,6 +186,12 @@ class SyncTransaction:
         """Insert rows as part of the transaction (see ``Transaction.insert``)."""
         return self._portal.call(self._tx.insert(collection, data, partition))
 
+    def upsert(
+        self, collection: str, data: pa.RecordBatch | pa.Table, partition: str = bodies.DEFAULT_PARTITION,
+    ) -> AppendResult:
+        """Upsert rows as part of the transaction (see ``Transaction.upsert``)."""
+        return self._portal.call(self._tx.upsert(collection, data, partition))
+
     def delete(self, collection: str, keys: pa.Array | pa.ChunkedArray | Sequence[Any]) -> AppendResult:
         """Delete by primary key as part of the transaction."""
         return self._portal.call(self._tx.delete(collection, keys))

@@ -96,6 +96,12 @@ class SyncDataClient:
     ) -> AppendResult:
         return self._portal.call(self._data.insert(vchannel, collection, data, partition))
 
+    def upsert(
+        self, vchannel: str, collection: str, data: pa.RecordBatch | pa.Table,
+        partition: str = bodies.DEFAULT_PARTITION,
+    ) -> AppendResult:
+        return self._portal.call(self._data.upsert(vchannel, collection, data, partition))
+
     def delete(self, vchannel: str, collection: str, keys: pa.Array | pa.ChunkedArray | Sequence[Any]) -> AppendResult:
         return self._portal.call(self._data.delete(vchannel, collection, keys))
 

@@ -76,6 +76,25 @@ def test_the_sync_client_writes_collections_and_transactions_of_rows(server_thre
     assert pks_as_of(root) == [3, 10, 11, 12], "the rolled back insert never reaches Parquet"
 
 
+def test_the_sync_client_upserts_outside_and_inside_a_transaction(server_thread: ServerThread) -> None:
+    root = server_thread.node.config.parquet_root / "p"
+    with Client(server_thread.address) as client:
+        client.create_channels(["p"])
+        data = client.data("p")
+        data.create_collection("v", "users", SCHEMA, primary_key="pk")
+        data.insert("v", "users", rows(1, 2))
+        data.upsert("v", "users", pa.record_batch([pa.array([2, 3], pa.int64()), pa.array(["new2", "new3"])],
+                                                  schema=SCHEMA))
+        with client.txn("p", "v") as tx:
+            tx.insert("users", rows(4))
+            tx.upsert("users", pa.record_batch([pa.array([4], pa.int64()), pa.array(["new4"])], schema=SCHEMA))
+        data.flush("v", "users")
+        data.close()
+    got = read_collection_arrow(root, "users", primary_key="pk")
+    assert sorted(zip(got.column("pk").to_pylist(), got.column("name").to_pylist(), strict=True)) == [
+        (1, "n1"), (2, "new2"), (3, "new3"), (4, "new4")]
+
+
 def test_the_sync_client_writes_a_sharded_collection(server_thread: ServerThread) -> None:
     root = server_thread.node.config.parquet_root / "p"
     with Client(server_thread.address) as client:

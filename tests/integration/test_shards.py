@@ -10,9 +10,11 @@ import zlib
 from collections import Counter
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pytest
 
+from flusher.duckdb import read_collection_duckdb
 from flusher.spark import read_collection_arrow
 from streamingnode.client import AsyncClient, InvalidArgumentError, ShardedCollection, shard_of
 from streamingnode.server import ServerThread
@@ -67,6 +69,8 @@ async def test_sharded_collection_refuses_bad_arguments(server: str) -> None:
             await coll.insert(rows([], "x"))
         with pytest.raises(InvalidArgumentError, match="needs keys"):
             await coll.delete([])
+        with pytest.raises(InvalidArgumentError, match="holds key 7 twice"):
+            await coll.upsert(rows([1, 7, 2, 7], "x"))
 
 
 # --- routing ----------------------------------------------------------------------------------------
@@ -140,12 +144,25 @@ async def _delete(coll: ShardedCollection, model: Model, keys: list[int]) -> Non
         model.deletes += [(k, (r.timetick, r.message_id)) for k in keys if coll.shard_of(k) == shard]
 
 
+async def _upsert(coll: ShardedCollection, model: Model, pks: list[int], tag: str) -> None:
+    results = await coll.upsert(rows(pks, tag))
+    at = dict(zip(sorted({coll.shard_of(k) for k in pks}), results, strict=True))
+    for pk in pks:
+        # The row and a delete of its key at one (ts, id): older versions go, this one stays.
+        when = (at[coll.shard_of(pk)].timetick, at[coll.shard_of(pk)].message_id)
+        model.rows.append((pk, f"{tag}-{pk}", when))
+        model.deletes.append((pk, when))
+
+
 async def _random_ops(coll: ShardedCollection, rng: random.Random, model: Model, steps: int, tag: str) -> None:
     for step in range(steps):
         roll = rng.random()
-        if roll < 0.55:
+        if roll < 0.4:
             # Keys repeat: a second insert of a key is a second row (no upsert), in its key's shard.
             await _insert(coll, model, [rng.randrange(50) for _ in range(rng.randrange(1, 12))], f"{tag}{step}")
+        elif roll < 0.6:
+            await _upsert(coll, model, sorted({rng.randrange(50) for _ in range(rng.randrange(1, 10))}),
+                          f"{tag}{step}u")
         elif roll < 0.85:
             keys = sorted({rng.randrange(50) for _ in range(rng.randrange(1, 8))})
             await _delete(coll, model, keys)
@@ -180,10 +197,17 @@ async def test_a_sharded_collection_reads_as_one_table_that_matches_the_model_at
     segments = {p.parent.name for p in (root / "users").glob("partition=*/segment=*/*.parquet")}
     assert len(segments) >= SHARDS, "each shard has its own segments"
     times = sorted({t for _, _, (t, _) in model.rows} | {t for _, (t, _) in model.deletes})
-    for as_of in [times[0] - 1, *times, flushed_at]:
-        got = read_collection_arrow(root, "users", as_of_ts=as_of, primary_key="pk")
-        assert Counter(zip(got.column("pk").to_pylist(), got.column("v").to_pylist(), strict=True)) == \
-            model.visible(as_of), f"as of {as_of}"
+    con = duckdb.connect()
+    try:
+        for as_of in [times[0] - 1, *times, flushed_at]:
+            want = model.visible(as_of)
+            got = read_collection_arrow(root, "users", as_of_ts=as_of, primary_key="pk")
+            assert Counter(zip(got.column("pk").to_pylist(), got.column("v").to_pylist(), strict=True)) == want, \
+                f"pyarrow as of {as_of}"
+            dd = read_collection_duckdb(con, root, "users", as_of=as_of, primary_key="pk").project("pk, v")
+            assert Counter(dd.fetchall()) == want, f"DuckDB as of {as_of}"
+    finally:
+        con.close()
     latest = read_collection_arrow(Path(root), "users", primary_key="pk")
     assert latest.num_rows == sum(model.visible(flushed_at).values())
 
