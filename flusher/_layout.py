@@ -231,8 +231,9 @@ def committed_files(root: Path) -> list[str]:
     files: list[str] = []
     for d in _data_dirs(root):
         rel = d.relative_to(root).as_posix()
-        files.extend(f"{rel}/{e.name}" for e in sorted(os.scandir(d), key=lambda e: e.name)
-                     if e.name.endswith(SUFFIX) and not e.name.startswith("."))
+        with os.scandir(d) as entries:  # closed even when a listing fails half-way (a ResourceWarning else)
+            names = sorted(e.name for e in entries)
+        files.extend(f"{rel}/{n}" for n in names if n.endswith(SUFFIX) and not n.startswith("."))
     return files
 
 
@@ -331,7 +332,8 @@ def read_records(root: Path | str, collection: str) -> list[CompactionRecord]:
     raises LayoutError naming it (records are written atomically: that is damage, not a crash)."""
     d = Path(root) / compactions_dir(collection)
     try:
-        names = sorted(e.name for e in os.scandir(d) if _RECORD.fullmatch(e.name))
+        with os.scandir(d) as entries:
+            names = sorted(e.name for e in entries if _RECORD.fullmatch(e.name))
     except FileNotFoundError:
         return []
     out = []

@@ -193,9 +193,10 @@ def recover(root: Path, collection: str, grace_seconds: float = 0.0, *, now: flo
                     _unlink(Path(dirpath) / n, stale)
     cdir = root / _layout.compactions_dir(collection)
     if cdir.is_dir():
-        for e in os.scandir(cdir):
-            if e.name.startswith(".") and e.name.endswith(".tmp"):
-                _unlink(Path(e.path), stale)
+        with os.scandir(cdir) as entries:
+            temporaries = [Path(e.path) for e in entries if e.name.startswith(".") and e.name.endswith(".tmp")]
+        for path in temporaries:
+            _unlink(path, stale)
     _sync_and_prune(stale, root)
     return waiting
 
@@ -475,11 +476,13 @@ def collections(root: Path | str) -> list[str]:
     base = Path(root)
     if not base.is_dir():
         return []
-    found = {e.name for e in os.scandir(base) if e.is_dir() and not e.name.startswith(("_", "."))
-             and any(p.name.startswith("partition=") for p in Path(e.path).iterdir())}
+    with os.scandir(base) as entries:  # closed even when a listing fails half-way (a ResourceWarning else)
+        dirs = [e for e in entries if e.is_dir() and not e.name.startswith(("_", "."))]
+    found = {e.name for e in dirs if any(p.name.startswith("partition=") for p in Path(e.path).iterdir())}
     deletes = base / _layout.DELETES_DIR
     if deletes.is_dir():
-        found.update(e.name for e in os.scandir(deletes) if e.is_dir() and not e.name.startswith("."))
+        with os.scandir(deletes) as entries:
+            found.update(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
     return sorted(found)
 
 
