@@ -109,14 +109,14 @@ def test_ddl_and_flush_builders_set_their_properties() -> None:
 
 
 @pytest.mark.parametrize(("schema", "pk", "match"), [
-    (pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("x", pa.int8())]), "id", "'x'.*unsupported"),
+    (pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("x", pa.uint8())]), "id", "'x'.*unsupported"),
     (pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.list_(pa.float64(), 4))]), "id",
      "'v'.*unsupported"),
-    (pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.list_(pa.float32()))]), "id",
+    (pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.list_(pa.list_(pa.float32())))]), "id",
      "'v'.*unsupported"),
     (pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.list_(pa.float32(), 40000))]),
      "id", "'v'.*unsupported"),
-    (pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("t", pa.timestamp("us"))]), "id",
+    (pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("t", pa.timestamp("ns"))]), "id",
      "'t'.*unsupported"),
     (pa.schema([pa.field("id", pa.int64(), nullable=False)]), "nope", "'nope' is not a field"),
     (pa.schema([pa.field("id", pa.int64())]), "id", "'id' must not be nullable"),
