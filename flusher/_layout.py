@@ -1,8 +1,8 @@
 """Where the flusher's files live, what they are called, and what the committed set says on start.
 
 ```
-<root>/<collection>/partition=<p>/segment=<id>/<first_id>-<last_id>.parquet   rows + _ts, _segment
-<root>/_deletes/<collection>/<first_id>-<last_id>.parquet                     primary keys + _ts
+<root>/<collection>/partition=<p>/segment=<id>/<first_id>-<last_id>.parquet   rows + _ts, _id, _segment
+<root>/_deletes/<collection>/<first_id>-<last_id>.parquet                     primary keys + _ts, _id
 <root>/<collection>/_dropped                                                  JSON, once dropped
 ```
 
