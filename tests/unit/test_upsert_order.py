@@ -269,3 +269,16 @@ async def test_random_operations_match_the_model_at_every_timetick(
     assert len(ticks) > 150
     for as_of in [None, ticks[0] - 1, *ticks, *(t - 1 for t in rng.sample(ticks, 30))]:
         assert read(flusher.root, as_of) == w.model.visible(as_of), as_of
+
+
+def test_id_is_a_reserved_column_name_and_an_upsert_body_reads_only_as_rows() -> None:
+    schema = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("_id", pa.int64())])
+    with pytest.raises(InvalidArgumentError, match="field name '_id' is reserved for system columns"):
+        bodies.create_collection("v", "c", schema, "pk")
+    m = bodies.upsert("v", "c", batch([(1, "x")]), "other")
+    assert (m.message_type, m.properties) == (MessageType.UPSERT, {"collection": "c", "partition": "other"})
+    assert bodies.read_rows(m).equals(bodies.read_upsert(m))
+    with pytest.raises(bodies.CodecError, match="expected an INSERT or UPSERT message, got DELETE"):
+        bodies.read_rows(bodies.delete("v", "c", [1]))
+    with pytest.raises(bodies.CodecError, match="expected a INSERT message, got UPSERT"):
+        bodies.read_insert(m)
