@@ -79,8 +79,9 @@ class FlusherConfig:
     max_rows: int = 1_000_000
     max_bytes: int = 64 << 20
     """Per buffer, counted as the payload bytes it holds."""
-    max_age_seconds: float = 600.0
-    """Since the buffer's first row arrived (checked at every TimeTick)."""
+    max_age_seconds: float = 50.0
+    """Since the buffer's first row arrived (checked at every TimeTick); the node's default too
+    (``flush_max_age_seconds``): an idle insert reaches Parquet within a minute."""
     memory_cap_bytes: int = 256 << 20
     """All buffers together; above it the largest buffer is written first."""
     compression: str = "zstd"
