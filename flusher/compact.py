@@ -111,6 +111,8 @@ class _File:
     last: DeliveryKey
     rows: int
     dead: int = 0
+    counted: bool = False
+    """Whether ``dead`` was counted (only where it decides whether the file is rewritten)."""
 
 
 @dataclass(slots=True)
@@ -212,7 +214,9 @@ def _latest(table: pa.Table, key: str, pick: str) -> pa.Table:
 
 
 def _keys_of(table: pa.Table, key: str) -> pa.Table:
-    ids = table.column(_ID) if _ID in table.column_names else pa.array([0] * table.num_rows, pa.int64())
+    # A file from before the _id column reads as id 0 (also where a concatenation promoted it to null).
+    ids = pc.fill_null(table.column(_ID), 0) if _ID in table.column_names \
+        else pa.array([0] * table.num_rows, pa.int64())
     return pa.table({key: table.column(key), _TS: table.column(_TS), _ID: ids})
 
 
@@ -346,21 +350,39 @@ def compact_collection(root: Path | str, collection: str, config: CompactionConf
         directory = rel.rpartition("/")[0]
         if directory in busy_dirs:
             continue
-        f = _file(base, rel)
-        if removing.num_rows:
-            f.dead = pc.sum(_older_than(_keys_of(_read(base, rel, throttle, [key, _TS, _ID]), key), removing, key)
-                            .cast(pa.int64())).as_py() or 0
-        files.setdefault(directory.rpartition("/")[0], []).append(f)
+        files.setdefault(directory.rpartition("/")[0], []).append(_file(base, rel))
+    limit = cfg.target_bytes // 2
+
+    def is_small(f: _File) -> bool:
+        return f.size < limit and (cfg.target_rows is None or f.rows < cfg.target_rows // 2)
+
+    def count_dead(fs: list[_File]) -> None:
+        if not removing.num_rows or not fs:
+            return
+        keys = [_keys_of(_read(base, f.rel, throttle, [key, _TS, _ID]), key) for f in fs]
+        dead = _older_than(pa.concat_tables(keys), removing, key)  # one join: one per file cost more
+        at = 0
+        for f, k in zip(fs, keys, strict=True):
+            f.dead = pc.sum(dead.slice(at, k.num_rows).cast(pa.int64())).as_py() or 0
+            f.counted = True
+            at += k.num_rows
+
+    # Dead rows are counted where they decide whether a file is rewritten: not for the small files of a
+    # partition that has enough of them (rewritten anyway, their dead rows go at the write: reading
+    # every file twice was most of a pass's time).
+    count_dead([f for fs in files.values() for f in fs
+                if not (is_small(f) and sum(map(is_small, fs)) >= cfg.min_files)])
     generation = (records[-1].generation + 1) if records else 1
     chosen: list[list[_File]] = []
     for partition, fs in sorted(files.items()):
-        limit = cfg.target_bytes // 2
-        small = [f for f in fs if f.size < limit and (cfg.target_rows is None or f.rows < cfg.target_rows // 2)]
+        small = [f for f in fs if is_small(f)]
         dying = [f for f in fs if f.dead and f.dead >= _DEAD_SHARE * f.rows]
         if len(small) < cfg.min_files and not dying:
             continue
         picked = sorted({f.rel: f for f in (*small, *dying)}.values(), key=lambda f: f.first)
-        groups = [g for g in _groups(picked, cfg) if len(g) > 1 or g[0].dead]
+        groups = _groups(picked, cfg)
+        count_dead([g[0] for g in groups if len(g) == 1 and not g[0].counted])  # a lone file: only if dead
+        groups = [g for g in groups if len(g) > 1 or g[0].dead]
         say(f"{collection}: partition {partition}: {sum(map(len, groups))} files into {len(groups)}")
         chosen.extend(groups)
 
@@ -373,8 +395,6 @@ def compact_collection(root: Path | str, collection: str, config: CompactionConf
         for f in group:
             t = _read(base, f.rel, throttle)
             result.rows_before += t.num_rows
-            if f.dead:
-                t = t.filter(pc.invert(_older_than(_keys_of(t, key), removing, key)))
             tables.append(t)
             inputs.append(f.rel)
             result.files_before += 1
@@ -384,6 +404,8 @@ def compact_collection(root: Path | str, collection: str, config: CompactionConf
         first = min(f.first for f in group)
         last = max(f.last for f in group)
         merged = _merged(tables, dict(pq.read_schema(base / group[0].rel).metadata or {}), first, last)
+        if removing.num_rows:  # the dead rows, by one join over the whole group
+            merged = merged.filter(pc.invert(_older_than(_keys_of(merged, key), removing, key)))
         result.rows_after += merged.num_rows
         if merged.num_rows:
             partition = group[0].rel.rsplit("/", 2)[0]
@@ -401,6 +423,8 @@ def compact_collection(root: Path | str, collection: str, config: CompactionConf
             rest = [_keys_of(_read(base, r, throttle, [key, _TS, _ID]), key)
                     for r in data_rel if r not in set(inputs)]
             remaining = pa.concat_tables([*rest, *kept_rows]) if rest or kept_rows else all_deletes.slice(0, 0)
+            # Only keys with a delete entry matter here: the rest go before the (costly) group-by.
+            remaining = remaining.filter(pc.is_in(remaining[key], value_set=pc.unique(all_deletes[key])))
             oldest = _latest(remaining, key, "min")
             # An entry stays while some remaining row of its key is older than it (it may still remove
             # that row), or while it is after the horizon (reads before it must not see its removal).
