@@ -6,13 +6,17 @@ from __future__ import annotations
 import socket
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from flusher import _layout
 from streamingnode.client import AsyncClient
 from streamingnode.server import ServerThread
+from tests.integration.conftest import node_config
 from tests.waiting import until
 from wal.errors import SchemaMismatchError
 
@@ -241,3 +245,54 @@ async def test_consumer_group_lag_is_zero_once_caught_up_and_stays_so_while_idle
     # while idle, because idle ticks are not persisted.
     assert value(idle, "streamingnode_consumer_group_lag_messages", pchannel="p1", group="g") == value(
         caught_up, "streamingnode_consumer_group_lag_messages", pchannel="p1", group="g")
+
+
+async def test_a_background_compaction_shows_in_the_compaction_counters(tmp_path: Path) -> None:
+    """The node hands its compaction settings to the flusher (a short interval, no horizon) and the
+    collector exports what the passes did: every file the flusher wrote but one was compacted away."""
+    srv = ServerThread(node_config(tmp_path / "data", compaction_interval_seconds=0.1, compaction_min_files=3,
+                                   compaction_horizon_seconds=0.0, compaction_grace_seconds=0.0))
+    srv.start()
+    try:
+        address = srv.metrics_address
+        assert address is not None
+        async with AsyncClient(srv.address) as client:
+            await client.create_channels(["p1"])
+            data = client.data("p1")
+            await data.create_collection("v2", "users", SCHEMA, primary_key="pk")
+            for first in (0, 3, 6):
+                keys = list(range(first, first + 3))
+                await data.insert("v2", "users", pa.record_batch([pa.array(keys), pa.array(["x"] * 3)],
+                                                                  schema=SCHEMA))
+                await data.flush("v2", "users")
+            await data.delete("v2", "users", [0])
+            await data.flush("v2", "users")
+        root = srv.node.channel("p1").flusher.root  # type: ignore[union-attr]
+
+        def settled() -> bool:
+            # Key 0's row and its delete entry are gone for good, and one file holds the rest.
+            s = scrape(address)
+            files, deletes, _ = _layout.visible_files(root, "users")
+            return (value(s, "streamingnode_compaction_rows_dropped_total", pchannel="p1") == 1
+                    and value(s, "streamingnode_compaction_delete_entries_dropped_total", pchannel="p1") == 1
+                    and len(files) == 1 and not deletes)
+
+        await until(settled, "a compaction that drops key 0 and leaves one file")
+        s = scrape(address)
+        [name] = _layout.visible_files(root, "users")[0]
+        final = Path(name)
+        written = value(s, "streamingnode_flusher_files_total", pchannel="p1")
+        assert written == 4  # three data files and one delete file
+        assert value(s, "streamingnode_compactions_total", pchannel="p1") >= 1
+        before = value(s, "streamingnode_compaction_files_total", pchannel="p1", when="before")
+        after = value(s, "streamingnode_compaction_files_total", pchannel="p1", when="after")
+        # Every compacted input was counted once, every output once: what is left is one file.
+        assert before - after == written - 1 and after >= 1
+        b_before = value(s, "streamingnode_compaction_bytes_total", pchannel="p1", when="before")
+        b_after = value(s, "streamingnode_compaction_bytes_total", pchannel="p1", when="after")
+        assert b_before - b_after == value(s, "streamingnode_flusher_bytes_total", pchannel="p1") - final.stat().st_size
+        assert b_after >= final.stat().st_size > 0
+        assert value(s, "streamingnode_compaction_seconds_total", pchannel="p1") > 0
+        assert sorted(pq.read_table(final, columns=["pk"]).column("pk").to_pylist()) == list(range(1, 9))
+    finally:
+        srv.stop()
