@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--compaction-min-files", type=int, help="small files a partition needs first (default 8)")
     serve.add_argument("--compaction-horizon-seconds", type=float,
                        help="as-of reads of the last this many seconds stay exact (default 3600)")
-    serve.add_argument("--compaction-io-bytes-per-second", type=int, help="compaction I/O limit (default 0: none)")
+    serve.add_argument("--compaction-io-bytes-per-second", type=int,
+                       help="compaction I/O limit, bytes/s (default 64 MiB/s; 0: none)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     demo = sub.add_parser("demo", help="durable append/read round trip on pchannel 'demo'")
     demo.add_argument("--count", type=int, default=1000)

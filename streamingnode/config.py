@@ -101,8 +101,9 @@ class NodeConfig:
     """As-of reads of the last this many seconds stay exact; earlier ones fail (AsOfBeforeHorizonError)."""
     compaction_grace_seconds: float = 60.0
     """How long a compaction's input files stay for readers that listed them before the switch."""
-    compaction_io_bytes_per_second: int = 0
-    """Read plus write rate of compaction; 0: no limit."""
+    compaction_io_bytes_per_second: int = 64 << 20
+    """Read plus write rate of the node's background compaction (64 MiB/s), so it never takes the
+    disk from appends and flushes; 0: no limit.  ``streamingnode compact`` runs unlimited."""
     retention_seconds: float = 86400.0
     """Keep WAL messages at least this long; older ones are truncated once the flusher, every consumer
     group and the open transactions are past them.  0: no time floor; negative: never truncate."""
