@@ -135,9 +135,18 @@ async def test_a_reader_running_while_compaction_runs_sees_the_old_set_or_the_ne
     errors: list[BaseException] = []
 
     def read() -> None:
-        while not stop.is_set():
+        # The test's own reader of visible_files, and the shipped pyarrow reader, in turns.
+        from flusher.spark import read_collection_arrow  # noqa: PLC0415
+
+        turn = 0
+        while not stop.is_set() or turn < 2:  # each reader at least once
             try:
-                seen.append(visible(tmp_path))
+                if turn % 2 == 0:
+                    seen.append(visible(tmp_path))
+                else:
+                    t = read_collection_arrow(tmp_path, "c")
+                    seen.append(sorted(zip(t.column("pk").to_pylist(), t.column("_ts").to_pylist(), strict=True)))
+                turn += 1
             except BaseException as exc:
                 errors.append(exc)
                 return
@@ -158,7 +167,7 @@ async def test_a_reader_running_while_compaction_runs_sees_the_old_set_or_the_ne
         stop.set()
         reader.join()
     assert errors == []
-    assert seen and all(s in _prefixes(expected) for s in seen)
+    assert len(seen) >= 2 and all(s in _prefixes(expected) for s in seen)
     await f.aclose()
     await swal.aclose()
 
