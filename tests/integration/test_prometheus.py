@@ -194,7 +194,10 @@ class Prometheus:
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[NodeProcess]:
-    proc = NodeProcess(tmp_path / "data").start()
+    # Compaction every second, of every two small files: each load round flushes one, so the compaction
+    # panels plot real passes.
+    proc = NodeProcess(tmp_path / "data", None, "--compaction-interval-seconds", "1", "--compaction-min-files", "2",
+                       "--compaction-horizon-seconds", "0").start()
     try:
         assert proc.metrics_url is not None, "the node did not report its metrics address"
         yield proc
@@ -296,6 +299,7 @@ async def test_every_dashboard_query_returns_data(node: NodeProcess, prometheus:
         return float(sample["value"][1])
 
     assert await asyncio.to_thread(value, 'sum(streamingnode_flusher_files_total{pchannel=~"$pchannel"})') >= 1
+    assert await asyncio.to_thread(value, 'sum(streamingnode_compactions_total{pchannel=~"$pchannel"})') >= 1
     assert await asyncio.to_thread(
         value, 'sum(streamingnode_txn_duration_seconds_count{pchannel=~"$pchannel",outcome="rolled_back"})') >= 1
     ok_appends = 'streamingnode_append_messages_total{pchannel=~"$pchannel",status="ok"}'
@@ -318,7 +322,8 @@ def series(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], str]:
 
 
 # Label names of the whole exposition: the node's own, and prometheus_client's process/GC/platform ones.
-NODE_LABELS = {"pchannel", "message_type", "status", "interceptor", "mode", "group", "outcome", "le", "limit", "volume"}
+NODE_LABELS = {"pchannel", "message_type", "status", "interceptor", "mode", "group", "outcome", "le", "limit", "volume",
+               "when"}
 CLIENT_LABELS = {"generation", "implementation", "major", "minor", "patchlevel", "version"}
 STATUSES = ({"ok", "deadline_exceeded", "cancelled", "unknown"}
             | {c.name.lower() for c in ErrorCode})
@@ -335,6 +340,7 @@ def check_label_values(name: str, value: str) -> None:
         "mode": {"catchup", "tailing"},
         "limit": {"node", "connection"},
         "volume": {"data", "parquet"},
+        "when": {"before", "after"},
     }
     if name in allowed:
         assert value in allowed[name], f"label {name}={value!r} is not one of {sorted(allowed[name])}"
