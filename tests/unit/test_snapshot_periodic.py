@@ -18,7 +18,7 @@ from interceptors.streaming import StreamingWAL
 from streamingnode.retention import ChannelRetention, RetentionConfig
 from tests.reopening import SCHEMA, Opened, rows
 from tests.waiting import persisted_tick
-from wal import Message, MessageType, bodies
+from wal import AppendResult, Message, MessageType, bodies
 
 BY_HAND = RetentionConfig(retention_seconds=-1, check_seconds=3600, snapshot_every_messages=0,
                           snapshot_every_seconds=0)
@@ -42,6 +42,22 @@ async def snapshot(swal: StreamingWAL) -> RecoverySnapshot:
     taken = await retention.snapshot(force=True)
     assert taken is not None
     return taken
+
+
+async def collection_and_insert(swal: StreamingWAL) -> tuple[Message, AppendResult]:
+    """Collection "c" and an insert from an idempotent producer ("prod", sequence 7): the insert as
+    sent, and its result (a resend after recovery must get the same one from the dedup window)."""
+    await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
+    insert = bodies.insert("v", "c", rows(0, 4))
+    insert = Message(insert.message_type, "v", insert.payload,
+                     {**insert.properties, PROP_PRODUCER: "prod", PROP_SEQUENCE: "7"})
+    return insert, await swal.append(insert)
+
+
+def again(sent: Message) -> Message:
+    """``sent`` as its producer sends it again (without what the shard step stamped on it)."""
+    return Message(sent.message_type, "v", sent.payload,
+                   {k: v for k, v in sent.properties.items() if k not in (bodies.PROP_SEGMENT, "rows")})
 
 
 async def flip_a_byte(swal: StreamingWAL, name: str) -> None:
@@ -88,11 +104,7 @@ async def test_the_periodic_task_stores_snapshots_by_itself(node: Opened) -> Non
 async def test_a_damaged_newest_snapshot_falls_back_to_the_one_before(node: Opened) -> None:
     swal = node.swal
     assert swal is not None
-    await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
-    resent = bodies.insert("v", "c", rows(0, 4))
-    resent = Message(resent.message_type, "v", resent.payload,
-                     {**resent.properties, PROP_PRODUCER: "prod", PROP_SEQUENCE: "7"})
-    original = await swal.append(resent)
+    resent, original = await collection_and_insert(swal)
     older = await snapshot(swal)
     # A transaction written after the older snapshot: the newer one is taken after its commit.
     ctx, _ = await swal.begin_txn("v", keepalive_ms=0)
@@ -114,9 +126,7 @@ async def test_a_damaged_newest_snapshot_falls_back_to_the_one_before(node: Open
     assert swal.recovery_replayed == end - older.message_id  # from the older one, not from 0
     # The recovered state is whole: the collection, the dedup window, the transaction.
     assert "c" in swal.shard.collections("v")
-    assert await swal.append(Message(resent.message_type, "v", resent.payload,
-                                     {k: v for k, v in resent.properties.items()
-                                      if k not in (bodies.PROP_SEGMENT, "rows")})) == original
+    assert await swal.append(again(resent)) == original
     # Committed whole before the restart: recovery rolled nothing back, nothing was added to it.
     assert await _txn_messages(swal, ctx.txn_id) == [
         MessageType.BEGIN_TXN, MessageType.DATA, MessageType.DATA, MessageType.DATA, MessageType.COMMIT_TXN]
@@ -215,19 +225,13 @@ async def test_a_flipped_byte_anywhere_in_the_newest_snapshot_falls_back_and_rec
 
     swal = node.swal
     assert swal is not None
-    await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
-    resent = bodies.insert("v", "c", rows(0, 4))
-    resent = Message(resent.message_type, "v", resent.payload,
-                     {**resent.properties, PROP_PRODUCER: "prod", PROP_SEQUENCE: "7"})
-    original = await swal.append(resent)
+    resent, original = await collection_and_insert(swal)
     older = await snapshot(swal)
     await data(swal, 5)
     newer = await snapshot(swal)
     (newer_slot,) = [n for n, s in (await stored_snapshots(swal.wal)).items() if s.message_id == newer.message_id]
     raw = await swal.wal.get_meta(newer_slot)
     assert raw is not None
-    again = Message(resent.message_type, "v", resent.payload,
-                    {k: v for k, v in resent.properties.items() if k not in (bodies.PROP_SEGMENT, "rows")})
     rng = random.Random(20)
     for offset in sorted(rng.sample(range(len(raw)), min(40, len(raw)))):
         flipped = bytes([raw[offset] ^ rng.randrange(1, 256)])
@@ -240,7 +244,7 @@ async def test_a_flipped_byte_anywhere_in_the_newest_snapshot_falls_back_and_rec
             f"byte {offset}: the damaged snapshot was not refused by name"
         assert swal.recovery_replayed == end - older.message_id, f"byte {offset}: not recovered from the older one"
         assert "c" in swal.shard.collections("v")
-        assert await swal.append(again) == original, f"byte {offset}: the dedup window was not recovered"
+        assert await swal.append(again(resent)) == original, f"byte {offset}: the dedup window was not recovered"
         await swal.wal.put_meta(newer_slot, raw)
 
 
@@ -264,11 +268,7 @@ async def _payloads_below(swal: StreamingWAL, stop: int) -> int:
 async def test_a_check_cuts_at_the_newest_periodic_snapshot_and_then_waits_for_the_next(node: Opened) -> None:
     swal = node.swal
     assert swal is not None
-    await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
-    resent = bodies.insert("v", "c", rows(0, 4))
-    resent = Message(resent.message_type, "v", resent.payload,
-                     {**resent.properties, PROP_PRODUCER: "prod", PROP_SEQUENCE: "7"})
-    original = await swal.append(resent)
+    resent, original = await collection_and_insert(swal)
     await data(swal, 20)
     retention = ChannelRetention(swal, None, None, HAND_TASK)
     retention.start()
@@ -305,9 +305,7 @@ async def test_a_check_cuts_at_the_newest_periodic_snapshot_and_then_waits_for_t
     # Recovery starts at the truncation snapshot: the state is whole.
     swal = await node.reopen()
     assert "c" in swal.shard.collections("v")
-    again = Message(resent.message_type, "v", resent.payload,
-                    {k: v for k, v in resent.properties.items() if k not in (bodies.PROP_SEGMENT, "rows")})
-    assert await swal.append(again) == original
+    assert await swal.append(again(resent)) == original
 
 
 async def test_a_transaction_between_the_block_start_and_the_snapshot_means_a_replay(
