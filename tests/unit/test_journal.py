@@ -48,10 +48,10 @@ def _crash_after(path: Path, body: str, **backend: object) -> str:
     return done.stdout
 
 
-async def _payloads(path: Path) -> list[bytes]:
+async def _payloads(path: Path, name: str = "p") -> list[bytes]:
     m = await WALManager.start(RocksBackend(path))
     try:
-        wal = await m.open("p")
+        wal = await m.open(name)
         messages = await wal.read_stored(wal.first_id, 1 << 30)
         return [x.payload for x in messages if x.message_type is MessageType.DATA]
     finally:
@@ -313,15 +313,6 @@ def _records(path: str) -> list[tuple[int, list[object]]]:
     return out
 
 
-async def _served(path: Path, name: str) -> list[bytes]:
-    m = await WALManager.start(RocksBackend(path))
-    try:
-        wal = await m.open(name)
-        return [x.payload for x in await wal.read_stored(wal.first_id, 1 << 30) if x.message_type is MessageType.DATA]
-    finally:
-        await m.aclose()
-
-
 @pytest.mark.parametrize("where", ["block", "record magic", "last record magic"])
 async def test_journal_damage_fails_only_the_pchannel_it_touches(tmp_path: Path, where: str) -> None:
     path = tmp_path / "db"
@@ -337,7 +328,7 @@ async def test_journal_damage_fails_only_the_pchannel_it_touches(tmp_path: Path,
     # and only the ids that follow tell whose block it held; in p's last record, none follow for p,
     # so p stays a suspect and is refused (q's next block continues q's ids: q is cleared).
     _flip(last, at + (sum(map(len, _journal.encode(_groups))) - 20 if where == "block" else 0))
-    assert await _served(path, "q") == [b"q%02d" % i for i in range(30)], "the other pchannel lost nothing"
+    assert await _payloads(path, "q") == [b"q%02d" % i for i in range(30)], "the other pchannel lost nothing"
     err, held = _refused(path, "p")
     assert err.fields["file"] == last and err.fields["offset"] == at
     assert held == [b"p%02d" % i for i in range(len(held))] and 0 < len(held) < 30
@@ -350,7 +341,7 @@ async def test_journal_damage_fails_only_the_pchannel_it_touches(tmp_path: Path,
     finally:
         await m.aclose()
     assert os.path.exists(last + ".kept")
-    assert await _served(path, "q") == [b"q%02d" % i for i in range(60)]
+    assert await _payloads(path, "q") == [b"q%02d" % i for i in range(60)]
     assert _refused(path, "p")[1] == held
 
 
