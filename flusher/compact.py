@@ -234,7 +234,8 @@ def _older_than(rows: pa.Table, bound: pa.Table, key: str, *, reverse: bool = Fa
 
 def _read(root: Path, rel: str, throttle: _Throttle, columns: list[str] | None = None) -> pa.Table:
     path = root / rel
-    t = pq.read_table(path, columns=columns)
+    with pq.ParquetFile(path) as f:  # half the cost of pq.read_table per small file (no dataset set-up)
+        t = f.read(columns=columns)
     throttle(path.stat().st_size if columns is None else t.nbytes)
     return t
 
