@@ -59,6 +59,8 @@ GRPC_CODE: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.OUT_OF_ORDER_SEQUENCE: grpc.StatusCode.FAILED_PRECONDITION,
     # Retriable: the node frees space (forced flush, retention) and accepts writes again by itself.
     ErrorCode.STORAGE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    # Cluster mode: retriable at the owner named in the ErrorInfo (clients follow it).
+    ErrorCode.NOT_OWNER: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 # What a status without ErrorInfo (raised by gRPC itself: transport failure, deadline, oversize frame)

@@ -45,10 +45,13 @@ class ErrorCode(enum.IntEnum):
     TXN_TOO_LARGE = 27
     OUT_OF_ORDER_SEQUENCE = 28
     STORAGE_FULL = 29
+    NOT_OWNER = 30
 
 
-# Codes whose failure is transient: the same request may succeed if tried again.
-_RETRIABLE = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.RESOURCE_EXHAUSTED, ErrorCode.REDO, ErrorCode.STORAGE_FULL})
+# Codes whose failure is transient: the same request may succeed if tried again (NOT_OWNER: at the
+# owner the error names).
+_RETRIABLE = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.RESOURCE_EXHAUSTED, ErrorCode.REDO, ErrorCode.STORAGE_FULL,
+                        ErrorCode.NOT_OWNER})
 
 
 class StreamingError(Exception):
@@ -251,6 +254,13 @@ class StorageFullError(StreamingError):
     default_code = ErrorCode.STORAGE_FULL
 
 
+class NotOwnerError(StreamingError):
+    """Cluster mode: another node owns the pchannel.  ``fields``: ``owner`` (its advertised address,
+    empty while nobody owns it) and ``term``; retriable at that owner."""
+
+    default_code = ErrorCode.NOT_OWNER
+
+
 class ImmutableMessageError(StreamingError):
     """A message that already has an id was modified."""
 
@@ -273,6 +283,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidTxnStateError",
     "MessageTooLargeError",
+    "NotOwnerError",
     "OnShutdownError",
     "OutOfOrderSequenceError",
     "OutOfRangeError",

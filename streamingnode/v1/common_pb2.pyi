@@ -40,6 +40,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_TXN_TOO_LARGE: _ClassVar[ErrorCode]
     ERROR_CODE_OUT_OF_ORDER_SEQUENCE: _ClassVar[ErrorCode]
     ERROR_CODE_STORAGE_FULL: _ClassVar[ErrorCode]
+    ERROR_CODE_NOT_OWNER: _ClassVar[ErrorCode]
 
 class MessageType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -95,6 +96,7 @@ ERROR_CODE_PERMISSION_DENIED: ErrorCode
 ERROR_CODE_TXN_TOO_LARGE: ErrorCode
 ERROR_CODE_OUT_OF_ORDER_SEQUENCE: ErrorCode
 ERROR_CODE_STORAGE_FULL: ErrorCode
+ERROR_CODE_NOT_OWNER: ErrorCode
 MESSAGE_TYPE_UNDEFINED: MessageType
 MESSAGE_TYPE_CREATE_COLLECTION: MessageType
 MESSAGE_TYPE_DROP_COLLECTION: MessageType
