@@ -97,6 +97,8 @@ def _serve(args: argparse.Namespace) -> None:
         "compaction_target_bytes": args.compaction_target_bytes, "compaction_min_files": args.compaction_min_files,
         "compaction_horizon_seconds": args.compaction_horizon_seconds,
         "compaction_io_bytes_per_second": args.compaction_io_bytes_per_second,
+        "cluster_nats": args.cluster_nats, "node_id": args.node_id, "advertise": args.advertise,
+        "lease_seconds": args.lease_seconds, "cluster_prefix": args.cluster_prefix,
     })
 
     def ready(running: RunningServer) -> None:
@@ -155,6 +157,13 @@ def main(argv: list[str] | None = None) -> int:
                        help="as-of reads of the last this many seconds stay exact (default 3600)")
     serve.add_argument("--compaction-io-bytes-per-second", type=int,
                        help="compaction I/O limit, bytes/s (default 64 MiB/s; 0: none)")
+    serve.add_argument("--cluster-nats", help="cluster mode: NATS URLs, comma-separated (default off: one node, "
+                       "every pchannel served here)")
+    serve.add_argument("--node-id", help="cluster mode: this node's unique, stable id")
+    serve.add_argument("--advertise", help="cluster mode: host:port clients reach this node at (default: the "
+                       "bound listen address)")
+    serve.add_argument("--lease-seconds", type=float, help="cluster mode: pchannel lease TTL (default 10)")
+    serve.add_argument("--cluster-prefix", help="cluster mode: prefix of the NATS KV buckets (default sn)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     demo = sub.add_parser("demo", help="durable append/read round trip on pchannel 'demo'")
     demo.add_argument("--count", type=int, default=1000)

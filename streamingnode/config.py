@@ -120,6 +120,18 @@ class NodeConfig:
     once; taken again by themselves once space returns.  256 MiB covers what the node may write
     between two readings (every 0.5 s) plus a memtable flush and a Parquet file (see
     streamingnode.storage).  0 turns the check off."""
+    cluster_nats: str = ""
+    """Cluster mode (off while empty): the NATS servers' URLs, comma-separated.  The node then serves
+    only the pchannels whose lease it holds (``streamingnode.cluster``); README "Cluster mode"."""
+    node_id: str = ""
+    """This node's id in the cluster (unique, stable across restarts); required in cluster mode."""
+    advertise: str = ""
+    """host:port clients reach this node at (what NOT_OWNER and DescribeChannels name); default: the
+    bound listen address."""
+    lease_seconds: float = 10.0
+    """Cluster mode: a pchannel lease's TTL; renewed every third of it."""
+    cluster_prefix: str = "sn"
+    """Cluster mode: the prefix of the NATS KV buckets (``<prefix>_nodes``, ``<prefix>_leases``)."""
     trace_exporter: str = "none"
     """OpenTelemetry spans: ``none`` (off, no cost), ``console`` (stdout) or ``otlp`` (needs the
     opentelemetry-exporter-otlp package; endpoint from the standard OTEL_EXPORTER_OTLP_* variables)."""
@@ -150,6 +162,16 @@ class NodeConfig:
                 or self.compaction_io_bytes_per_second < 0):
             raise InvalidArgumentError("compaction settings: interval, horizon, grace and io limit must be >= 0, "
                                        "target_bytes > 0 and min_files >= 1")
+        if self.cluster_nats:
+            if not self.node_id:
+                raise InvalidArgumentError("cluster mode (cluster_nats) needs node_id", field="node_id")
+            if not self.lease_seconds > 0:
+                raise InvalidArgumentError(f"lease_seconds must be > 0, got {self.lease_seconds!r}",
+                                           field="lease_seconds")
+            if not self.cluster_prefix or not self.cluster_prefix.replace("-", "").replace("_", "").isalnum():
+                raise InvalidArgumentError(
+                    f"cluster_prefix must be letters, digits, '-' or '_', got {self.cluster_prefix[:200]!r}",
+                    field="cluster_prefix")
         if not self.retention_check_seconds > 0:
             raise InvalidArgumentError(f"retention_check_seconds must be > 0, got {self.retention_check_seconds!r}")
         if self.snapshot_every_messages < 0 or not self.snapshot_every_seconds >= 0:

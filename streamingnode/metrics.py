@@ -44,6 +44,7 @@ from wal.message import Message, MessageType
 
 if TYPE_CHECKING:
     from interceptors.txn import TxnSession
+    from streamingnode.cluster import Ownership
     from streamingnode.node import Channel
     from streamingnode.storage import StorageMonitor
 
@@ -205,8 +206,17 @@ class NodeMetrics:
             "(node: max_streams, connection: max_streams_per_connection).", ["limit"], namespace=ns, registry=r)
         for cap in ("node", "connection"):  # at 0 from the start: a rate, not an absent series
             self.streams_refused.labels(cap)
+        self.ownership_changes = Counter(
+            "ownership_changes", "Cluster mode: this node's ownership of a pchannel changed, by reason (taken: "
+            "it took the lease; released: it handed the pchannel off; expired: its lease ran out before a "
+            "renewal; lost: a renewal found another owner).", ["pchannel", "reason"], namespace=ns, registry=r)
+        self.cluster: Ownership | None = None
+        """Set by the node in cluster mode: its lease loop (the owned, lease and nodes series)."""
         r.register(_StateCollector(self))
         self._http: asyncio.Server | None = None
+
+    def ownership_changed(self, pchannel: str, reason: str) -> None:
+        self.ownership_changes.labels(pchannel, reason).inc()
 
     # --- channels --------------------------------------------------------------------------------
     def open_channel(self, name: str, channel: Channel) -> ChannelMetrics:
@@ -490,6 +500,28 @@ class _StateCollector(Collector):
             yield GaugeMetricFamily(f"{ns}_wal_disk_bytes", "Bytes of the WAL database on disk (all pchannels).",
                                     value=self._m.wal_bytes)
         yield from self._storage()
+        yield from self._cluster()
+
+    def _cluster(self) -> Iterator[Metric]:
+        ownership = self._m.cluster
+        if ownership is None:
+            return
+        ns = NAMESPACE
+        now = time.monotonic()
+        owned = GaugeMetricFamily(f"{ns}_pchannel_owned", "Cluster mode: 1 while this node holds the pchannel's "
+                                  "lease, 0 for the other pchannels it knows of.", labels=["pchannel"])
+        expiry = GaugeMetricFamily(f"{ns}_lease_expiry_seconds", "Cluster mode: time left on this node's lease of "
+                                   "the pchannel before it must stop serving it without a renewal.",
+                                   labels=["pchannel"])
+        for name in sorted({*ownership.view.leases, *ownership.held}):
+            held = ownership.held.get(name)
+            owned.add_metric([name], 1 if held is not None else 0)
+            if held is not None:
+                expiry.add_metric([name], max(held.valid_until - now, 0.0))
+        yield owned
+        yield expiry
+        yield GaugeMetricFamily(f"{ns}_cluster_nodes", "Cluster mode: live nodes this node sees (itself included).",
+                                value=len(ownership.view.live))
 
     def _storage(self) -> Iterator[Metric]:
         storage = self._m.storage

@@ -12,6 +12,12 @@ every call on the failed one is refused with the cause's code (CORRUPTED for dam
 as DATA_LOSS) and a message naming the pchannel and the cause, until it is repaired and the node
 restarted, or destroyed.  A failed group commit (a sync error: ``UnrecoverableError``) stops every
 write of the node's WAL until it is reopened, so it shows the same way on every pchannel.
+
+Cluster mode (``cluster_nats`` set; ``streamingnode.cluster``): the node opens only the pchannels
+whose lease it holds, when it takes the lease, and closes one when it loses or hands off the lease.
+A call on any other pchannel fails fast with NOT_OWNER naming the owner's address and term, as last
+read from the leases (no KV round trip on the call path).  The pchannels are those configured
+(``channels``, the same list on every node) and those in the node's WAL.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -39,12 +45,16 @@ from wal.errors import (
     ChannelNotExistError,
     ErrorCode,
     InvalidArgumentError,
+    NotOwnerError,
     OnShutdownError,
     StreamingError,
     UnavailableError,
 )
 from wal.manager import WALManager
 from wal.names import PCHANNEL, shorten
+
+if TYPE_CHECKING:
+    from streamingnode.cluster import ClusterClient, Lease, Ownership
 
 log = structlog.get_logger(__name__)
 
@@ -147,6 +157,11 @@ class Node:
         self.ready = asyncio.Event()
         self.draining = asyncio.Event()
         """Set when the node starts to drain: open reads end so that the shutdown is not held up."""
+        self.advertise = config.advertise
+        """host:port clients reach this node at (cluster mode); the server sets the bound address if empty."""
+        self.cluster: ClusterClient | None = None
+        self.ownership: Ownership | None = None
+        """Cluster mode: the lease loop (None on a single node, which serves every pchannel)."""
 
     @classmethod
     async def start(cls, config: NodeConfig, tracing: Tracing | None = None) -> Node:
@@ -156,7 +171,17 @@ class Node:
         return cls(manager, config, tracing)
 
     async def open_all(self) -> None:
-        """Open every pchannel (creating the configured ones that are missing), then report ready."""
+        """Open every pchannel (creating the configured ones that are missing), then report ready.
+
+        In cluster mode: join the cluster and take the leases placement gives this node (one pass of
+        the ownership loop), then report ready; the loop goes on in the background."""
+        if self.config.cluster_nats:
+            await self._join_cluster()
+            self.ready.set()
+            self.storage = self.metrics.storage = start_monitor(self)
+            log.info("node ready in cluster mode", node_id=self.config.node_id, advertise=self.advertise,
+                     channels=sorted(self._channels))
+            return
         async with self._admin:
             existing = set(await self.manager.list_channels())
             for name in self.config.channels:
@@ -178,6 +203,62 @@ class Node:
         self.storage = self.metrics.storage = start_monitor(self)
         log.info("node ready", channels=len(self._channels), failed=sorted(self._failed),
                  data_dir=str(self.config.data_dir))
+
+    # --- cluster mode ----------------------------------------------------------------------------
+    async def _join_cluster(self) -> None:
+        from streamingnode.cluster import ClusterClient, Leases, Membership, Ownership  # noqa: PLC0415  (nats-py)
+
+        cfg = self.config
+        self.cluster = await ClusterClient.connect(cfg.cluster_nats, cfg.cluster_prefix, cfg.lease_seconds)
+        membership = Membership(self.cluster.nodes, cfg.node_id, self.advertise, cfg.lease_seconds)
+        leases = Leases(self.cluster.leases, cfg.node_id, self.advertise, cfg.lease_seconds)
+        self.ownership = Ownership(membership, leases, self._cluster_names, self._take, self._lose,
+                                   on_change=self.metrics.ownership_changed)
+        self.metrics.cluster = self.ownership
+        await self.ownership.step()
+        self.ownership.start()
+
+    async def _cluster_names(self) -> list[str]:
+        local = await self.manager.list_channels()
+        return sorted({*self.config.channels, *(n for n in local if PCHANNEL.is_valid(n))})
+
+    async def _take(self, name: str, term: int) -> int:
+        """The lease of ``name`` was taken (term ``term``): open it; return the WAL's term."""
+        async with self._admin:
+            if self._closing:
+                raise OnShutdownError("the node is shutting down", channel=name)
+            self._failed.pop(name, None)
+            if name not in await self.manager.list_channels():
+                # The local WAL does not hold it yet (the log is not shared before the jetstream WAL).
+                await self.manager.create_channel(name, Owner("streamingnode", self.advertise).properties())
+            channel = self._channels.get(name) or await self._open(name)
+            return channel.stream.term
+
+    async def _lose(self, name: str, reason: str) -> None:
+        """The lease of ``name`` is gone (``reason``): stop serving it, appends in flight first."""
+        await self._closed(name)
+        channel = self._channels.pop(name, None)
+        if channel is None:
+            return
+        self.metrics.close_channel(name)
+        try:
+            await channel.aclose()
+        except Exception as exc:  # noqa: BLE001  (it is no longer ours either way)
+            log.warning("closing a pchannel whose lease went failed", pchannel=name, reason=reason, error=repr(exc))
+
+    def lease(self, name: str) -> Lease | None:
+        """Cluster mode: the last lease read of pchannel ``name`` (None on a single node or unknown)."""
+        return None if self.ownership is None else self.ownership.view.leases.get(name)
+
+    def _not_owner(self, name: str) -> StreamingError:
+        lease = self.lease(name)
+        if lease is not None and lease.node == self.config.node_id and lease.held():
+            return UnavailableError(f"pchannel {name!r} is being opened on this node", channel=name)
+        owner = lease.address if lease is not None and lease.held() else ""
+        term = lease.term if lease is not None else 0
+        where = f"node {owner!r} owns it" if owner else "no node owns it at the moment"
+        return NotOwnerError(f"pchannel {name!r} is not served here: {where} (term {term})", channel=name,
+                             owner=owner, term=term)
 
     def _record_failure(self, name: str, exc: BaseException, what: str) -> Failure:
         failure = self._failed[name] = Failure.of(exc)
@@ -292,6 +373,8 @@ class Node:
             raise failure.refusal(name)
         found = self._channels.get(name)
         if found is None:
+            if self.ownership is not None:
+                raise self._not_owner(name)
             if not self.ready.is_set():
                 raise UnavailableError(f"the node is still opening its channels; {name!r} is not open yet",
                                        channel=name)
@@ -316,6 +399,7 @@ class Node:
                 f"at most {MAX_CREATE} channels per call, asked for {max(num, len(names))}", field="num_channels")
         for i, name in enumerate(names):
             PCHANNEL.check(name, f"channel_names[{i}]")
+        self._refuse_in_cluster("CreateChannels")
         if len(set(names)) != len(names):
             raise InvalidArgumentError("channel_names has duplicates", field="channel_names")
         async with self._admin:
@@ -345,6 +429,7 @@ class Node:
             raise InvalidArgumentError("channel_names is empty", field="channel_names")
         for i, name in enumerate(names):
             PCHANNEL.check(name, f"channel_names[{i}]")
+        self._refuse_in_cluster("DestroyChannels")
         async with self._admin:
             existing = set(await self.manager.list_channels())
             for name in names:
@@ -353,6 +438,13 @@ class Node:
             for name in dict.fromkeys(names):
                 await self._destroy(name)
         log.info("channels destroyed", channels=names)
+
+    def _refuse_in_cluster(self, what: str) -> None:
+        if self.config.cluster_nats:
+            # Each node keeps its own WAL until the shared one: a channel made here exists nowhere else.
+            raise InvalidArgumentError(
+                f"{what} is not available in cluster mode yet: give every node the same --channels",
+                field="channel_names")
 
     async def _destroy(self, name: str) -> None:
         # A FAILED pchannel is destroyed like any other (the way to drop one whose damage nobody repairs).
@@ -385,10 +477,20 @@ class Node:
         for i, name in enumerate(names):
             PCHANNEL.check(name, f"channel_names[{i}]")
         if not names:
-            names = await self.manager.list_channels()
+            names = await (self._cluster_names() if self.ownership is not None else self.manager.list_channels())
+        if self.ownership is not None:
+            # Fresh from KV, not the loop's last pass: a description names the owner as it is now (and
+            # later NOT_OWNER refusals use what this read).
+            await self.ownership.refresh(names)
         return [await self._describe(name) for name in names]
 
     async def _describe(self, name: str) -> ChannelInfo:
+        if (self.ownership is not None and name not in self._channels and name not in self._failed
+                and name not in await self.manager.list_channels()):
+            # Not served here and never was: the lease (filled in by the caller) says who serves it.
+            if name not in self.config.channels and self.lease(name) is None:
+                raise ChannelNotExistError(f"pchannel {name!r} does not exist", channel=name)
+            return ChannelInfo(name, 0, 0, 0, 0, 0)
         try:
             return await self.manager.describe_channel(name)
         except StreamingError:
@@ -401,6 +503,11 @@ class Node:
     # --- lifecycle -------------------------------------------------------------------------------
     async def aclose(self) -> None:
         """Close every channel (appends in flight finish first), then the database."""
+        if self.ownership is not None:
+            # Hand every pchannel off first (the channels close, the leases are released).
+            await self.ownership.stop()
+        if self.cluster is not None:
+            await self.cluster.aclose()
         self._closing = True
         if self.storage is not None:
             await self.storage.aclose()

@@ -104,8 +104,15 @@ class AdminHandlers:
         out = []
         for info in infos:
             owner = Owner.from_properties(info.properties)
+            term = info.term
+            lease = self.node.lease(info.name)
+            if self.node.ownership is not None:
+                # Cluster mode: the lease names who serves the pchannel, wherever the call landed.
+                address = lease.address if lease is not None and lease.held() else ""
+                owner = Owner("streamingnode" if address else "", address)
+                term = lease.term if lease is not None else 0
             d = pb.ChannelDescription(
-                channel_name=info.name, term=info.term, last_timetick=info.last_timetick,
+                channel_name=info.name, term=term, last_timetick=info.last_timetick,
                 owner=pb.OwnerDescription(role=owner.role, address=owner.address,
                                           description_text=owner.description_text),
                 state=pb.CHANNEL_STATE_SERVING, problems=self.node.problems(info.name),

@@ -103,6 +103,7 @@ async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) ->
         for name in ("", SERVICE_NAME):
             await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         address = _listen(server, config.listen, credentials)
+        node.advertise = node.advertise or address
         # Metrics come up before recovery, so a long recovery is visible while it runs.
         metrics_address = await node.metrics.serve(config.metrics_listen) if config.metrics_listen else None
         await server.start()
