@@ -1,0 +1,709 @@
+"""The NATS JetStream backend: the WAL replicated by a JetStream cluster (nats-py), many pchannels.
+
+Layout, under one configurable prefix ``P`` (default ``sn``) per cluster of nodes:
+
+    stream   SN_P_<key>, subject sn.P.<key>   one message per record block, file storage, replicas 1 or 3
+    KV P_channels  <b32(name)>                JSON {"name", "key", "term", "properties"}
+    KV P_meta      next_key                   the next channel key (decimal; never reused), by CAS
+    KV P_meta      c.<key>.<b32(name)>        ``put_meta`` values (the truncation mark among them)
+
+``b32`` is base32 without padding, lowercase: KV keys take only ``[-/_=.a-zA-Z0-9]``.  A block's
+message carries the block as its payload and, in headers, its first id (``Sn-First``), the channel's
+largest timetick so far (``Sn-Max-Tt``), its time-index entries (``Sn-Ticks``: ``ts:id:resume``
+separated by commas), the channel's last time-index entry so far (``Sn-Last-Tick``) and the writer's
+term (``Sn-Term``).  Those headers make the stream its own index: first ids and largest timeticks grow
+with the sequence, so a reader finds a block by id or time by binary search with direct gets (plus
+an id -> sequence index learnt while writing and reading), never by scanning the stream.
+
+Fencing.  Every publish carries ``Nats-Expected-Last-Sequence``: the sequence this backend last saw
+acknowledged on the channel.  ``open_channel`` bumps the term in the channel record by compare-and-set,
+then publishes a *fence marker* (``Sn-Fence``, no payload, the same position headers) expecting the last
+sequence it read, retrying until it lands.  From then on any older writer's publish expects a sequence
+that is no longer the last one: the server refuses it ("wrong last sequence") and nothing of it is
+stored; the backend raises ChannelFencedError.  Readers skip fence markers.
+
+A ``write`` is atomic per pchannel, NOT across pchannels: groups of different pchannels go to
+different streams, published concurrently; each pchannel's blocks are stored in order or not at all
+(each expects its predecessor's sequence), but one pchannel's may be stored while another's failed.
+The WAL then hands every id back, so a block stored for a write reported failed is remembered (and a
+publish whose answer never came is checked against the stream): the next write of that pchannel skips
+it when it is the same block again, and otherwise fails UNRECOVERABLE (reopen the WAL), because the log
+already holds ids the WAL handed out anew.
+
+Every publish waits for its acknowledgement (the servers run with ``sync_interval: always``), so
+``durable`` changes nothing, ``sync`` has nothing to do and ``split_sync`` is False.  Blocks up to the
+servers' ``max_payload`` (raise it to 8 MB: the committer writes blocks of about 1 MiB).
+
+Threading.  The contract is synchronous and called from the WAL's writer and reader threads; nats-py is
+asyncio.  The backend owns an event loop in a thread of its own, and every call runs a coroutine there
+and waits for it with a timeout: a NATS that does not answer is UNAVAILABLE (retriable), never a hang
+(nats-py futures may never complete when the server answers an error).  All state is touched on that
+loop only, so it needs no lock.
+
+``backup`` is refused: a directory copy would not open as a JetStream backend, and a JetStream stream
+is backed up by NATS itself (``nats stream backup``), already replicated besides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import bisect
+import concurrent.futures
+import contextlib
+import json
+import re
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.js import api
+
+from wal._codec import block_count
+from wal.backend import Backend, ChannelInfo, TickEntry, WriteGroup
+from wal.backends._keys import TRUNCATED_META, tail_state
+from wal.backends._keys import U64 as _U64
+from wal.errors import (
+    ChannelExistError,
+    ChannelFencedError,
+    ChannelNotExistError,
+    CorruptedError,
+    InvalidArgumentError,
+    OnShutdownError,
+    StreamingError,
+    UnavailableError,
+    UnrecoverableError,
+)
+from wal.message import MessageID
+
+T = TypeVar("T")
+
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+_WRONG_LAST_SEQUENCE = 10071  # JetStream's err_code for a failed Nats-Expected-Last-Sequence
+_STREAM_NOT_FOUND = 10059
+_MAX_FENCE_TRIES = 50
+_READ_AHEAD = 8  # direct gets in flight while reading forward
+_MAX_TT_META = "jetstream.max_timetick"
+"""The channel's largest timetick, kept when a truncation empties its stream (no header holds it)."""
+
+H_FIRST = "Sn-First"
+H_MAX_TT = "Sn-Max-Tt"
+H_TICKS = "Sn-Ticks"
+H_LAST_TICK = "Sn-Last-Tick"
+H_TERM = "Sn-Term"
+H_FENCE = "Sn-Fence"
+_EXPECTED_LAST_SEQ = "Nats-Expected-Last-Sequence"
+
+
+def encode_key(text: str) -> str:
+    """A KV-safe key for any text: base32, no padding, lowercase."""
+    return base64.b32encode(text.encode()).decode().rstrip("=").lower()
+
+
+def decode_key(key: str) -> str:
+    padded = key.upper() + "=" * (-len(key) % 8)
+    return base64.b32decode(padded).decode()
+
+
+def _tick_text(t: TickEntry) -> str:
+    return f"{t.timetick}:{t.message_id}:{t.resume_id}"
+
+
+def _parse_tick(text: str) -> TickEntry:
+    ts, mid, resume = text.split(":")
+    return TickEntry(int(ts), int(mid), int(resume))
+
+
+@dataclass(slots=True)
+class _Msg:
+    """One stored message: a block or a fence marker, with its position headers."""
+
+    seq: int
+    first_id: int
+    max_tt: int
+    term: int
+    fence: bool
+    ticks: list[TickEntry]
+    last_tick: TickEntry | None
+    data: bytes
+
+    @property
+    def end_id(self) -> int:
+        return self.first_id if self.fence else self.first_id + block_count(self.data)
+
+
+@dataclass
+class _Doubt:
+    """Blocks of a pchannel that may be stored though the WAL was told the write failed."""
+
+    base_seq: int
+    groups: list[WriteGroup]
+
+
+@dataclass
+class _Chan:
+    """What the backend knows of one pchannel; its writer fields are set by ``open_channel``."""
+
+    key: int
+    name: str
+    term: int = 0
+    last_seq: int | None = None  # None: not opened for writing by this backend
+    last_tick: TickEntry | None = None
+    doubt: _Doubt | None = None
+    # The id -> sequence index: sequences in order, with their first ids and largest timeticks.
+    seqs: list[int] = field(default_factory=list)
+    firsts: list[int] = field(default_factory=list)
+
+    def learn(self, seq: int, first_id: int) -> None:
+        i = bisect.bisect_left(self.seqs, seq)
+        if i < len(self.seqs) and self.seqs[i] == seq:
+            return
+        self.seqs.insert(i, seq)
+        self.firsts.insert(i, first_id)
+
+    def forget_below(self, seq: int) -> None:
+        i = bisect.bisect_left(self.seqs, seq)
+        del self.seqs[:i], self.firsts[:i]
+
+
+class JetStreamBackend(Backend):
+    """Pchannels as JetStream streams; see the module docstring.  ``servers``: one URL, a comma
+    list, or a list; ``replicas``: 1 or 3; ``timeout``: seconds per NATS request."""
+
+    split_sync = False
+
+    def __init__(self, servers: str | list[str], *, prefix: str = "sn", replicas: int = 1,
+                 timeout: float = 5.0) -> None:
+        if not _PREFIX_RE.match(prefix):
+            raise InvalidArgumentError(
+                f"NATS prefix {prefix[:200]!r} must be 1-32 letters, digits, '_' or '-'", field="prefix")
+        if replicas not in (1, 3):
+            raise InvalidArgumentError(f"replicas must be 1 or 3, not {replicas}", field="replicas")
+        urls = [u.strip() for u in (servers.split(",") if isinstance(servers, str) else servers) if u.strip()]
+        if not urls:
+            raise InvalidArgumentError("no NATS server URL given", field="servers")
+        self.path = f"nats:{','.join(urls)}/{prefix}"
+        self.prefix = prefix
+        self.replicas = replicas
+        self.timeout = timeout
+        self.direct_gets = 0
+        """How many stored messages were fetched one by one (tests count them: no full scans)."""
+        self._closed = False
+        self._chans: dict[int, _Chan] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"wal-jetstream-{prefix}", daemon=True)
+        self._thread.start()
+        try:
+            self._call(self._connect(urls), what="connecting to NATS", overall=timeout * 3)
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    # --- the loop bridge ---------------------------------------------------------------------------
+    def _call(self, coro: Coroutine[Any, Any, T], *, what: str, overall: float | None = None) -> T:
+        if self._closed:
+            coro.close()
+            raise OnShutdownError(f"JetStream WAL backend {self.path} is closed", path=self.path)
+        future = asyncio.run_coroutine_threadsafe(self._guard(coro, what), self._loop)
+        try:
+            return future.result(overall if overall is not None else self.timeout * 6)
+        except concurrent.futures.TimeoutError as exc:
+            future.cancel()
+            raise UnavailableError(f"{what}: NATS at {self.path} did not answer in time", path=self.path) from exc
+
+    async def _guard(self, coro: Awaitable[T], what: str) -> T:
+        """Translate client failures at the boundary."""
+        try:
+            return await coro
+        except StreamingError:
+            raise
+        except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoServersError,
+                nats.errors.ConnectionClosedError, nats.errors.NoRespondersError,
+                nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError,
+                nats.errors.StaleConnectionError, nats.errors.OutboundBufferLimitError) as exc:
+            raise UnavailableError(f"{what}: NATS at {self.path} is unavailable: {exc!r}", path=self.path) from exc
+        except nats.js.errors.APIError as exc:
+            raise UnavailableError(f"{what}: NATS at {self.path} refused: {exc}", path=self.path) from exc
+
+    async def _connect(self, urls: list[str]) -> None:
+        async def quiet(exc: Exception) -> None:
+            """Connection errors surface as UNAVAILABLE from the calls they fail; no print."""
+
+        self._nc = await nats.connect(urls, connect_timeout=self.timeout, max_reconnect_attempts=-1,
+                                      reconnect_time_wait=0.2, error_cb=quiet)
+        self._js = self._nc.jetstream(timeout=self.timeout)
+        self._kv_channels = await self._bucket(f"{self.prefix}_channels")
+        self._kv_meta = await self._bucket(f"{self.prefix}_meta")
+
+    async def _bucket(self, name: str) -> Any:
+        try:
+            return await self._js.key_value(name)
+        except nats.js.errors.BucketNotFoundError:
+            # Reads not direct: a follower could answer an older revision than the one just written.
+            return await self._js.create_key_value(api.KeyValueConfig(
+                bucket=name, history=1, replicas=self.replicas, storage=api.StorageType.FILE, direct=False))
+
+    def _stop_loop(self) -> None:
+        async def cancel_rest() -> None:
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        asyncio.run_coroutine_threadsafe(cancel_rest(), self._loop).result(self.timeout)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(self.timeout * 2)
+        self._loop.close()
+
+    # --- naming ------------------------------------------------------------------------------------
+    def _stream(self, key: int) -> str:
+        return f"SN_{self.prefix}_{key}"
+
+    def _subject(self, key: int) -> str:
+        return f"sn.{self.prefix}.{key}"
+
+    def _meta_key(self, key: int, name: str) -> str:
+        return f"c.{key}.{encode_key(name)}"
+
+    def _fenced(self, ch: _Chan) -> ChannelFencedError:
+        return ChannelFencedError(
+            f"pchannel {ch.name!r} term {ch.term} is fenced: a newer writer appended to its stream "
+            f"{self._stream(ch.key)}", channel=ch.name, term=ch.term)
+
+    # --- stored messages ---------------------------------------------------------------------------
+    async def _get(self, key: int, seq: int) -> _Msg | None:
+        """The message at ``seq``, or None when there is none.  A direct get may be answered by a
+        follower that lags: a miss is asked again of the leader."""
+        stream = self._stream(key)
+        self.direct_gets += 1
+        try:
+            raw = await self._js.get_msg(stream, seq, direct=True)
+        except nats.js.errors.NotFoundError:
+            try:
+                raw = await self._js.get_msg(stream, seq)
+            except nats.js.errors.NotFoundError:
+                return None
+        return self._parse(key, seq, raw.headers or {}, raw.data or b"")
+
+    def _parse(self, key: int, seq: int, headers: dict[str, str], data: bytes) -> _Msg:
+        try:
+            ticks = [_parse_tick(t) for t in headers.get(H_TICKS, "").split(",") if t]
+            last = headers.get(H_LAST_TICK)
+            return _Msg(seq, int(headers[H_FIRST]), int(headers.get(H_MAX_TT, 0)), int(headers.get(H_TERM, 0)),
+                        H_FENCE in headers, ticks, _parse_tick(last) if last else None, bytes(data))
+        except (KeyError, ValueError) as exc:
+            raise CorruptedError(
+                f"message {seq} of stream {self._stream(key)} has no valid WAL headers ({exc!r})",
+                path=self.path, channel_key=key, seq=seq) from exc
+
+    async def _bounds(self, key: int) -> tuple[int, int]:
+        """The stream's first and last sequence (first > last when it holds nothing)."""
+        try:
+            info = await self._js.stream_info(self._stream(key))
+        except nats.js.errors.NotFoundError as exc:
+            raise ChannelNotExistError(f"pchannel with key {key} does not exist (no stream {self._stream(key)})",
+                                       channel_key=key) from exc
+        last = int(info.state.last_seq)
+        if not info.state.messages:
+            return last + 1, last  # a new stream says first 0, a purged one first = last + 1
+        return int(info.state.first_seq), last
+
+    async def _search(self, key: int, lo: int, hi: int, after: Callable[[_Msg], bool]) -> tuple[int, _Msg | None]:
+        """The first sequence in [lo, hi] whose message satisfies ``after`` (monotone: false then
+        true), hi + 1 when none does; with the message there when it was fetched."""
+        ch = self._chans.get(key)
+        found: _Msg | None = None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            msg = await self._get(key, mid)
+            if msg is None:  # purged meanwhile: everything below is gone
+                lo = mid + 1
+                continue
+            if ch is not None:
+                ch.learn(mid, msg.first_id)
+            if after(msg):
+                hi, found = mid - 1, msg
+            else:
+                lo = mid + 1
+        return lo, (found if found is not None and found.seq == lo else None)
+
+    def _id_bounds(self, key: int, lo: int, hi: int, from_id: int) -> tuple[int, int]:
+        """Narrow [lo, hi] for "the last message with first id <= from_id" with the learnt index."""
+        ch = self._chans.get(key)
+        if ch is None or not ch.seqs:
+            return lo, hi
+        i = bisect.bisect_right(ch.firsts, from_id)  # entries < i have first <= from_id
+        if i > 0 and ch.seqs[i - 1] >= lo:
+            lo = ch.seqs[i - 1]
+        if i < len(ch.seqs) and ch.seqs[i] - 1 <= hi:
+            hi = ch.seqs[i] - 1
+        return lo, hi
+
+    async def _last_at_or_before(self, key: int, from_id: int, first: int, last: int) -> int:
+        """The sequence of the last message whose first id is <= ``from_id`` (first - 1 if none)."""
+        lo, hi = self._id_bounds(key, first, last, from_id)
+        if lo == hi:
+            return lo
+        seq, _ = await self._search(key, lo, hi, lambda m: m.first_id > from_id)
+        return seq - 1
+
+    # --- channel records ---------------------------------------------------------------------------
+    async def _record(self, name: str) -> tuple[dict[str, Any], int]:
+        try:
+            entry = await self._kv_channels.get(encode_key(name))
+        except nats.js.errors.NotFoundError as exc:
+            raise ChannelNotExistError(f"pchannel {name!r} does not exist", channel=name) from exc
+        try:
+            record: dict[str, Any] = json.loads(entry.value or b"")
+            int(record["key"]), int(record["term"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptedError(f"channel record of {name!r} in {self.path} is damaged", channel=name,
+                                 path=self.path) from exc
+        return record, int(entry.revision)
+
+    async def _meta_u64(self, key: int, name: str) -> int | None:
+        raw = await self._get_meta(key, name)
+        return _U64.unpack(raw)[0] if raw is not None and len(raw) == _U64.size else None
+
+    async def _recover(self, name: str, record: dict[str, Any]) -> tuple[ChannelInfo, int, TickEntry | None]:
+        """The channel's state from its stream's ends; with the last sequence and last tick entry."""
+        key = int(record["key"])
+        info = ChannelInfo(name, key, int(record["term"]), 0, 0, 0, dict(record.get("properties", {})))
+        first, last = await self._bounds(key)
+        head = await self._get(key, first) if first <= last else None
+        tail = await self._get(key, last) if first <= last else None
+        if head is None or tail is None:
+            mark = await self._meta_u64(key, TRUNCATED_META)
+            info.first_id = info.next_id = mark or 0
+            info.last_timetick = await self._meta_u64(key, _MAX_TT_META) or 0
+            return info, last, None
+        info.first_id = info.next_id = head.first_id
+        if tail.fence:
+            info.next_id, info.last_timetick = tail.first_id, tail.max_tt
+        else:
+            tail_state(info, (tail.first_id, tail.data), f"{self.path} stream {self._stream(key)}", tail.max_tt)
+        last_tick = tail.ticks[-1] if tail.ticks else tail.last_tick
+        return info, last, last_tick
+
+    # --- channels ----------------------------------------------------------------------------------
+    def create_channel(self, name: str, properties: dict[str, str]) -> ChannelInfo:
+        if not name:
+            raise InvalidArgumentError("pchannel name must not be empty")
+        return self._call(self._create(name, dict(properties)), what=f"creating pchannel {name!r}")
+
+    async def _create(self, name: str, properties: dict[str, str]) -> ChannelInfo:
+        try:
+            await self._kv_channels.get(encode_key(name))
+            raise ChannelExistError(f"pchannel {name!r} already exists", channel=name)
+        except nats.js.errors.NotFoundError:
+            pass
+        key = await self._next_key()
+        await self._js.add_stream(api.StreamConfig(
+            name=self._stream(key), subjects=[self._subject(key)], storage=api.StorageType.FILE,
+            num_replicas=self.replicas, allow_direct=True, discard=api.DiscardPolicy.OLD))
+        record = {"name": name, "key": key, "term": 0, "properties": properties}
+        try:
+            await self._kv_channels.create(encode_key(name), json.dumps(record).encode())
+        except nats.js.errors.KeyWrongLastSequenceError as exc:  # another node created it meanwhile
+            await self._js.delete_stream(self._stream(key))
+            raise ChannelExistError(f"pchannel {name!r} already exists", channel=name) from exc
+        return ChannelInfo(name, key, 0, 0, 0, 0, dict(properties))
+
+    async def _next_key(self) -> int:
+        while True:
+            try:
+                entry = await self._kv_meta.get("next_key")
+                key, rev = int(entry.value or b"1"), int(entry.revision)
+            except nats.js.errors.NotFoundError:
+                key, rev = 1, 0
+            try:
+                if rev == 0:
+                    await self._kv_meta.create("next_key", str(key + 1).encode())
+                else:
+                    await self._kv_meta.update("next_key", str(key + 1).encode(), last=rev)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue  # another node took that key: take the next
+            return key
+
+    def open_channel(self, name: str) -> ChannelInfo:
+        return self._call(self._open(name), what=f"opening pchannel {name!r}")
+
+    async def _open(self, name: str) -> ChannelInfo:
+        while True:  # the term, by compare-and-set
+            record, rev = await self._record(name)
+            record["term"] = int(record["term"]) + 1
+            try:
+                await self._kv_channels.update(encode_key(name), json.dumps(record).encode(), last=rev)
+                break
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+        key = int(record["key"])
+        for _ in range(_MAX_FENCE_TRIES):
+            info, last, last_tick = await self._recover(name, record)
+            headers = {H_FIRST: str(info.next_id), H_MAX_TT: str(info.last_timetick), H_TERM: str(info.term),
+                       H_FENCE: "1", _EXPECTED_LAST_SEQ: str(last)}
+            if last_tick is not None:
+                headers[H_LAST_TICK] = _tick_text(last_tick)
+            try:
+                ack = await self._js.publish(self._subject(key), b"", timeout=self.timeout, headers=headers)
+            except nats.js.errors.APIError as exc:
+                if exc.err_code == _WRONG_LAST_SEQUENCE:
+                    continue  # an older writer appended meanwhile: read the new end and fence again
+                raise
+            ch = self._chans.get(key) or _Chan(key, name)
+            ch.term, ch.last_seq, ch.last_tick, ch.doubt = info.term, int(ack.seq), last_tick, None
+            ch.learn(int(ack.seq), info.next_id)
+            self._chans[key] = ch
+            return info
+        raise UnavailableError(f"opening pchannel {name!r}: its stream kept changing while fencing it",
+                               channel=name, path=self.path)
+
+    def describe_channel(self, name: str) -> ChannelInfo:
+        async def run() -> ChannelInfo:
+            record, _ = await self._record(name)
+            return (await self._recover(name, record))[0]
+
+        return self._call(run(), what=f"describing pchannel {name!r}")
+
+    def list_channels(self) -> list[str]:
+        async def run() -> list[str]:
+            # From the bucket's stream, not kv.keys(): nats-py's key watcher can end before a key that
+            # follows a deletion.  Destroy removes a record's subject whole, so each subject is a channel.
+            bucket = f"{self.prefix}_channels"
+            info = await self._js.stream_info(f"KV_{bucket}", subjects_filter=f"$KV.{bucket}.>")
+            skip = len(f"$KV.{bucket}.")
+            return sorted(decode_key(subject[skip:]) for subject in (info.state.subjects or {}))
+
+        return self._call(run(), what="listing pchannels")
+
+    def destroy_channel(self, name: str) -> None:
+        async def run() -> None:
+            record, _ = await self._record(name)
+            key = int(record["key"])
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await self._js.delete_stream(self._stream(key))
+            # Whole subjects go, tombstones included, so that nothing of the channel is left listed.
+            meta, channels = f"{self.prefix}_meta", f"{self.prefix}_channels"
+            await self._js.purge_stream(f"KV_{meta}", subject=f"$KV.{meta}.c.{key}.>")
+            await self._js.purge_stream(f"KV_{channels}", subject=f"$KV.{channels}.{encode_key(name)}")
+            self._chans.pop(key, None)
+
+        self._call(run(), what=f"destroying pchannel {name!r}")
+
+    # --- data ----------------------------------------------------------------------------------------
+    def write(self, groups: list[WriteGroup], durable: bool) -> None:
+        if groups:
+            self._call(self._write(groups), what="writing to the WAL", overall=self.timeout * (2 + len(groups)))
+
+    async def _write(self, groups: list[WriteGroup]) -> None:
+        by_key: dict[int, list[WriteGroup]] = {}
+        for g in groups:
+            ch = self._chans.get(g.channel_key)
+            if ch is None or ch.last_seq is None:
+                raise UnrecoverableError(f"write to pchannel key {g.channel_key} that this backend did not open",
+                                         channel_key=g.channel_key)
+            by_key.setdefault(g.channel_key, []).append(g)
+        starts = {k: self._chans[k].last_seq for k in by_key}
+        results = await asyncio.gather(*(self._publish_chain(self._chans[k], gs) for k, gs in by_key.items()),
+                                       return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if not errors:
+            return
+        # The WAL hands every id of this write back: what did land must not be stored twice.
+        for (k, gs), r in zip(by_key.items(), results, strict=True):
+            ch = self._chans[k]
+            if not isinstance(r, BaseException) and ch.doubt is None:
+                base = starts[k]
+                assert base is not None
+                ch.doubt = _Doubt(base, gs)
+        fenced = [e for e in errors if isinstance(e, ChannelFencedError)]
+        raise fenced[0] if fenced else errors[0]
+
+    async def _publish_chain(self, ch: _Chan, groups: list[WriteGroup]) -> None:
+        if ch.doubt is not None:
+            groups = await self._settle(ch, groups)
+        for i, g in enumerate(groups):
+            assert ch.last_seq is not None
+            headers = {H_FIRST: str(g.first_id), H_MAX_TT: str(g.max_timetick), H_TERM: str(ch.term),
+                       _EXPECTED_LAST_SEQ: str(ch.last_seq)}
+            last_tick = g.ticks[-1] if g.ticks else ch.last_tick
+            if g.ticks:
+                headers[H_TICKS] = ",".join(_tick_text(t) for t in g.ticks)
+            if last_tick is not None:
+                headers[H_LAST_TICK] = _tick_text(last_tick)
+            try:
+                ack = await self._js.publish(self._subject(ch.key), g.block, timeout=self.timeout, headers=headers)
+            except nats.js.errors.APIError as exc:
+                if exc.err_code == _WRONG_LAST_SEQUENCE:
+                    raise self._fenced(ch) from exc
+                raise
+            except BaseException:
+                # No answer: the block may or may not be stored; the next write finds out.
+                ch.doubt = _Doubt(ch.last_seq, groups[i:]) if ch.doubt is None else ch.doubt
+                raise
+            ch.last_seq, ch.last_tick = int(ack.seq), last_tick
+            ch.learn(int(ack.seq), g.first_id)
+
+    async def _settle(self, ch: _Chan, groups: list[WriteGroup]) -> list[WriteGroup]:
+        """Resolve an earlier write whose outcome the WAL did not get: drop from ``groups`` the blocks
+        already stored; fail when the stream holds anything else."""
+        doubt = ch.doubt
+        assert doubt is not None
+        _, last = await self._bounds(ch.key)
+        stored = last - doubt.base_seq
+        if stored == 0:
+            ch.doubt, ch.last_seq = None, doubt.base_seq
+            return groups
+        if stored < 0 or stored > len(doubt.groups):
+            raise self._fenced(ch)
+        for n in range(stored):
+            msg = await self._get(ch.key, doubt.base_seq + 1 + n)
+            g = doubt.groups[n]
+            if msg is None or msg.fence or msg.term != ch.term or msg.first_id != g.first_id or msg.data != g.block:
+                raise self._fenced(ch)
+        # Ours, all of them: the stream is ahead of the WAL by these blocks.
+        ch.last_seq = last
+        same = len(groups) >= stored and all(
+            a.first_id == b.first_id and a.block == b.block
+            for a, b in zip(groups[:stored], doubt.groups[:stored], strict=True))
+        if not same:
+            raise UnrecoverableError(
+                f"pchannel {ch.name!r}: a write reported failed was stored after all (ids from "
+                f"{doubt.groups[0].first_id}); reopen the WAL", channel=ch.name, term=ch.term)
+        ch.doubt = None
+        for g in groups[:stored]:
+            if g.ticks:
+                ch.last_tick = g.ticks[-1]
+        return groups[stored:]
+
+    def read_blocks(
+        self, channel_key: int, from_id: MessageID, max_bytes: int
+    ) -> list[tuple[MessageID, bytes]]:
+        return self._call(self._read(channel_key, from_id, max_bytes), what="reading the WAL")
+
+    async def _ends(self, key: int) -> tuple[int, int]:
+        ch = self._chans.get(key)
+        first, last = await self._bounds(key)
+        if ch is not None and ch.last_seq is not None and ch.doubt is None:
+            last = min(last, ch.last_seq)  # the writer's view: only what it acknowledged
+        return first, last
+
+    async def _read(self, key: int, from_id: int, max_bytes: int) -> list[tuple[int, bytes]]:
+        first, last = await self._ends(key)
+        if first > last:
+            return []
+        seq = max(await self._last_at_or_before(key, from_id, first, last), first)
+        out: list[tuple[int, bytes]] = []
+        total = 0
+        while seq <= last and total < max_bytes:
+            window = range(seq, min(seq + _READ_AHEAD, last + 1))
+            msgs = await asyncio.gather(*(self._get(key, s) for s in window))
+            for msg in msgs:
+                seq += 1
+                if msg is None or msg.fence or msg.end_id <= from_id:
+                    continue
+                ch = self._chans.get(key)
+                if ch is not None:
+                    ch.learn(msg.seq, msg.first_id)
+                out.append((msg.first_id, msg.data))
+                total += len(msg.data)
+                if total >= max_bytes:
+                    break
+        return out
+
+    def seek_time(self, channel_key: int, timetick: int) -> TickEntry | None:
+        return self._call(self._seek(channel_key, timetick), what="searching the time index")
+
+    async def _seek(self, key: int, timetick: int) -> TickEntry | None:
+        first, last = await self._ends(key)
+        if first > last:
+            return None
+        head = await self._get(key, first)
+        if head is None:
+            return None
+        # The first message whose channel high-water passed ``timetick``: its own entries may still
+        # be <= timetick; otherwise the answer is the last entry known just before it.
+        seq, msg = await self._search(key, first, last, lambda m: m.max_tt > timetick)
+        entry: TickEntry | None = None
+        if seq <= last:
+            msg = msg or await self._get(key, seq)
+            if msg is not None:
+                fit = [t for t in msg.ticks if t.timetick <= timetick]
+                entry = fit[-1] if fit else None
+        if entry is None and seq - 1 >= first:
+            prev = await self._get(key, seq - 1)
+            if prev is not None:
+                entry = prev.ticks[-1] if prev.ticks else prev.last_tick
+        if entry is None or entry.timetick > timetick or entry.message_id < head.first_id:
+            return None  # none yet, or truncated away with its block
+        return entry
+
+    def truncate(self, channel_key: int, before_id: MessageID) -> MessageID:
+        return self._call(self._truncate(channel_key, before_id), what="truncating the WAL")
+
+    async def _truncate(self, key: int, before_id: int) -> int:
+        first, last = await self._bounds(key)
+        if first > last:
+            return await self._meta_u64(key, TRUNCATED_META) or before_id
+        seq = await self._last_at_or_before(key, before_id, first, last)
+        if seq < first:
+            head = await self._get(key, first)
+            return head.first_id if head is not None else before_id
+        msg = await self._get(key, seq)
+        if msg is None:
+            return before_id
+        end = msg.end_id
+        keep_seq, keep_from = (seq + 1, end) if end <= before_id else (seq, msg.first_id)
+        if keep_seq > last:
+            # Nothing is left to carry the channel's high-water timetick: keep it beside the mark.
+            tail = msg if seq == last else await self._get(key, last)
+            await self._put_meta(key, _MAX_TT_META, _U64.pack(tail.max_tt if tail is not None else 0))
+        await self._put_meta(key, TRUNCATED_META, _U64.pack(keep_from))
+        if keep_seq > first:
+            await self._js.purge_stream(self._stream(key), seq=keep_seq)
+        ch = self._chans.get(key)
+        if ch is not None:
+            ch.forget_below(keep_seq)
+        return int(keep_from)
+
+    async def _put_meta(self, key: int, name: str, value: bytes) -> None:
+        await self._kv_meta.put(self._meta_key(key, name), bytes(value))
+
+    async def _get_meta(self, key: int, name: str) -> bytes | None:
+        try:
+            entry = await self._kv_meta.get(self._meta_key(key, name))
+        except nats.js.errors.NotFoundError:
+            return None
+        return bytes(entry.value) if entry.value is not None else None
+
+    def put_meta(self, channel_key: int, name: str, value: bytes) -> None:
+        self._call(self._put_meta(channel_key, name, value), what=f"storing {name!r}")
+
+    def get_meta(self, channel_key: int, name: str) -> bytes | None:
+        return self._call(self._get_meta(channel_key, name), what=f"reading {name!r}")
+
+    def sync(self) -> None:
+        return None  # every write already waited for its acknowledgement (servers sync always)
+
+    def backup(self, dest: str) -> None:
+        raise InvalidArgumentError(
+            f"backup to {dest[:200]!r} is not supported by the JetStream WAL backend: its streams are "
+            f"replicated by NATS; back them up with NATS itself (`nats stream backup SN_{self.prefix}_<key>`)",
+            path=dest[:200], backend="jetstream")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self._call(self._nc.close(), what="closing the NATS connection", overall=self.timeout * 2)
+        except StreamingError:
+            pass  # the connection is dropped with the loop below
+        finally:
+            self._closed = True
+            self._stop_loop()
+
+
+__all__ = ["JetStreamBackend", "decode_key", "encode_key"]
