@@ -14,12 +14,12 @@ from streamingnode.client._calls import unary
 from streamingnode.client._consumer import Consumer
 from streamingnode.client._data import DataClient
 from streamingnode.client._msgstream import MsgStream
-from streamingnode.client._producer import Producer
+from streamingnode.client._producer import DEFAULT_BUFFER_BYTES, Producer
+from streamingnode.client._routing import Route, Router, parse_addresses
 from streamingnode.client._txn import Transaction
 from streamingnode.client._types import ChannelDescription, GroupDescription, Owner, TxnInfo
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
-from streamingnode.v1 import streaming_pb2_grpc as sgrpc
 from wal.errors import InvalidArgumentError
 from wal.message import AppendResult, Position
 from wal.options import DeliverFilter, DeliverPolicy
@@ -90,7 +90,14 @@ def channel_credentials(
 
 
 class AsyncClient:
-    """A connection to one streaming node.  Use it on one event loop; ``async with`` or ``aclose``.
+    """A connection to a streaming node, or to a cluster of them.  Use it on one event loop; ``async
+    with`` or ``aclose``.
+
+    ``addr`` is one address, or several seeds (a list, or a comma-separated string).  The client keeps
+    one gRPC channel per node and sends each pchannel's calls to its owner: with one seed that is the
+    seed (unless it answers NOT_OWNER naming another node); with several, the owner comes from
+    ``DescribeChannels`` on first use and from NOT_OWNER answers, and after a node becomes unreachable
+    it is resolved again through any seed (see ``_routing``).
 
     ``timeout`` is the deadline of each unary call in seconds (None: none).  ``reconnect_timeout`` is
     how long producers and consumers keep trying to reopen a broken stream before they give up.
@@ -102,7 +109,7 @@ class AsyncClient:
 
     def __init__(
         self,
-        addr: str = DEFAULT_ADDR,
+        addr: str | Sequence[str] = DEFAULT_ADDR,
         *,
         timeout: float | None = 30.0,
         reconnect_timeout: float = 30.0,
@@ -114,7 +121,8 @@ class AsyncClient:
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.addr = addr
+        self.seeds = parse_addresses(addr)
+        self.addr = ",".join(self.seeds)
         self.timeout = timeout
         self.reconnect_timeout = reconnect_timeout
         # What consumers tell the node they can receive (ConsumeOpen.max_response_bytes): gRPC's default
@@ -132,13 +140,18 @@ class AsyncClient:
             # Reconnect quickly after a node restart instead of backing off for up to two minutes.
             ("grpc.max_reconnect_backoff_ms", 1000),
         ]
-        self._channel = (grpc.aio.insecure_channel(addr, options=channel_options) if credentials is None
-                         else grpc.aio.secure_channel(addr, credentials, options=channel_options))
-        # Plain metadata, not call credentials: gRPC sends those only over TLS, and a node behind a
-        # trusted network (or loopback) may take tokens without it.
-        calls: Any = self._channel if not token else _WithMetadata(
-            self._channel, (("authorization", f"Bearer {token}"),))
-        self._stub = sgrpc.StreamingNodeStub(calls)
+
+        def open_channel(node: str) -> tuple[grpc.aio.Channel, Any]:
+            channel = (grpc.aio.insecure_channel(node, options=channel_options) if credentials is None
+                       else grpc.aio.secure_channel(node, credentials, options=channel_options))
+            # Plain metadata, not call credentials: gRPC sends those only over TLS, and a node behind a
+            # trusted network (or loopback) may take tokens without it.
+            calls: Any = channel if not token else _WithMetadata(channel, (("authorization", f"Bearer {token}"),))
+            return channel, calls
+
+        self.router = Router(self.seeds, open_channel)
+        # The first seed's stub: what calls that name no pchannel use when there is one seed.
+        self._stub = self.router.stub_at(self.seeds[0])
         self._owned: list[Producer | Consumer | MsgStream | DataClient] = []
         self._closed = False
 
@@ -158,10 +171,20 @@ class AsyncClient:
         for item in reversed(owned):
             with contextlib.suppress(Exception):
                 await item.aclose()
-        await self._channel.close()
+        await self.router.close()
 
-    async def _call(self, method: str, request: Any) -> Any:
-        return await unary(getattr(self._stub, method), request, self.timeout)
+    async def _call(self, method: str, request: Any, pchannel: str = "", *, read: bool = False) -> Any:
+        """A unary call: at ``pchannel``'s owner, or (no pchannel) at the first seed that answers.
+        ``read``: safe to repeat at another node after the first became unreachable."""
+        if pchannel:
+            return await self.router.call(pchannel, method, request, self.timeout, retry_gone=read)
+        if not self.router.cluster:
+            return await unary(getattr(self._stub, method), request, self.timeout)
+        return await self.router.call_any(method, request, self.timeout)
+
+    def route(self, pchannel: str) -> Route:
+        """The way to ``pchannel``'s owner that its producers and consumers use."""
+        return Route(self.router, pchannel, self.timeout)
 
     def _own(self, item: T) -> T:
         self._owned = [x for x in self._owned if not getattr(x, "closed", False)]
@@ -179,24 +202,30 @@ class AsyncClient:
 
     async def destroy_channels(self, names: Sequence[str]) -> None:
         """Remove pchannels with their data and consumer groups."""
-        await self._call("DestroyChannels", spb.DestroyChannelsRequest(channel_names=list(names)))
+        names = list(names)
+        await self._call("DestroyChannels", spb.DestroyChannelsRequest(channel_names=names),
+                         names[0] if len(names) == 1 else "")
 
     async def describe_channels(self, names: Sequence[str] = ()) -> list[ChannelDescription]:
         """Describe the given pchannels (every channel of the node when empty)."""
-        resp = await self._call("DescribeChannels", spb.DescribeChannelsRequest(channel_names=list(names)))
+        names = list(names)
+        resp = await self._call("DescribeChannels", spb.DescribeChannelsRequest(channel_names=names),
+                                names[0] if len(names) == 1 else "", read=True)
         return [ChannelDescription.from_pb(d) for d in resp.descriptions]
 
     # --- consumer groups -------------------------------------------------------------------------
     async def create_group(self, pchannel: str, group: str) -> None:
-        await self._call("CreateConsumerGroup", spb.CreateConsumerGroupRequest(pchannel=pchannel, group=group))
+        await self._call("CreateConsumerGroup", spb.CreateConsumerGroupRequest(pchannel=pchannel, group=group),
+                         pchannel)
 
     async def destroy_group(self, pchannel: str, group: str) -> None:
-        await self._call("DestroyConsumerGroup", spb.DestroyConsumerGroupRequest(pchannel=pchannel, group=group))
+        await self._call("DestroyConsumerGroup", spb.DestroyConsumerGroupRequest(pchannel=pchannel, group=group),
+                         pchannel)
 
     async def describe_groups(self, pchannel: str = "", groups: Sequence[str] = ()) -> list[GroupDescription]:
         """Committed positions and lag of groups (every pchannel / every group when empty)."""
         resp = await self._call("DescribeConsumerGroups", spb.DescribeConsumerGroupsRequest(
-            pchannel=pchannel, groups=list(groups)))
+            pchannel=pchannel, groups=list(groups)), pchannel, read=True)
         return [GroupDescription.from_pb(d) for d in resp.groups]
 
     async def seek_group(
@@ -213,38 +242,41 @@ class AsyncClient:
         else:
             assert position is not None
             request.position.CopyFrom(convert.position_to_pb(position, vchannel))
-        resp = await self._call("SeekConsumerGroup", request)
+        resp = await self._call("SeekConsumerGroup", request, pchannel)
         return convert.position_from_pb(resp.position)[0]
 
     # --- positions and flush ---------------------------------------------------------------------
     async def latest_position(self, pchannel: str, vchannel: str = "") -> tuple[Position | None, int]:
         """(the newest confirmed position or None when empty, the vchannel's MVCC timetick)."""
-        resp = await self._call("GetLatestPosition", spb.GetLatestPositionRequest(pchannel=pchannel, vchannel=vchannel))
+        resp = await self._call("GetLatestPosition", spb.GetLatestPositionRequest(pchannel=pchannel, vchannel=vchannel),
+                                pchannel, read=True)
         last = convert.position_from_pb(resp.last)[0] if resp.HasField("last") else None
         return last, resp.mvcc_timetick
 
     async def flush(self, pchannel: str, vchannel: str, collection: str | None = None) -> tuple[list[str], int]:
         """Write what is buffered for the vchannel (collection) to Parquet: (files, flush timetick)."""
-        resp = await self._call("Flush", spb.FlushRequest(pchannel=pchannel, vchannel=vchannel, collection=collection))
+        resp = await self._call("Flush", spb.FlushRequest(pchannel=pchannel, vchannel=vchannel, collection=collection),
+                                pchannel)
         return list(resp.files), resp.flush_timetick
 
     # --- transactions ----------------------------------------------------------------------------
     async def begin_txn(self, pchannel: str, vchannel: str, keepalive_ms: int = 0) -> TxnInfo:
         """Start a transaction (``keepalive_ms`` 0: the node's default)."""
         resp = await self._call("BeginTxn", spb.BeginTxnRequest(
-            pchannel=pchannel, vchannel=vchannel, keepalive_ms=keepalive_ms))
+            pchannel=pchannel, vchannel=vchannel, keepalive_ms=keepalive_ms), pchannel)
         mid = convert.message_id_from_pb(resp.message_id, "message_id") if resp.HasField("message_id") else None
         return TxnInfo(pchannel, vchannel, resp.txn_id, resp.begin_timetick, mid, resp.keepalive_ms)
 
     async def commit_txn(self, pchannel: str, vchannel: str, txn_id: int) -> AppendResult:
         """Commit: AppendResult of the CommitTxn message (its timetick is when readers see the body)."""
-        resp = await self._call("CommitTxn", spb.CommitTxnRequest(pchannel=pchannel, vchannel=vchannel, txn_id=txn_id))
+        resp = await self._call("CommitTxn", spb.CommitTxnRequest(pchannel=pchannel, vchannel=vchannel, txn_id=txn_id),
+                                pchannel)
         return AppendResult(convert.message_id_from_pb(resp.message_id, "message_id"), resp.commit_timetick, txn_id)
 
     async def rollback_txn(self, pchannel: str, vchannel: str, txn_id: int) -> AppendResult:
         """Roll back: AppendResult of the RollbackTxn message."""
         resp = await self._call("RollbackTxn", spb.RollbackTxnRequest(
-            pchannel=pchannel, vchannel=vchannel, txn_id=txn_id))
+            pchannel=pchannel, vchannel=vchannel, txn_id=txn_id), pchannel)
         return AppendResult(convert.message_id_from_pb(resp.message_id, "message_id"), resp.rollback_timetick, txn_id)
 
     @contextlib.asynccontextmanager
@@ -252,7 +284,7 @@ class AsyncClient:
         """``async with client.txn(p, v) as tx: await tx.send(b"...")`` — commits when the block ends
         normally (after every body message is durable), rolls back when it raises."""
         info = await self.begin_txn(pchannel, vchannel, keepalive_ms)
-        producer = Producer(self._stub, pchannel, reconnect_timeout=self.reconnect_timeout,
+        producer = Producer(self.route(pchannel), pchannel, reconnect_timeout=self.reconnect_timeout,
                             txn=pb.TxnContext(txn_id=info.txn_id, keepalive_ms=info.keepalive_ms))
         tx = Transaction(self, info, producer)
         try:
@@ -281,6 +313,9 @@ class AsyncClient:
         max_batch_bytes: int = 1 << 20,
         max_batch_messages: int = 1000,
         max_in_flight: int | None = None,
+        buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+        on_full: str = "block",
+        spool_dir: str | os.PathLike[str] | None = None,
     ) -> Producer:
         """A producer on ``pchannel`` (see ``Producer``).  With ``producer_id`` it is idempotent: after a
         reconnect it resends unanswered batches with the same sequences and the node drops what it
@@ -288,11 +323,21 @@ class AsyncClient:
         one from its ``next_sequence``: a reused id that restarts at 0 would be answered with the old
         results.  ``max_in_flight`` defaults to 8, and for an idempotent producer to what keeps
         ``max_in_flight * max_batch_messages`` within the node's dedup window (4096): keep that true
-        when you set either."""
+        when you set either.
+
+        While no owner answers (a failover, a network fault) sends are buffered, up to ``buffer_bytes``
+        of unanswered messages, and written in batches, in order, once an owner answers (for up to the
+        client's ``reconnect_timeout``, after which they fail).  A full buffer makes ``send`` wait
+        (``on_full="block"``) or raise ``ResourceExhaustedError`` (``"fail"``).  ``spool_dir`` (needs
+        ``producer_id``) also appends each batch to a file there: a producer made later with the same
+        id and directory sends what was never answered first (``Producer.recovered``).  Per vchannel
+        the order is kept; the node's dedup window removes duplicates as long as the resend comes
+        within it."""
         return self._own(Producer(
-            self._stub, pchannel, producer_id=producer_id, first_sequence=first_sequence, linger=linger,
+            self.route(pchannel), pchannel, producer_id=producer_id, first_sequence=first_sequence, linger=linger,
             max_batch_bytes=max_batch_bytes, max_batch_messages=max_batch_messages, max_in_flight=max_in_flight,
-            reconnect_timeout=self.reconnect_timeout))
+            reconnect_timeout=self.reconnect_timeout, buffer_bytes=buffer_bytes, on_full=on_full,
+            spool_dir=None if spool_dir is None else os.fspath(spool_dir)))
 
     def consumer(
         self,
@@ -309,7 +354,7 @@ class AsyncClient:
         all) — or, with ``group``, at the group's committed position when it has one.  It is
         started: reading begins in the background at once."""
         consumer = Consumer(
-            self._stub, pchannel, vchannel, policy=policy, filters=filters, group=group,
+            self.route(pchannel), pchannel, vchannel, policy=policy, filters=filters, group=group,
             max_pack_messages=max_pack_messages, max_buffered_packs=max_buffered_packs,
             reconnect_timeout=self.reconnect_timeout, timeout=self.timeout, max_receive_bytes=self.max_receive_bytes)
         consumer.start()

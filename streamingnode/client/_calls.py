@@ -21,7 +21,8 @@ R = TypeVar("R")
 
 # Errors after which opening the stream again is the cure: the transport broke, the node restarted
 # (ON_SHUTDOWN), or the channel was reopened under a newer term (CHANNEL_FENCED: a new stream gets the
-# new term).  Everything else (a missing channel, a bad argument) fails the same way on every attempt.
+# new term), or another node owns the pchannel (NOT_OWNER: the Router learned the owner, or resolves
+# it again).  Everything else (a missing channel, a bad argument) fails the same way on every attempt.
 _RECONNECT = frozenset(
     {
         ErrorCode.UNAVAILABLE,
@@ -29,6 +30,7 @@ _RECONNECT = frozenset(
         ErrorCode.CHANNEL_FENCED,
         ErrorCode.RESOURCE_EXHAUSTED,
         ErrorCode.REDO,
+        ErrorCode.NOT_OWNER,
     }
 )
 

@@ -14,6 +14,10 @@ client's) tells the node how large a response this consumer can take.
 With a consumer group the node replaces the policy by the group's committed position (which is at or
 before what this consumer received, unless someone moved the group), but it keeps the filters, so the
 ``timetick_gt`` filter still cuts everything already received.
+
+In a cluster the consumer reaches its pchannel through a ``Route``: an open refused with NOT_OWNER
+goes to the owner it names, and after the owner went away the next open resolves it again through
+the seeds; the resume rule above makes the new owner continue exactly after the last pack received.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import grpc
 
 from streamingnode import convert
 from streamingnode.client._calls import reconnectable, translate, unary, with_reconnect, write
+from streamingnode.client._routing import Route
 from streamingnode.status import from_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
@@ -72,7 +77,7 @@ class Consumer:
 
     def __init__(
         self,
-        stub: sgrpc.StreamingNodeStub,
+        stub: sgrpc.StreamingNodeStub | Route,
         pchannel: str,
         vchannel: str = "",
         *,
@@ -91,6 +96,7 @@ class Consumer:
             raise InvalidArgumentError(
                 "max_pack_messages and max_receive_bytes must be >= 0 and max_buffered_packs > 0")
         self._max_receive_bytes = max_receive_bytes
+        self._route = stub if isinstance(stub, Route) else None
         self._stub = stub
         self.pchannel = pchannel
         self.vchannel = vchannel
@@ -264,6 +270,8 @@ class Consumer:
                 self._error = exc
                 return
             broke = await self._pump_until_broken(call)
+            if broke is not None and self._route is not None:
+                self._route.failed(broke)
             if broke is None or self._state is not _State.RUNNING:
                 return
             if not reconnectable(broke):
@@ -289,19 +297,33 @@ class Consumer:
             return
         # Anchor 'latest' to a concrete position now, so a reconnect before the first pack still
         # resumes from here and loses nothing appended in between.
-        resp = await unary(self._stub.GetLatestPosition, spb.GetLatestPositionRequest(
-            pchannel=self.pchannel, vchannel=self.vchannel), self._timeout)
+        resp = await self._unary("GetLatestPosition", spb.GetLatestPositionRequest(
+            pchannel=self.pchannel, vchannel=self.vchannel))
         if resp.HasField("last"):
             self._received = convert.position_from_pb(resp.last)[0]
 
     async def _group_has_position(self) -> bool:
         if self.group is None:
             return False
-        resp = await unary(self._stub.DescribeConsumerGroups, spb.DescribeConsumerGroupsRequest(
-            pchannel=self.pchannel, groups=[self.group]), self._timeout)
+        resp = await self._unary("DescribeConsumerGroups", spb.DescribeConsumerGroupsRequest(
+            pchannel=self.pchannel, groups=[self.group]))
         return any(p.vchannel == self.vchannel for g in resp.groups for p in g.vchannels)
 
+    async def _unary(self, method: str, request: Any) -> Any:
+        if self._route is not None:
+            return await self._route.call(method, request)
+        return await unary(getattr(self._stub, method), request, self._timeout)
+
     async def _open(self) -> Any:
+        try:
+            stub = await self._route.stub() if self._route is not None else self._stub
+            return await self._open_at(stub)
+        except StreamingError as exc:
+            if self._route is not None:
+                self._route.failed(exc)
+            raise
+
+    async def _open_at(self, stub: Any) -> Any:
         policy, filters = self._policy, self._filters
         if self._received is not None:
             policy, filters = resume_read(self._received, filters)
@@ -311,7 +333,7 @@ class Consumer:
             # Column packs cost a fraction per message to encode and decode; msgpack_from_pb reads
             # both forms, so a node that ignores the flag still works.
             max_pack_messages=self._max_pack_messages, columns=True, max_response_bytes=self._max_receive_bytes)
-        call = self._stub.Consume()
+        call = stub.Consume()
         try:
             await write(call, spb.ConsumeRequest(open=open_))
             first = await call.read()

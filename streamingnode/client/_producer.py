@@ -21,6 +21,17 @@ batches failed with their fate unknown (the node stayed away longer than ``recon
 node may not have them: a later batch can then be refused, and the producer should start over under
 a new ``producer_id``.
 
+Routing and the local buffer: the producer reaches its pchannel through a ``Route`` (the owner in a
+cluster, see ``_routing``); a stream refused with NOT_OWNER, or broken because the node went away,
+is opened again at the owner the Router learns or resolves.  Every message accepted and not answered
+yet counts against ``buffer_bytes``: while no owner answers, ``send``/``send_nowait`` keep accepting
+until that bound, and the batches go out (in order, with their sequences) as soon as a stream opens.
+A full buffer makes ``send`` wait (``on_full="block"``, within the send's ``timeout``) or fail with
+``ResourceExhaustedError`` (``on_full="fail"``, and ``send_nowait`` in that mode).  With
+``spool_dir`` every sealed batch is appended to a file before it is written, and answered batches are
+marked so; a producer made later with the same ``producer_id`` and ``spool_dir`` sends what is left
+first (see ``_spool``).
+
 Lifecycle: running -> draining (``aclose``: everything queued is still sent and answered) -> closed.
 """
 
@@ -37,18 +48,30 @@ from typing import Any, cast
 import grpc
 
 from streamingnode.client._calls import done_writing, reconnectable, translate, with_reconnect, write
+from streamingnode.client._routing import Route
+from streamingnode.client._spool import Spool
 from streamingnode.status import from_error_detail
 from streamingnode.tracing import with_current_context
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
-from wal.errors import ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError, UnavailableError
+from wal.errors import (
+    ErrorCode,
+    InvalidArgumentError,
+    OnShutdownError,
+    ResourceExhaustedError,
+    StreamingError,
+    UnavailableError,
+)
 from wal.lifecycle import cancel_and_wait
 from wal.message import AppendResult, MessageType
 
 # In-band batch errors that the node sends just before it ends the stream (the channel was reopened,
 # or the node is stopping): nothing of the batch was written, and a new stream can take it.
-_ENDS_STREAM = frozenset({ErrorCode.CHANNEL_FENCED, ErrorCode.ON_SHUTDOWN})
+_ENDS_STREAM = frozenset({ErrorCode.CHANNEL_FENCED, ErrorCode.ON_SHUTDOWN, ErrorCode.NOT_OWNER})
+
+DEFAULT_BUFFER_BYTES = 64 << 20
+"""Bytes of accepted, unanswered messages a producer holds by default (``buffer_bytes``)."""
 
 _DEFAULT_IN_FLIGHT = 8
 NODE_DEDUP_WINDOW = 4096
@@ -65,11 +88,14 @@ class _Batch:
     """A sealed batch: its request, built once in column form (a resend after a reconnect reuses it
     with a new request id), and one future per message."""
 
-    __slots__ = ("futures", "request", "sent")
+    __slots__ = ("futures", "nbytes", "request", "sent")
 
-    def __init__(self, request: spb.ProduceRequest, futures: list[asyncio.Future[AppendResult]]) -> None:
+    def __init__(self, request: spb.ProduceRequest, futures: list[asyncio.Future[AppendResult]],
+                 nbytes: int = 0) -> None:
         self.request = request
         self.futures = futures
+        self.nbytes = nbytes
+        """What the batch counts against ``buffer_bytes``."""
         self.sent = False
         """Written to a stream at least once (the node may have its sequences)."""
 
@@ -88,6 +114,19 @@ def _fail_futures(futures: list[asyncio.Future[AppendResult]], exc: BaseExceptio
             # A send_nowait caller may drop its future: its error must not be logged as "never
             # retrieved".  Marked here, once per failure, instead of a callback on every future.
             fut.exception()
+
+
+def _retrieve(fut: asyncio.Future[AppendResult]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+def _request_bytes(request: spb.ProduceRequest) -> int:
+    columns = request.batch.columns
+    size = sum(map(len, columns.payloads)) + sum(map(len, columns.vchannels))
+    for extra in columns.extras:
+        size += sum(len(k) + len(v) for k, v in extra.properties.items())
+    return size
 
 
 def _resolve(futures: list[asyncio.Future[AppendResult]], appended: spb.AppendResults) -> None:
@@ -121,7 +160,7 @@ class Producer:
 
     def __init__(
         self,
-        stub: sgrpc.StreamingNodeStub,
+        stub: sgrpc.StreamingNodeStub | Route,
         pchannel: str,
         *,
         producer_id: str | None = None,
@@ -132,6 +171,9 @@ class Producer:
         max_in_flight: int | None = None,
         reconnect_timeout: float = 30.0,
         txn: pb.TxnContext | None = None,
+        buffer_bytes: int = DEFAULT_BUFFER_BYTES,
+        on_full: str = "block",
+        spool_dir: str | None = None,
     ) -> None:
         if not pchannel:
             raise InvalidArgumentError("pchannel is required", field="pchannel")
@@ -143,6 +185,14 @@ class Producer:
                 max_in_flight = max(1, min(max_in_flight, NODE_DEDUP_WINDOW // max(max_batch_messages, 1)))
         if linger < 0 or max_batch_bytes <= 0 or max_batch_messages <= 0 or max_in_flight <= 0:
             raise InvalidArgumentError("linger must be >= 0; batch limits and max_in_flight must be > 0")
+        if buffer_bytes <= 0:
+            raise InvalidArgumentError(f"buffer_bytes must be > 0, got {buffer_bytes}", field="buffer_bytes")
+        if on_full not in ("block", "fail"):
+            raise InvalidArgumentError(f"on_full must be 'block' or 'fail', got {on_full[:200]!r}", field="on_full")
+        if spool_dir is not None and (producer_id is None or txn is not None):
+            # Without sequences a resend after a restart could duplicate; a transaction dies with its client.
+            raise InvalidArgumentError("spool_dir needs a producer_id (and no transaction)", field="spool_dir")
+        self._route = stub if isinstance(stub, Route) else None
         self._stub = stub
         self.pchannel = pchannel
         self.producer_id = producer_id
@@ -153,6 +203,10 @@ class Producer:
         self._reconnect_timeout = reconnect_timeout
         self._txn = txn
         self._next_sequence = first_sequence
+        self.buffer_bytes = buffer_bytes
+        self._on_full = on_full
+        self._buffered = 0  # bytes of accepted messages not answered yet (open, sealed, in flight)
+        self._connected = False
         self._request_ids = itertools.count(1)
         self._loop = asyncio.get_running_loop()
         self._state = _State.RUNNING
@@ -178,11 +232,45 @@ class Producer:
         """Messages in the largest batch written so far."""
         self.reconnects = 0
         """How many times the stream was opened again after a failure (for tests and metrics)."""
+        self._spool: Spool | None = None
+        self.recovered: list[asyncio.Future[AppendResult]] = []
+        """One future per message a spool held from an earlier producer (sent before anything new)."""
+        if spool_dir is not None:
+            assert producer_id is not None
+            self._spool = Spool(spool_dir, producer_id, pchannel)
+            for request in self._spool.pending():
+                batch = request.batch
+                n = len(batch.columns.payloads)
+                futures = [self._loop.create_future() for _ in range(n)]
+                for fut in futures:  # nobody may be waiting on them: no "never retrieved" warnings
+                    fut.add_done_callback(_retrieve)
+                size = _request_bytes(request)
+                self._sealed.append(_Batch(request, futures, size))
+                self._buffered += size
+                self.recovered.extend(futures)
+                self._next_sequence = max(self._next_sequence, batch.first_sequence + n)
+            if self._sealed:
+                self._start_task()
 
     # --- public ----------------------------------------------------------------------------------
     @property
     def closed(self) -> bool:
         return self._state is _State.CLOSED
+
+    @property
+    def draining(self) -> bool:
+        """``aclose`` is under way."""
+        return self._state is _State.DRAINING
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of messages accepted and not answered yet (what ``buffer_bytes`` bounds)."""
+        return self._buffered
+
+    @property
+    def connected(self) -> bool:
+        """A stream to an owner is open now."""
+        return self._connected
 
     @property
     def max_in_flight(self) -> int:
@@ -221,6 +309,9 @@ class Producer:
         if properties:
             for k, v in properties.items():
                 size += len(k) + len(v)
+        if self._on_full == "fail" and self._buffered + size > self.buffer_bytes and self._buffered:
+            raise self._full(size)
+        self._buffered += size
         futures = self._open_futures
         if futures and self._open_bytes + size > self._max_bytes:
             self._seal()
@@ -251,13 +342,30 @@ class Producer:
         *,
         properties: dict[str, str] | None = None,
         type: MessageType = MessageType.DATA,
+        timeout: float | None = None,  # noqa: ASYNC109  (bounds the wait for room and the answer alike)
     ) -> AppendResult:
         """Append one message and wait until it is durable.  Waits first while too many sealed batches
-        are queued (backpressure)."""
-        while len(self._sealed) >= self._max_in_flight and self._state is _State.RUNNING:
-            self._space.clear()
-            await self._space.wait()
-        return await self.send_nowait(vchannel, payload, properties=properties, type=type)
+        are queued for an open stream (backpressure), or while the buffer is full (``on_full="block"``;
+        ``"fail"`` raises ``ResourceExhaustedError``).  ``timeout`` (seconds, None: none) bounds the
+        whole call; when it passes while the message is still only waiting for room, it was not
+        accepted (TimeoutError); once accepted, the message stays queued even if the wait times out."""
+        async with asyncio.timeout(timeout):
+            size = len(payload) + len(vchannel) + sum(len(k) + len(v) for k, v in (properties or {}).items())
+            while self._state is _State.RUNNING and (
+                    (self._connected and len(self._sealed) >= self._max_in_flight)
+                    or (self._buffered and self._buffered + size > self.buffer_bytes)):
+                if not (self._connected and len(self._sealed) >= self._max_in_flight) and self._on_full == "fail":
+                    raise self._full(size)
+                self._space.clear()
+                await self._space.wait()
+            fut = self.send_nowait(vchannel, payload, properties=properties, type=type)
+            return await asyncio.shield(fut)
+
+    def _full(self, size: int) -> ResourceExhaustedError:
+        return ResourceExhaustedError(
+            f"producer buffer on {self.pchannel!r} is full: {self._buffered} of buffer_bytes={self.buffer_bytes} "
+            f"bytes unanswered, and a message of {size} bytes does not fit", channel=self.pchannel,
+            limit="buffer_bytes")
 
     async def flush(self) -> None:
         """Write the open batch now and wait until every message sent so far is answered (failures
@@ -283,7 +391,11 @@ class Producer:
             self._state = _State.CLOSED
             if self._task is not None and not self._task.done():
                 await cancel_and_wait(self._task)
-            self._fail_all(OnShutdownError(f"producer on {self.pchannel!r} closed", channel=self.pchannel))
+            kept = " (its spool keeps them for a producer with the same id)" if self._spool is not None else ""
+            self._fail_all(OnShutdownError(f"producer on {self.pchannel!r} closed before its messages were "
+                                           f"answered{kept}", channel=self.pchannel), keep_spool=True)
+            if self._spool is not None:
+                self._spool.close()
 
     async def __aenter__(self) -> Producer:
         return self
@@ -312,8 +424,23 @@ class Producer:
             columns.extras.extend(self._open_extras)
         if self.producer_id is not None:
             self._next_sequence += len(futures)
-        self._sealed.append(_Batch(request, futures))
+        batch = _Batch(request, futures, self._open_bytes)
+        if self._spool is not None:
+            try:
+                self._spool.append(request)
+            except OSError as exc:
+                # Refused loudly, never sent unspooled: the caller asked for the disk copy.
+                self._reset_open()
+                self._release(batch)
+                batch.fail(ResourceExhaustedError(f"cannot write the producer spool: {exc}",
+                                                  channel=self.pchannel, limit="spool_dir"))
+                self._next_sequence = request.batch.first_sequence
+                return
+        self._sealed.append(batch)
         self._reset_open()
+        self._start_task()
+
+    def _start_task(self) -> None:
         self._wake.set()
         if self._task is None or self._task.done():
             self._task = self._loop.create_task(self._run(), name=f"producer:{self.pchannel}")
@@ -329,7 +456,7 @@ class Producer:
             self._fail_all(exc if isinstance(exc, StreamingError) else UnavailableError(
                 f"producer on {self.pchannel!r} failed: {exc!r}", channel=self.pchannel))
 
-    def _fail_all(self, exc: BaseException) -> None:
+    def _fail_all(self, exc: BaseException, *, keep_spool: bool = False) -> None:
         batches = (*self._in_flight, *self._sealed)
         if self.producer_id is not None:
             # Batches never written leave their sequences unused: hand them out again, or the next
@@ -338,13 +465,29 @@ class Producer:
             unsent = [b for b in batches if not b.sent]
             if unsent:
                 self._next_sequence = unsent[0].request.batch.first_sequence
+            if self._spool is not None and batches and not keep_spool:
+                # Their callers got this failure: the spool must not resend them after a restart
+                # (their sequences may be handed out again to other messages).
+                last = batches[-1].request.batch
+                with contextlib.suppress(OSError):
+                    self._spool.answered(last.first_sequence + len(last.columns.payloads) - 1, empty=True)
         for batch in batches:
             batch.fail(exc)
         self._in_flight.clear()
         self._sealed.clear()
         _fail_futures(self._open_futures, exc)
         self._reset_open()
+        self._buffered = 0
         self._space.set()
+
+    def _release(self, batch: _Batch) -> None:
+        """The batch is answered (or failed for good): its bytes leave the buffer."""
+        self._buffered = max(0, self._buffered - batch.nbytes)
+        self._space.set()
+        if self._spool is not None and batch.sent:
+            n = len(batch.futures)
+            with contextlib.suppress(OSError):  # a spool left behind only resends what dedup drops
+                self._spool.answered(batch.request.batch.first_sequence + n - 1, empty=not self._buffered)
 
     def _reset_open(self) -> None:
         self._open_types, self._open_vchannels, self._open_payloads = [], [], []
@@ -359,17 +502,28 @@ class Producer:
             except StreamingError as exc:
                 self._fail_all(exc)  # the channel is gone, or the node stayed away too long
                 continue
+            self._connected = True
             try:
                 await self._serve(call)
             except StreamingError as exc:
                 self._stream_broke(exc)
             finally:
+                self._connected = False
+                self._space.set()  # senders held by the in-flight bound may now buffer
                 call.cancel()
             if self._state is not _State.RUNNING and not (self._sealed or self._in_flight):
                 return
 
     async def _open(self) -> Any:
-        call = self._stub.Produce()
+        try:
+            return await self._open_at(await self._route.stub() if self._route is not None else self._stub)
+        except StreamingError as exc:
+            if self._route is not None:
+                self._route.failed(exc)  # NOT_OWNER names the owner; a gone node is forgotten
+            raise
+
+    async def _open_at(self, stub: Any) -> Any:
+        call = stub.Produce()
         try:
             await write(call, spb.ProduceRequest(open=spb.ProduceOpen(pchannel=self.pchannel,
                                                                       producer_id=self.producer_id)))
@@ -460,8 +614,11 @@ class Producer:
                 batch.fail(exc)
             else:
                 _resolve(batch.futures, result.appended)
+            self._release(batch)
 
     def _stream_broke(self, exc: StreamingError) -> None:
+        if self._route is not None:
+            self._route.failed(exc)
         if not reconnectable(exc):
             self._fail_all(exc)
             return
@@ -475,6 +632,7 @@ class Producer:
             lost.__cause__ = exc
             for batch in self._in_flight:
                 batch.fail(lost)
+                self._release(batch)
         self._in_flight.clear()
 
 

@@ -77,10 +77,11 @@ class SyncProducer:
 
     def send(
         self, vchannel: str, payload: bytes, *, properties: dict[str, str] | None = None,
-        type: MessageType = MessageType.DATA,
+        type: MessageType = MessageType.DATA, timeout: float | None = None,
     ) -> AppendResult:
-        """Append one message; return once it is durable."""
-        return self._portal.call(self._producer.send(vchannel, payload, properties=properties, type=type))
+        """Append one message; return once it is durable (see ``Producer.send`` for ``timeout``)."""
+        return self._portal.call(self._producer.send(vchannel, payload, properties=properties, type=type,
+                                                     timeout=timeout))
 
     def send_nowait(
         self, vchannel: str, payload: bytes, *, properties: dict[str, str] | None = None,
@@ -274,7 +275,7 @@ class Client:
 
     def __init__(
         self,
-        addr: str = DEFAULT_ADDR,
+        addr: str | Sequence[str] = DEFAULT_ADDR,
         *,
         timeout: float | None = 30.0,
         reconnect_timeout: float = 30.0,
