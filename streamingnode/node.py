@@ -252,6 +252,9 @@ class Node:
 
     def _not_owner(self, name: str) -> StreamingError:
         lease = self.lease(name)
+        if lease is None and name not in self.config.channels:
+            # No node knows of it (every known pchannel's lease is read on each pass).
+            return ChannelNotExistError(f"pchannel {name!r} does not exist", channel=name)
         if lease is not None and lease.node == self.config.node_id and lease.held():
             return UnavailableError(f"pchannel {name!r} is being opened on this node", channel=name)
         owner = lease.address if lease is not None and lease.held() else ""

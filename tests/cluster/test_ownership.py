@@ -212,6 +212,12 @@ async def test_a_call_on_another_nodes_pchannel_fails_fast_with_not_owner_naming
     assert err.fields["owner"] == owner.address
     assert err.fields["term"] == str(term)
     assert err.fields["channel"] == p
+    # A name no node knows of is not "owned elsewhere".
+    async with grpc.aio.insecure_channel(other.address) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as unknown:
+            await sgrpc.StreamingNodeStub(channel).GetLatestPosition(
+                spb.GetLatestPositionRequest(pchannel="nowhere", vchannel="v"))
+    assert from_rpc_error(unknown.value).code is ErrorCode.CHANNEL_NOT_EXIST
     # The owner itself serves it.
     async with grpc.aio.insecure_channel(owner.address) as channel:
         await sgrpc.StreamingNodeStub(channel).GetLatestPosition(spb.GetLatestPositionRequest(pchannel=p, vchannel="v"))
