@@ -1,7 +1,8 @@
 """The client commands of ``streamingnode``: produce, consume, channels, groups and flush.
 
 They talk to a running node over gRPC through ``streamingnode.client.AsyncClient``.  The node's
-address is ``--addr``, else ``$STREAMINGNODE_ADDR``, else ``localhost:19530``.  Every failure the node
+address is ``--addr`` (repeatable, or a comma list: seeds of a cluster), else ``$STREAMINGNODE_ADDR``,
+else ``localhost:19530``.  Every failure the node
 reports prints ``error: CODE: message`` on stderr and exits 1.
 
 - ``entry``: the parsers of every command, running the one chosen, printing failures.

@@ -22,8 +22,12 @@ DEFAULT_ADDR = "localhost:19530"
 
 
 def resolve_addr(args: argparse.Namespace) -> str:
-    """The node address: ``--addr``, else ``$STREAMINGNODE_ADDR``, else ``DEFAULT_ADDR``."""
-    return str(getattr(args, "addr", None) or os.environ.get(ADDR_ENV) or DEFAULT_ADDR)
+    """The node addresses, comma-separated: every ``--addr`` (repeatable, each a comma list too), else
+    ``$STREAMINGNODE_ADDR``, else ``DEFAULT_ADDR``.  Several are seeds of a cluster (see AsyncClient)."""
+    given = getattr(args, "addr", None)
+    if isinstance(given, list):
+        given = ",".join(given)
+    return str(given or os.environ.get(ADDR_ENV) or DEFAULT_ADDR)
 
 
 @dataclass(frozen=True, slots=True)

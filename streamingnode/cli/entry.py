@@ -36,7 +36,8 @@ Handler = Callable[[argparse.Namespace, str], Coroutine[Any, Any, int]]
 def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register produce, consume, channels, groups and flush on the top-level subparsers."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--addr", help=f"node address (default ${ADDR_ENV} or {DEFAULT_ADDR})")
+    common.add_argument("--addr", action="append", help=f"node address; in a cluster repeat it or give a comma "
+                        f"list of seeds (default ${ADDR_ENV} or {DEFAULT_ADDR})")
     common.add_argument("--token", help=f"bearer token sent on every call (default ${TOKEN_ENV}; prefer the "
                         "variable: a flag shows in the process list)")
     common.add_argument("--tls-ca", help="CA file (PEM) to verify the node's certificate with: connect over TLS")

@@ -104,8 +104,9 @@ class Router:
         self.resolutions += 1
         last: StreamingError | None = None
         n = len(self.seeds)
+        start = self._next_seed
         for i in range(n):
-            seed = self.seeds[(self._next_seed + i) % n]
+            seed = self.seeds[(start + i) % n]
             try:
                 resp = await unary(self.stub_at(seed).DescribeChannels,
                                    spb.DescribeChannelsRequest(channel_names=[pchannel]), deadline_s)
@@ -118,7 +119,7 @@ class Router:
                 if exc.code not in _NODE_GONE:
                     raise
                 last = exc
-                self._next_seed = (self._next_seed + i + 1) % n
+                self._next_seed = (start + i + 1) % n
                 continue
             for d in resp.descriptions:
                 if d.channel_name == pchannel and d.owner.address:
@@ -126,7 +127,7 @@ class Router:
             return seed  # the seed answered without naming another node: it serves the pchannel
         assert last is not None
         raise UnavailableError(f"no seed answered for pchannel {pchannel!r} (tried {', '.join(self.seeds)}): "
-                               f"{last.message}", channel=pchannel) from last
+                               f"{last}", channel=pchannel) from last
 
     def learn(self, pchannel: str, addr: str, exc: BaseException) -> bool:
         """Update the cache from a call to ``addr`` on ``pchannel`` that failed with ``exc``; True when a

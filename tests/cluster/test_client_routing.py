@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import socket
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -315,3 +319,27 @@ async def test_the_spool_survives_a_client_restart_and_is_delivered_once(cluster
         third = second.producer("pb", producer_id="spooled", spool_dir=spool)
         assert third.recovered == []
         await third.aclose()
+
+
+def test_the_cli_takes_several_addresses_and_reaches_the_owner(cluster: Cluster) -> None:
+    a, b = cluster.address("a"), cluster.address("b")
+    env = {k: v for k, v in os.environ.items() if k != "STREAMINGNODE_ADDR"}
+
+    def cli(*args: str, stdin: str | None = None) -> str:
+        proc = subprocess.run([sys.executable, "-m", "streamingnode", *args], input=stdin, capture_output=True,
+                              text=True, timeout=120, env=env, check=False)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    dead = f"127.0.0.1:{_free_port()}"
+    # Repeated --addr, and a comma list, each with a seed that is down: the others answer.
+    cli("produce", "--channel", "pb", "--vchannel", "v", "--addr", b, "--addr", dead, stdin='{"payload": "one"}\n')
+    out = cli("consume", "--quiet", "--channel", "pb", "--vchannel", "v", "--count", "1", "--addr", f"{dead},{a}")
+    assert [json.loads(line)["payload"] for line in out.splitlines()] == ["one"]
+    assert cluster.refused("b") == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
