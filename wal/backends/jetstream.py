@@ -225,7 +225,8 @@ class JetStreamBackend(Backend):
                 nats.errors.ConnectionClosedError, nats.errors.NoRespondersError,
                 nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError,
                 nats.errors.StaleConnectionError, nats.errors.OutboundBufferLimitError) as exc:
-            raise UnavailableError(f"{what}: NATS at {self.path} is unavailable: {exc!r}", path=self.path) from exc
+            raise UnavailableError(f"{what}: NATS at {self.path} is unavailable: {type(exc).__name__} {exc}",
+                                   path=self.path) from exc
         except nats.js.errors.APIError as exc:
             raise UnavailableError(f"{what}: NATS at {self.path} refused: {exc}", path=self.path) from exc
 
@@ -274,9 +275,12 @@ class JetStreamBackend(Backend):
             f"{self._stream(ch.key)}", channel=ch.name, term=ch.term)
 
     # --- stored messages ---------------------------------------------------------------------------
-    async def _get(self, key: int, seq: int) -> _Msg | None:
+    async def _get(self, key: int, seq: int, seen: dict[int, _Msg] | None = None) -> _Msg | None:
         """The message at ``seq``, or None when there is none.  A direct get may be answered by a
-        follower that lags: a miss is asked again of the leader."""
+        follower that lags: a miss is asked again of the leader.  ``seen``: messages this call
+        already fetched (a search's probes), fetched again never."""
+        if seen is not None and seq in seen:
+            return seen[seq]
         stream = self._stream(key)
         self.direct_gets += 1
         try:
@@ -286,7 +290,10 @@ class JetStreamBackend(Backend):
                 raw = await self._js.get_msg(stream, seq)
             except nats.js.errors.NotFoundError:
                 return None
-        return self._parse(key, seq, raw.headers or {}, raw.data or b"")
+        msg = self._parse(key, seq, raw.headers or {}, raw.data or b"")
+        if seen is not None:
+            seen[seq] = msg
+        return msg
 
     def _parse(self, key: int, seq: int, headers: dict[str, str], data: bytes) -> _Msg:
         try:
@@ -311,14 +318,15 @@ class JetStreamBackend(Backend):
             return last + 1, last  # a new stream says first 0, a purged one first = last + 1
         return int(info.state.first_seq), last
 
-    async def _search(self, key: int, lo: int, hi: int, after: Callable[[_Msg], bool]) -> tuple[int, _Msg | None]:
+    async def _search(self, key: int, lo: int, hi: int, after: Callable[[_Msg], bool],
+                      seen: dict[int, _Msg] | None = None) -> tuple[int, _Msg | None]:
         """The first sequence in [lo, hi] whose message satisfies ``after`` (monotone: false then
         true), hi + 1 when none does; with the message there when it was fetched."""
         ch = self._chans.get(key)
         found: _Msg | None = None
         while lo <= hi:
             mid = (lo + hi) // 2
-            msg = await self._get(key, mid)
+            msg = await self._get(key, mid, seen)
             if msg is None:  # purged meanwhile: everything below is gone
                 lo = mid + 1
                 continue
@@ -342,12 +350,13 @@ class JetStreamBackend(Backend):
             hi = ch.seqs[i] - 1
         return lo, hi
 
-    async def _last_at_or_before(self, key: int, from_id: int, first: int, last: int) -> int:
+    async def _last_at_or_before(self, key: int, from_id: int, first: int, last: int,
+                                 seen: dict[int, _Msg] | None = None) -> int:
         """The sequence of the last message whose first id is <= ``from_id`` (first - 1 if none)."""
         lo, hi = self._id_bounds(key, first, last, from_id)
         if lo == hi:
             return lo
-        seq, _ = await self._search(key, lo, hi, lambda m: m.first_id > from_id)
+        seq, _ = await self._search(key, lo, hi, lambda m: m.first_id > from_id, seen)
         return seq - 1
 
     # --- channel records ---------------------------------------------------------------------------
@@ -595,12 +604,15 @@ class JetStreamBackend(Backend):
         first, last = await self._ends(key)
         if first > last:
             return []
-        seq = max(await self._last_at_or_before(key, from_id, first, last), first)
+        seen: dict[int, _Msg] = {}
+        seq = max(await self._last_at_or_before(key, from_id, first, last, seen), first)
         out: list[tuple[int, bytes]] = []
         total = 0
+        ahead = 1  # gets in flight: one at first (a small read needs one block), doubling to _READ_AHEAD
         while seq <= last and total < max_bytes:
-            window = range(seq, min(seq + _READ_AHEAD, last + 1))
-            msgs = await asyncio.gather(*(self._get(key, s) for s in window))
+            window = range(seq, min(seq + ahead, last + 1))
+            ahead = min(2 * ahead, _READ_AHEAD)
+            msgs = await asyncio.gather(*(self._get(key, s, seen) for s in window))
             for msg in msgs:
                 seq += 1
                 if msg is None or msg.fence or msg.end_id <= from_id:
@@ -621,20 +633,21 @@ class JetStreamBackend(Backend):
         first, last = await self._ends(key)
         if first > last:
             return None
-        head = await self._get(key, first)
+        seen: dict[int, _Msg] = {}
+        head = await self._get(key, first, seen)
         if head is None:
             return None
         # The first message whose channel high-water passed ``timetick``: its own entries may still
         # be <= timetick; otherwise the answer is the last entry known just before it.
-        seq, msg = await self._search(key, first, last, lambda m: m.max_tt > timetick)
+        seq, msg = await self._search(key, first, last, lambda m: m.max_tt > timetick, seen)
         entry: TickEntry | None = None
         if seq <= last:
-            msg = msg or await self._get(key, seq)
+            msg = msg or await self._get(key, seq, seen)
             if msg is not None:
                 fit = [t for t in msg.ticks if t.timetick <= timetick]
                 entry = fit[-1] if fit else None
         if entry is None and seq - 1 >= first:
-            prev = await self._get(key, seq - 1)
+            prev = await self._get(key, seq - 1, seen)
             if prev is not None:
                 entry = prev.ticks[-1] if prev.ticks else prev.last_tick
         if entry is None or entry.timetick > timetick or entry.message_id < head.first_id:

@@ -1,0 +1,153 @@
+"""The JetStream backend on its own: fencing of an older writer, finding a block in a long stream
+without scanning it, and writes across a SIGKILLed server of a three-server cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.factories import ins
+from tests.natscluster import NatsCluster
+from wal._codec import decode_block, encode_block
+from wal.backend import TickEntry, WriteGroup
+from wal.backends.jetstream import JetStreamBackend
+from wal.errors import ChannelFencedError, UnavailableError, UnrecoverableError
+
+_prefixes = itertools.count(1)
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"b{next(_prefixes)}"
+
+
+@pytest.fixture
+def backends(nats_r1: NatsCluster, prefix: str) -> Iterator[list[JetStreamBackend]]:
+    opened: list[JetStreamBackend] = []
+    yield opened
+    for b in opened:
+        b.close()
+
+
+def _open(opened: list[JetStreamBackend], cluster: NatsCluster, prefix: str, replicas: int = 1) -> JetStreamBackend:
+    b = JetStreamBackend(cluster.url, prefix=prefix, replicas=replicas, timeout=2.0)
+    opened.append(b)
+    return b
+
+
+def _group(key: int, first: int, n: int = 2, ts: int | None = None) -> WriteGroup:
+    """A block of ``n`` messages with ids from ``first`` and timestamps 10 * id + 1, one tick at its end."""
+    base = 10 * first if ts is None else ts
+    msgs = [ins("v", base + 10 * i + 1, f"m{first + i}".encode()) for i in range(n)]
+    block = encode_block(msgs)
+    last_ts = base + 10 * (n - 1) + 1
+    return WriteGroup(key, first, block, [TickEntry(last_ts + 1, first + n - 1, first + n)], last_ts + 1)
+
+
+def _ids(blocks: list[tuple[int, bytes]]) -> list[int]:
+    return [m.message_id for first, block in blocks for m in decode_block(block, first)]
+
+
+def test_an_older_writer_is_fenced_and_nothing_of_it_is_stored(
+        nats_r1: NatsCluster, backends: list[JetStreamBackend], prefix: str) -> None:
+    old = _open(backends, nats_r1, prefix)
+    key = old.create_channel("p", {}).key
+    assert old.open_channel("p").term == 1
+    old.write([_group(key, 0)], durable=True)
+    new = _open(backends, nats_r1, prefix)  # another node takes the pchannel over
+    info = new.open_channel("p")
+    assert (info.term, info.next_id) == (2, 2)
+    with pytest.raises(ChannelFencedError, match="fenced") as caught:
+        old.write([_group(key, 2)], durable=True)
+    assert caught.value.fields["term"] == 1
+    assert new.describe_channel("p").next_id == 2  # nothing of the fenced write
+    new.write([_group(key, 2)], durable=True)
+    assert _ids(new.read_blocks(key, 0, 1 << 20)) == [0, 1, 2, 3]
+    with pytest.raises(ChannelFencedError):  # and it stays fenced
+        old.write([_group(key, 4)], durable=True)
+
+
+def test_a_read_from_the_middle_of_a_long_stream_does_not_scan_it(
+        nats_r1: NatsCluster, backends: list[JetStreamBackend], prefix: str) -> None:
+    writer = _open(backends, nats_r1, prefix)
+    key = writer.create_channel("p", {}).key
+    writer.open_channel("p")
+    blocks = 300
+    for k in range(blocks):
+        writer.write([_group(key, 2 * k)], durable=True)
+    reader = _open(backends, nats_r1, prefix)  # a new instance: nothing learnt yet
+    got = reader.read_blocks(key, 301, 1)  # in the block [300, 301]
+    assert _ids(got) == [300, 301]
+    assert reader.direct_gets <= 12, reader.direct_gets  # ~log2(301) probes and the block, not 150 gets
+    gets = reader.direct_gets
+    entry = reader.seek_time(key, 2005)  # ticks at 20k + 12 for the block with first id 2k
+    assert entry is not None and (entry.timetick, entry.message_id) == (1992, 199)
+    assert reader.direct_gets - gets <= 12, reader.direct_gets - gets
+
+
+def test_writes_survive_a_sigkilled_server_of_an_r3_cluster(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from tests.cluster.conftest import start_cluster  # noqa: PLC0415
+
+    cluster = start_cluster(tmp_path_factory.mktemp("nats3kill"), 3)
+    opened: list[JetStreamBackend] = []
+    try:
+        writer = _open(opened, cluster, "k", replicas=3)
+        key = writer.create_channel("p", {}).key
+        writer.open_channel("p")
+        acked: list[int] = []
+        refused: list[UnavailableError] = []
+
+        def write(first: int) -> None:
+            deadline = time.monotonic() + 60
+            while True:  # what the redo step does: the same block again until it is acknowledged
+                try:
+                    writer.write([_group(key, first)], durable=True)
+                    acked.append(first)
+                    return
+                except UnavailableError as exc:
+                    refused.append(exc)
+                    if time.monotonic() > deadline:
+                        raise
+
+        for k in range(20):
+            write(2 * k)
+        leader = writer._call(writer._js.stream_info(writer._stream(key)), what="test").cluster.leader
+        cluster.kill(int(leader[1:]))
+        for k in range(20, 40):
+            write(2 * k)
+        cluster.start(int(leader[1:]))
+        asyncio.run(cluster.ready())
+        reader = _open(opened, cluster, "k", replicas=3)
+        assert _ids(reader.read_blocks(key, 0, 1 << 30)) == list(range(80))
+        assert acked == [2 * k for k in range(40)]
+        assert refused  # the outage was seen: writes were refused (retriable) and then resumed
+        assert reader.describe_channel("p").next_id == 80
+    finally:
+        for b in opened:
+            b.close()
+        cluster.stop()
+
+
+def test_a_block_stored_by_a_write_reported_failed_is_never_stored_twice(
+        nats_r1: NatsCluster, backends: list[JetStreamBackend], prefix: str) -> None:
+    # A write spans two pchannels; one is fenced, so the write fails and the WAL hands every id back,
+    # though the other pchannel's block is stored (a write is atomic per pchannel only).
+    b = _open(backends, nats_r1, prefix)
+    ka, kb = b.create_channel("a", {}).key, b.create_channel("b", {}).key
+    b.open_channel("a")
+    b.open_channel("b")
+    _open(backends, nats_r1, prefix).open_channel("b")  # another node takes b
+    with pytest.raises(ChannelFencedError):
+        b.write([_group(ka, 0), _group(kb, 0)], durable=True)
+    assert b.describe_channel("a").next_id == 2
+    other = WriteGroup(ka, 0, encode_block([ins("v", 5, b"other")]), [], 5)
+    with pytest.raises(UnrecoverableError, match="reopen"):  # the log holds ids 0-1 already: not these
+        b.write([other], durable=True)
+    b.write([_group(ka, 0)], durable=True)  # the same block again: already there, not stored twice
+    b.write([_group(ka, 2)], durable=True)
+    assert _ids(b.read_blocks(ka, 0, 1 << 20)) == [0, 1, 2, 3]
+    assert b.describe_channel("a").next_id == 4
