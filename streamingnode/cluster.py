@@ -42,8 +42,12 @@ import structlog
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 from nats.js.kv import KeyValue
 
+from wal.errors import UnavailableError
+
 log = structlog.get_logger(__name__)
 
+CONNECT_SECONDS = 15.0
+"""How long a starting node tries to reach NATS before it gives up (a wrong address, NATS down)."""
 REASONS = ("taken", "released", "expired", "lost")
 """Why this node's ownership of a pchannel changed (the ``reason`` label of the changes counter)."""
 
@@ -414,8 +418,15 @@ class ClusterClient:
         async def quiet(exc: Exception) -> None:
             log.debug("NATS connection error", error=repr(exc))
 
-        nc = await nats.connect(servers=servers, connect_timeout=2, max_reconnect_attempts=-1,
-                                reconnect_time_wait=0.2, error_cb=quiet)
+        try:
+            # nats-py retries an unreachable first connect for ever when reconnects are unlimited: bound it,
+            # so a node pointed at the wrong servers says so instead of hanging before it serves.
+            async with asyncio.timeout(CONNECT_SECONDS):
+                nc = await nats.connect(servers=servers, connect_timeout=2, max_reconnect_attempts=-1,
+                                        reconnect_time_wait=0.2, error_cb=quiet)
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            raise UnavailableError(f"cannot reach the NATS servers {urls[:200]!r} (cluster_nats): {exc!r}",
+                                   field="cluster_nats") from None
         try:
             # Every KV call must finish well within a lease: a stuck call would hold the loop past it.
             js = nc.jetstream(timeout=max(0.5, ttl / 3))

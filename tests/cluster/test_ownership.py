@@ -18,6 +18,7 @@ import grpc
 import nats
 import pytest
 
+from streamingnode import cluster as cluster_module
 from streamingnode.cluster import Lease, Leases, Membership, bucket, encode_key, placement, preferred
 from streamingnode.server import ServerThread
 from streamingnode.status import from_rpc_error
@@ -25,9 +26,9 @@ from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
 from tests.integration.conftest import node_config
 from tests.natscluster import NatsCluster
-from tests.node_process import NodeProcess
+from tests.node_process import NodeProcess, free_port
 from tests.waiting import until, until_sync
-from wal.errors import ErrorCode
+from wal.errors import ErrorCode, UnavailableError
 
 pytestmark = pytest.mark.integration
 
@@ -280,3 +281,18 @@ def test_a_killed_node_loses_its_leases_by_expiry_and_another_node_takes_them(
     finally:
         for proc in procs.values():
             proc.kill()
+
+
+def test_a_node_that_cannot_reach_nats_refuses_to_start_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cluster_module, "CONNECT_SECONDS", 0.5)
+    nowhere = f"nats://127.0.0.1:{free_port()}"
+    config = node_config(tmp_path / "n", cluster_nats=nowhere, node_id="n", flusher=False)
+    srv = ServerThread(config)
+    try:
+        with pytest.raises(UnavailableError, match="cannot reach the NATS servers") as caught:
+            srv.start()
+    finally:
+        srv.stop()  # its loop and thread (the server never started)
+    assert caught.value.fields["field"] == "cluster_nats"
