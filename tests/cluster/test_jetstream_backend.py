@@ -15,7 +15,7 @@ from tests.natscluster import NatsCluster
 from wal._codec import decode_block, encode_block
 from wal.backend import TickEntry, WriteGroup
 from wal.backends.jetstream import JetStreamBackend
-from wal.errors import ChannelFencedError, UnavailableError, UnrecoverableError
+from wal.errors import ChannelFencedError, MessageTooLargeError, UnavailableError, UnrecoverableError
 
 _prefixes = itertools.count(1)
 
@@ -151,3 +151,16 @@ def test_a_block_stored_by_a_write_reported_failed_is_never_stored_twice(
     b.write([_group(ka, 2)], durable=True)
     assert _ids(b.read_blocks(ka, 0, 1 << 20)) == [0, 1, 2, 3]
     assert b.describe_channel("a").next_id == 4
+
+
+def test_a_block_over_the_servers_max_payload_is_refused_and_writes_go_on(
+        nats_r1: NatsCluster, backends: list[JetStreamBackend], prefix: str) -> None:
+    b = _open(backends, nats_r1, prefix)
+    key = b.create_channel("p", {}).key
+    b.open_channel("p")
+    huge = WriteGroup(key, 0, encode_block([ins("v", 1, b"x" * (9 << 20))]), [], 1)  # servers take 8 MB
+    with pytest.raises(MessageTooLargeError, match="max_payload"):
+        b.write([huge], durable=True)
+    assert b.describe_channel("p").next_id == 0
+    b.write([_group(key, 0)], durable=True)
+    assert _ids(b.read_blocks(key, 0, 1 << 20)) == [0, 1]

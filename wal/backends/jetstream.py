@@ -73,6 +73,7 @@ from wal.errors import (
     ChannelNotExistError,
     CorruptedError,
     InvalidArgumentError,
+    MessageTooLargeError,
     OnShutdownError,
     StreamingError,
     UnavailableError,
@@ -87,6 +88,7 @@ _WRONG_LAST_SEQUENCE = 10071  # JetStream's err_code for a failed Nats-Expected-
 _STREAM_NOT_FOUND = 10059
 _MAX_FENCE_TRIES = 50
 _READ_AHEAD = 8  # direct gets in flight while reading forward
+_INDEX_MAX = 100_000  # entries of a pchannel's id -> sequence index before it is thinned
 _MAX_TT_META = "jetstream.max_timetick"
 """The channel's largest timetick, kept when a truncation empties its stream (no header holds it)."""
 
@@ -164,6 +166,10 @@ class _Chan:
             return
         self.seqs.insert(i, seq)
         self.firsts.insert(i, first_id)
+        if len(self.seqs) > _INDEX_MAX:
+            # Every other entry goes: the index only narrows a bisection, so a sparser one stays right
+            # (a search costs one direct get more), and memory stays bounded on a long-lived writer.
+            del self.seqs[1::2], self.firsts[1::2]
 
     def forget_below(self, seq: int) -> None:
         i = bisect.bisect_left(self.seqs, seq)
@@ -227,6 +233,11 @@ class JetStreamBackend(Backend):
                 nats.errors.StaleConnectionError, nats.errors.OutboundBufferLimitError) as exc:
             raise UnavailableError(f"{what}: NATS at {self.path} is unavailable: {type(exc).__name__} {exc}",
                                    path=self.path) from exc
+        except nats.errors.MaxPayloadError as exc:
+            raise MessageTooLargeError(
+                f"{what}: a record block is larger than the NATS servers' max_payload "
+                f"({self._nc.max_payload} bytes): raise max_payload (8 MB is advised) or lower the WAL's "
+                f"max_commit_bytes", path=self.path, limit=self._nc.max_payload) from exc
         except nats.js.errors.APIError as exc:
             raise UnavailableError(f"{what}: NATS at {self.path} refused: {exc}", path=self.path) from exc
 
