@@ -97,7 +97,8 @@ def _serve(args: argparse.Namespace) -> None:
         "compaction_target_bytes": args.compaction_target_bytes, "compaction_min_files": args.compaction_min_files,
         "compaction_horizon_seconds": args.compaction_horizon_seconds,
         "compaction_io_bytes_per_second": args.compaction_io_bytes_per_second,
-        "cluster_nats": args.cluster_nats, "node_id": args.node_id, "advertise": args.advertise,
+        "cluster_nats": args.cluster_nats, "wal": args.wal, "nats_replicas": args.nats_replicas,
+        "parquet_dir": args.parquet_dir, "node_id": args.node_id, "advertise": args.advertise,
         "lease_seconds": args.lease_seconds, "cluster_prefix": args.cluster_prefix,
     })
 
@@ -157,8 +158,17 @@ def main(argv: list[str] | None = None) -> int:
                        help="as-of reads of the last this many seconds stay exact (default 3600)")
     serve.add_argument("--compaction-io-bytes-per-second", type=int,
                        help="compaction I/O limit, bytes/s (default 64 MiB/s; 0: none)")
-    serve.add_argument("--cluster-nats", help="cluster mode: NATS URLs, comma-separated (default off: one node, "
-                       "every pchannel served here)")
+    serve.add_argument("--nats", "--cluster-nats", dest="cluster_nats",
+                       help="cluster mode: NATS URLs, comma-separated (default off: one node, every pchannel "
+                       "served here)")
+    serve.add_argument("--wal", choices=["rocksdb", "jetstream"],
+                       help="WAL backend: rocksdb (this node's own, default) or jetstream (the log shared by the "
+                       "cluster on the --nats servers)")
+    serve.add_argument("--nats-replicas", type=int, choices=[1, 3],
+                       help="--wal jetstream: replicas of each pchannel's stream and the WAL's KV (default 3)")
+    serve.add_argument("--parquet-root", dest="parquet_dir",
+                       help="root of the flusher's Parquet files: a path or a file:// URI (default <data dir>/parquet; "
+                       "object stores are not supported yet)")
     serve.add_argument("--node-id", help="cluster mode: this node's unique, stable id")
     serve.add_argument("--advertise", help="cluster mode: host:port clients reach this node at (default: the "
                        "bound listen address)")

@@ -222,6 +222,11 @@ class Leases:
             return None
         return await self._cas(current, Lease(current.pchannel, term=current.term))
 
+    async def remove(self, pchannel: str) -> None:
+        """Remove the lease record of a destroyed pchannel (a holder's next CAS on it fails)."""
+        with contextlib.suppress(KeyNotFoundError):
+            await self.kv.purge(encode_key(pchannel))
+
 
 OnTake = Callable[[str, int], Awaitable[int]]
 """Open pchannel ``name`` taken with lease term ``term``; return the term it serves with (the WAL's)."""
@@ -283,7 +288,13 @@ class Ownership:
         live = await self.membership.live()
         live[self.node_id] = self.membership.address  # this node is alive, whatever a slow read says
         self.view.live = live
-        names = sorted(set(await self._names()) | set(self.held))
+        listed = set(await self._names())
+        for name in [n for n in self.held if n not in listed]:
+            # Destroyed by another node (shared log): stop serving it; its lease record went with it.
+            await self._drop(name, "released")
+        for name in [n for n in self.view.leases if n not in listed]:
+            del self.view.leases[name]
+        names = sorted(listed)
         for name in names:
             if self._stopping:
                 return
@@ -350,6 +361,13 @@ class Ownership:
             await self._on_lose(name, reason)
         finally:
             self._changed(name, reason)
+
+    async def forget(self, name: str) -> None:
+        """``name`` is being destroyed: stop serving it if held here, and remove its lease record."""
+        if name in self.held:
+            await self._drop(name, "released")
+        await self.leases.remove(name)
+        self.view.leases.pop(name, None)
 
     async def refresh(self, names: Iterable[str]) -> None:
         """Read the leases of ``names`` again into the view (what DescribeChannels reports)."""

@@ -81,7 +81,9 @@ class NodeConfig:
     flusher: bool = True
     """Run a flusher per pchannel, writing its collections as Parquet under ``parquet_dir``."""
     parquet_dir: Path | None = None
-    """Root of the Parquet files, one directory per pchannel (default: ``<data_dir>/parquet``)."""
+    """Root of the Parquet files, one directory per pchannel (default: ``<data_dir>/parquet``): a path
+    or a ``file://`` URI (flag ``--parquet-root``).  With the shared log it must be a filesystem every
+    node mounts at the same path; object stores are refused (``flusher.root``)."""
     flush_max_rows: int = 1_000_000
     flush_max_bytes: int = 64 << 20
     flush_max_age_seconds: float = 50.0
@@ -121,8 +123,14 @@ class NodeConfig:
     between two readings (every 0.5 s) plus a memtable flush and a Parquet file (see
     streamingnode.storage).  0 turns the check off."""
     cluster_nats: str = ""
-    """Cluster mode (off while empty): the NATS servers' URLs, comma-separated.  The node then serves
-    only the pchannels whose lease it holds (``streamingnode.cluster``); README "Cluster mode"."""
+    """Cluster mode (off while empty): the NATS servers' URLs, comma-separated (flag ``--nats``, or
+    ``--cluster-nats``).  The node then serves only the pchannels whose lease it holds
+    (``streamingnode.cluster``); README "Cluster mode"."""
+    wal: str = "rocksdb"
+    """The WAL backend: ``rocksdb`` (on ``data_dir``, this node's own) or ``jetstream`` (the log shared
+    by the cluster, on the NATS servers of ``cluster_nats``; cluster mode only)."""
+    nats_replicas: int = 3
+    """``wal = "jetstream"``: replicas of each pchannel's stream and of the WAL's KV buckets (1 or 3)."""
     node_id: str = ""
     """This node's id in the cluster (unique, stable across restarts); required in cluster mode."""
     advertise: str = ""
@@ -162,6 +170,14 @@ class NodeConfig:
                 or self.compaction_io_bytes_per_second < 0):
             raise InvalidArgumentError("compaction settings: interval, horizon, grace and io limit must be >= 0, "
                                        "target_bytes > 0 and min_files >= 1")
+        if self.wal not in ("rocksdb", "jetstream"):
+            raise InvalidArgumentError(f"wal must be 'rocksdb' or 'jetstream', got {self.wal[:200]!r}", field="wal")
+        if self.wal == "jetstream" and not self.cluster_nats:
+            raise InvalidArgumentError("wal 'jetstream' needs cluster mode: give the NATS servers (--nats)",
+                                       field="cluster_nats")
+        if self.nats_replicas not in (1, 3):
+            raise InvalidArgumentError(f"nats_replicas must be 1 or 3, got {self.nats_replicas!r}",
+                                       field="nats_replicas")
         if self.cluster_nats:
             if not self.node_id:
                 raise InvalidArgumentError("cluster mode (cluster_nats) needs node_id", field="node_id")
@@ -182,6 +198,11 @@ class NodeConfig:
     @property
     def parquet_root(self) -> Path:
         return self.parquet_dir if self.parquet_dir is not None else self.data_dir / "parquet"
+
+    @property
+    def shared_log(self) -> bool:
+        """The WAL is the cluster's (JetStream), not this node's own."""
+        return self.wal == "jetstream"
 
     @property
     def wal_durability(self) -> Durability:
@@ -228,6 +249,11 @@ def _convert(default: Any, value: Any) -> Any:
 def _coerce(name: str, value: Any, source: str) -> Any:
     """Turn a TOML, env or flag value into the field's type, or refuse it naming the key."""
     default = getattr(NodeConfig(), name)
+    if name == "parquet_dir" and isinstance(value, str):
+        # A path or a URI: parsed (and object stores refused) where the flusher's roots are known.
+        from flusher.root import parquet_root  # noqa: PLC0415  (pyarrow only for a URI)
+
+        return parquet_root(value)
     if default is None:  # optional paths: None means "derived from another setting"
         default = Path()
     try:

@@ -16,13 +16,20 @@ write of the node's WAL until it is reopened, so it shows the same way on every 
 Cluster mode (``cluster_nats`` set; ``streamingnode.cluster``): the node opens only the pchannels
 whose lease it holds, when it takes the lease, and closes one when it loses or hands off the lease.
 A call on any other pchannel fails fast with NOT_OWNER naming the owner's address and term, as last
-read from the leases (no KV round trip on the call path).  The pchannels are those configured
-(``channels``, the same list on every node) and those in the node's WAL.
+read from the leases (no KV round trip on the call path).  With ``wal = "rocksdb"`` each node keeps
+its own WAL: the pchannels are those configured (``channels``, the same list on every node) and those
+in the node's WAL.  With ``wal = "jetstream"`` the log is the cluster's: every node lists the same
+pchannels from it, CreateChannels creates them there (the preferred node's ownership loop takes and
+opens each), DestroyChannels removes them (its owner stops serving it at its next pass), and a node
+that takes a pchannel over opens it with the normal recovery (fence, the old term's transactions
+rolled back, dedup, shard state, consumer groups and the flusher's checkpoint, all read from the
+shared log and its KV meta).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -167,7 +174,14 @@ class Node:
     async def start(cls, config: NodeConfig, tracing: Tracing | None = None) -> Node:
         """Open the database; recovery of the channels runs in ``open_all`` (see the server)."""
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        manager = await WALManager.start_rocksdb(config.data_dir, durability=config.wal_durability)
+        if config.shared_log:
+            from wal.backends.jetstream import JetStreamBackend  # noqa: PLC0415  (nats-py: cluster extra)
+
+            backend = await asyncio.to_thread(JetStreamBackend, config.cluster_nats, prefix=config.cluster_prefix,
+                                              replicas=config.nats_replicas)
+            manager = await WALManager.start(backend, durability=config.wal_durability)
+        else:
+            manager = await WALManager.start_rocksdb(config.data_dir, durability=config.wal_durability)
         return cls(manager, config, tracing)
 
     async def open_all(self) -> None:
@@ -176,6 +190,8 @@ class Node:
         In cluster mode: join the cluster and take the leases placement gives this node (one pass of
         the ownership loop), then report ready; the loop goes on in the background."""
         if self.config.cluster_nats:
+            if self.config.shared_log:
+                await self._create_configured()
             await self._join_cluster()
             self.ready.set()
             self.storage = self.metrics.storage = start_monitor(self)
@@ -218,9 +234,21 @@ class Node:
         await self.ownership.step()
         self.ownership.start()
 
+    async def _create_configured(self) -> None:
+        """Shared log: create the configured pchannels it lacks (every node may try; one wins)."""
+        existing = set(await self.manager.list_channels())
+        for name in self.config.channels:
+            if name not in existing:
+                with contextlib.suppress(ChannelExistError):  # another node created it first
+                    await self.manager.create_channel(name, Owner(role="node").properties())
+
     async def _cluster_names(self) -> list[str]:
         local = await self.manager.list_channels()
-        return sorted({*self.config.channels, *(n for n in local if PCHANNEL.is_valid(n))})
+        valid = {n for n in local if PCHANNEL.is_valid(n)}
+        if self.config.shared_log:
+            # The log's list is every node's list: a pchannel destroyed there is gone everywhere.
+            return sorted(valid)
+        return sorted({*self.config.channels, *valid})
 
     async def _take(self, name: str, term: int) -> int:
         """The lease of ``name`` was taken (term ``term``): open it; return the WAL's term."""
@@ -229,6 +257,9 @@ class Node:
                 raise OnShutdownError("the node is shutting down", channel=name)
             self._failed.pop(name, None)
             if name not in await self.manager.list_channels():
+                if self.config.shared_log:
+                    # Destroyed since the loop listed it: the loop gives the lease back.
+                    raise ChannelNotExistError(f"pchannel {name!r} does not exist", channel=name)
                 # The local WAL does not hold it yet (the log is not shared before the jetstream WAL).
                 await self.manager.create_channel(name, Owner("streamingnode", self.advertise).properties())
             channel = self._channels.get(name) or await self._open(name)
@@ -405,6 +436,8 @@ class Node:
         self._refuse_in_cluster("CreateChannels")
         if len(set(names)) != len(names):
             raise InvalidArgumentError("channel_names has duplicates", field="channel_names")
+        if self.config.shared_log:
+            return await self._create_shared(names, num, owner)
         async with self._admin:
             existing = set(await self.manager.list_channels())
             if not names:
@@ -439,11 +472,54 @@ class Node:
                 if name not in existing:
                     raise ChannelNotExistError(f"pchannel {name!r} does not exist", channel=name)
             for name in dict.fromkeys(names):
+                if self.ownership is not None:
+                    # This node's own first: stop serving and give the lease up, then remove it from
+                    # the log; another owner stops at its next pass, finding it gone.
+                    await self.ownership.forget(name)
                 await self._destroy(name)
         log.info("channels destroyed", channels=names)
 
+    async def _create_shared(self, names: list[str], num: int, owner: Owner) -> list[str]:
+        """Shared log: create the pchannels in it (all or none), then wait until each has an owner:
+        the ownership loop of the node placement prefers takes it (maybe this one)."""
+        async with self._admin:
+            existing = set(await self.manager.list_channels())
+            if not names:
+                fresh = (f"pchannel_{i}" for i in itertools.count() if f"pchannel_{i}" not in existing)
+                names = list(itertools.islice(fresh, num))
+            for name in names:
+                if name in existing:
+                    raise ChannelExistError(f"pchannel {name!r} already exists", channel=name)
+            created: list[str] = []
+            try:
+                for name in names:
+                    await self.manager.create_channel(name, owner.properties())
+                    created.append(name)
+            except BaseException:
+                for name in created:
+                    await self.manager.destroy_channel(name)
+                raise
+        # Outside the lock: when this node is the one preferred, its loop's open takes the lock.
+        await self._await_owners(names)
+        log.info("channels created in the shared log", channels=names, role=owner.role)
+        return names
+
+    async def _await_owners(self, names: list[str]) -> None:
+        """Wait (at most two lease periods) until every pchannel of ``names`` is served by some node;
+        past that they are created all the same and taken at a later pass."""
+        assert self.ownership is not None
+        deadline = asyncio.get_running_loop().time() + 2 * self.config.lease_seconds
+        while True:
+            await self.ownership.refresh(names)
+            waiting = [n for n in names if (lease := self.lease(n)) is None or not lease.held()]
+            if not waiting or asyncio.get_running_loop().time() >= deadline:
+                if waiting:
+                    log.warning("pchannels created but not owned yet", channels=waiting)
+                return
+            await asyncio.sleep(min(0.05, self.config.lease_seconds / 20))
+
     def _refuse_in_cluster(self, what: str) -> None:
-        if self.config.cluster_nats:
+        if self.config.cluster_nats and not self.config.shared_log:
             # Each node keeps its own WAL until the shared one: a channel made here exists nowhere else.
             raise InvalidArgumentError(
                 f"{what} is not available in cluster mode yet: give every node the same --channels",
@@ -488,8 +564,8 @@ class Node:
         return [await self._describe(name) for name in names]
 
     async def _describe(self, name: str) -> ChannelInfo:
-        if (self.ownership is not None and name not in self._channels and name not in self._failed
-                and name not in await self.manager.list_channels()):
+        if (self.ownership is not None and not self.config.shared_log and name not in self._channels
+                and name not in self._failed and name not in await self.manager.list_channels()):
             # Not served here and never was: the lease (filled in by the caller) says who serves it.
             if name not in self.config.channels and self.lease(name) is None:
                 raise ChannelNotExistError(f"pchannel {name!r} does not exist", channel=name)
