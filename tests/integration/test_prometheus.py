@@ -4,7 +4,10 @@ A real ``streamingnode serve`` process runs a short load that touches every part
 (produce, a consumer group that commits, a committed and a rolled-back transaction, a refused append,
 a collection insert + delete + flush).  Debian's ``prometheus`` scrapes it every second; every query
 of ``deploy/grafana/dashboards/streamingnode.json`` is then evaluated through Prometheus's HTTP API
-and must return finite data.  ``promtool check metrics`` checks the exposition, and the label sets are
+and must return finite data.  The Cluster row's metrics exist only in cluster mode: the main load's
+node is a single node, so those panels are checked apart, against a cluster-mode node (leases in a
+one-server NATS JetStream) scraped the same way.  ``promtool check metrics`` checks the exposition, and
+the label sets are
 checked to stay bounded however much is produced.
 
 Prometheus and promtool come from the Debian package that ``make test`` and ``.ci/run`` install; a
@@ -52,6 +55,10 @@ SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("name",
 # With a scrape every second, a 30 s window holds enough samples for rate() once the load has run a
 # few seconds, and is short enough that every counter still moves inside it while the load goes on.
 RATE_WINDOW = "30s"
+# Series a node exports only in cluster mode (README "Cluster mode"); their panels are checked by
+# test_cluster_panels_return_data against a cluster-mode node.
+CLUSTER_ONLY = ("streamingnode_pchannel_owned", "streamingnode_lease_expiry_seconds",
+                "streamingnode_ownership_changes_total", "streamingnode_cluster_nodes")
 LOAD_TIMEOUT = 90.0  # seconds of load before a query without data fails the test (it takes ~10 s)
 
 
@@ -237,6 +244,10 @@ def dashboard_queries() -> list[tuple[str, str]]:
     return queries
 
 
+def cluster_only(expr: str) -> bool:
+    return any(name in expr for name in CLUSTER_ONLY)
+
+
 def substitute(expr: str, job: str) -> str:
     """What Grafana sends for one pchannel of one job, with a rate window that suits 1 s scrapes."""
     out = (expr.replace("$__rate_interval", RATE_WINDOW).replace("$__interval", "1s")
@@ -250,7 +261,8 @@ def finite(result: list[dict[str, Any]]) -> bool:
 
 
 async def test_every_dashboard_query_returns_data(node: NodeProcess, prometheus: Prometheus) -> None:
-    queries = [(title, expr, substitute(expr, prometheus.job)) for title, expr in dashboard_queries()]
+    queries = [(title, expr, substitute(expr, prometheus.job)) for title, expr in dashboard_queries()
+               if not cluster_only(expr)]
     assert len(queries) >= 40, "the dashboard lost most of its panels"
     loop = asyncio.get_running_loop()
 
@@ -323,7 +335,7 @@ def series(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], str]:
 
 # Label names of the whole exposition: the node's own, and prometheus_client's process/GC/platform ones.
 NODE_LABELS = {"pchannel", "message_type", "status", "interceptor", "mode", "group", "outcome", "le", "limit", "volume",
-               "when"}
+               "when", "reason"}
 CLIENT_LABELS = {"generation", "implementation", "major", "minor", "patchlevel", "version"}
 STATUSES = ({"ok", "deadline_exceeded", "cancelled", "unknown"}
             | {c.name.lower() for c in ErrorCode})
@@ -341,6 +353,7 @@ def check_label_values(name: str, value: str) -> None:
         "limit": {"node", "connection"},
         "volume": {"data", "parquet"},
         "when": {"before", "after"},
+        "reason": {"taken", "released", "expired", "lost"},
     }
     if name in allowed:
         assert value in allowed[name], f"label {name}={value!r} is not one of {sorted(allowed[name])}"
@@ -407,3 +420,59 @@ def test_label_check_rejects_unbounded_values(line: str) -> None:
     seen = Produced(payloads={"payload-x"}, message_ids={7}, txn_ids={8})
     with pytest.raises(AssertionError):
         check_labels(series(line + "\n"), seen)
+
+
+# --- cluster mode ----------------------------------------------------------------------------------
+@pytest.fixture
+def cluster_node(tmp_path: Path) -> Iterator[NodeProcess]:
+    """A cluster-mode node (leases in a one-server NATS JetStream) that owns CHANNEL."""
+    from tests.natscluster import NatsCluster  # noqa: PLC0415
+
+    nats = NatsCluster(tmp_path / "nats", 1)
+    nats.start()
+    try:
+        asyncio.run(nats.ready())
+        proc = NodeProcess(tmp_path / "data", None, "--cluster-nats", nats.url, "--node-id", "a",
+                           "--channels", CHANNEL, "--lease-seconds", "3").start()
+        try:
+            yield proc
+        finally:
+            proc.kill()
+    finally:
+        nats.stop()
+
+
+async def test_cluster_panels_return_data(cluster_node: NodeProcess, tmp_path: Path) -> None:
+    queries = [(title, expr) for title, expr in dashboard_queries() if cluster_only(expr)]
+    # Owner, lease, nodes and ownership-change panels: every cluster metric is on one.
+    assert {name for name in CLUSTER_ONLY if any(name in expr for _, expr in queries)} == set(CLUSTER_ONLY)
+    assert cluster_node.metrics_url is not None
+    prometheus = Prometheus(tmp_path / "prometheus", urllib.parse.urlsplit(cluster_node.metrics_url).netloc)
+    try:
+        await asyncio.to_thread(prometheus.wait_ready)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LOAD_TIMEOUT
+        # A node serves no load here: the lease loop alone moves these series (taken at start, renewed).
+        while True:
+            substituted = [(f"{title}: {expr}", substitute(expr, prometheus.job)) for title, expr in queries]
+            results = await asyncio.gather(*(asyncio.to_thread(prometheus.query, q) for _, q in substituted))
+            pending = {name: r for (name, _), r in zip(substituted, results, strict=True) if not finite(r)}
+            if not pending:
+                break
+            assert loop.time() < deadline, "cluster panels without finite data:\n" + "\n".join(
+                f"{q} -> {r}" for q, r in pending.items())
+            await asyncio.sleep(0.5)
+
+        def value(expr: str) -> float:
+            (sample,) = prometheus.query(substitute(expr, prometheus.job))
+            return float(sample["value"][1])
+
+        # The node owns the pchannel, holds time on its lease, sees itself, and took the lease once.
+        assert await asyncio.to_thread(value, 'sum(streamingnode_pchannel_owned{pchannel=~"$pchannel"})') == 1
+        assert 0 < await asyncio.to_thread(value, 'min(streamingnode_lease_expiry_seconds{pchannel=~"$pchannel"})') <= 3
+        assert await asyncio.to_thread(value, "max(streamingnode_cluster_nodes)") == 1
+        assert await asyncio.to_thread(
+            value, 'sum(streamingnode_ownership_changes_total{pchannel=~"$pchannel",reason="taken"})') == 1
+    finally:
+        prometheus.stop()
+    check_labels(series(scrape(cluster_node)), Produced())

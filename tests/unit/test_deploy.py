@@ -28,7 +28,7 @@ DEPLOY = REPO / "deploy"
 GRPC_PORT = int(NodeConfig().listen.rpartition(":")[2])
 METRICS_PORT = int(NodeConfig().metrics_listen.rpartition(":")[2])
 REQUIRED_ROWS = {"Throughput", "Latency", "Interceptors", "Time tick", "Transactions", "Consumers", "Flusher", "Disk",
-                 "Process"}
+                 "Process", "Cluster"}
 
 
 def load_yaml(relative: str) -> list[Any]:
@@ -102,7 +102,8 @@ def test_dashboard_shape() -> None:
 def _labels_of(expr: str) -> str:
     """Node metrics with a pchannel label are all but these; filtering them is what the picker is for."""
     node_wide = ("streamingnode_pchannels", "streamingnode_wal_disk_bytes", "streamingnode_open_streams",
-                 "streamingnode_streams_refused", "streamingnode_storage_", "process_")
+                 "streamingnode_streams_refused", "streamingnode_storage_", "process_",
+                 "streamingnode_cluster_nodes")
     return "" if any(name in expr for name in node_wide) else "pchannel"
 
 
