@@ -20,11 +20,12 @@ import pytest
 
 from streamingnode.client import AsyncClient, GroupDescription
 from streamingnode.cluster import preferred
+from streamingnode.config import load_config
 from tests.cluster.conftest import start_cluster
 from tests.natscluster import NatsCluster
 from tests.node_process import NodeProcess
 from tests.waiting import until
-from wal.errors import NotOwnerError, UnavailableError
+from wal.errors import InvalidArgumentError, NotOwnerError, UnavailableError
 
 pytestmark = pytest.mark.integration
 
@@ -282,3 +283,23 @@ async def test_owner_sigkilled_twenty_times_under_idempotent_produce_and_transac
     assert load.txn_committed and load.txn_failed, (load.txn_tried, load.txn_failed)
     # Consumer group positions never go backwards.
     assert group_positions == sorted(group_positions)
+
+
+# --- configuration -------------------------------------------------------------------------------
+@pytest.mark.parametrize(("overrides", "field", "words"), [
+    ({"parquet_dir": "s3://bucket/x"}, "parquet_dir", "s3:// is not supported yet"),
+    ({"parquet_dir": "gs://bucket/x"}, "parquet_dir", "atomic rename"),
+    ({"wal": "jetstream"}, "cluster_nats", "needs cluster mode"),
+    ({"wal": "kafka"}, "wal", "'rocksdb' or 'jetstream'"),
+    ({"nats_replicas": 2}, "nats_replicas", "1 or 3"),
+])
+def test_shared_log_settings_refused_naming_the_field(overrides: dict[str, object], field: str, words: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=words) as caught:
+        load_config(env={}, overrides=overrides)
+    assert caught.value.fields["field"] == field
+
+
+def test_a_file_uri_parquet_root_is_its_path(tmp_path: Path) -> None:
+    config = load_config(env={"STREAMINGNODE_PARQUET_DIR": tmp_path.as_uri()},
+                         overrides={"wal": "jetstream", "cluster_nats": "nats://127.0.0.1:4222", "node_id": "a"})
+    assert config.parquet_root == tmp_path and config.shared_log and config.nats_replicas == 3
