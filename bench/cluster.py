@@ -1,0 +1,275 @@
+"""Cluster mode on this machine: durable produce through a node on the shared log (JetStream R1 and
+R3) beside a local RocksDB node, the raw JetStream ceilings, and owner failover time.
+
+    .venv/bin/python bench/cluster.py [--runs 3] [--count 50000] [--raw-count 10000] [--kills 10]
+
+One three-server NATS JetStream cluster on loopback (``tests/natscluster.py``: file storage,
+``sync_interval: always``, ``max_payload: 8MB``) serves the whole invocation; each run uses fresh
+stream and bucket prefixes.  Every node is a real ``serve`` process; the client is this process.
+The three servers, the node and the client share the machine's 2 cores, so read ratios.
+
+Per run:
+
+* **node R1 / node R3**: ``serve --wal jetstream --nats-replicas 1|3``; one SDK producer sends
+  ``--count`` messages of ``--size`` bytes to one pchannel with ``send_nowait`` (at most ``--window``
+  unanswered), then ``flush``; every future must resolve (acknowledged = stored in JetStream).
+* **node RocksDB**: a plain ``serve`` (local RocksDB WAL, ``durability = sync``), the same produce.
+* **raw per-message R3**: nats-py ``publish_async`` of ``--raw-count`` messages to an R3 stream, at most
+  ``--window`` unacknowledged, every ack awaited (NOTES.md's "per-message publish").
+* **raw fenced blocks R3**: ``--count`` messages packed ``--block`` (100 and 1,000) to one JetStream
+  message, each publish carrying ``Nats-Expected-Last-Sequence``; awaited one at a time, and with
+  ``--blocks-in-flight`` blocks pipelined (each with the sequence its predecessors will get).
+
+Once, after the runs: **failover**: two nodes on R3 with ``--lease-seconds`` (short); ``--kills`` times
+the owner of a pchannel is SIGKILLed, and the time from the kill to the next acknowledged send (the
+SDK producer, seeded with both nodes, buffers meanwhile) is measured; the killed node is started again
+before the next kill.  p50 and max.
+
+Targets (issue 14, read as NOTES.md says): node R3 >= 40k msgs/s; node R3 >= 5x raw per-message R3, and
+>= 0.6 of raw fenced 1,000-message blocks awaited one at a time; failover p50 <= 5 s.
+Benchmarks are not tests: they assert nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import itertools
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+# Run as a script from anywhere: the harness makes the repository root importable.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import Run, prepare_process, repeat
+
+from streamingnode.client import AsyncClient
+from tests.natscluster import NatsCluster
+from tests.node_process import NodeProcess
+
+PCHANNEL = "bench"
+VCHANNEL = "v0"
+R3_TARGET = 40_000.0
+VS_RAW_MESSAGE_TARGET = 5.0
+VS_RAW_BLOCK_TARGET = 0.6
+FAILOVER_P50_TARGET = 5.0
+_prefixes = itertools.count()
+
+
+# --- the node --------------------------------------------------------------------------------------
+def _shared_node(nats: NatsCluster, root: Path, node_id: str, prefix: str, replicas: int, lease: float,
+                 port: int | None = None) -> NodeProcess:
+    return NodeProcess(root / node_id, port, "--wal", "jetstream", "--nats", nats.url, "--nats-replicas",
+                       str(replicas), "--cluster-prefix", prefix, "--node-id", node_id, "--lease-seconds", str(lease),
+                       "--parquet-root", str(root / "parquet"), "--log-level", "warning")
+
+
+async def _produce(seeds: list[str], n: int, size: int, window: int, create: bool) -> float:
+    async with AsyncClient(seeds) as client:
+        if create:
+            await client.create_channels([PCHANNEL])
+        payload = os.urandom(size)
+        async with client.producer(PCHANNEL, producer_id=uuid.uuid4().hex) as producer:
+            await producer.send(VCHANNEL, payload)  # the stream is open and the owner found
+            outstanding: collections.deque[asyncio.Future[Any]] = collections.deque()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                outstanding.append(producer.send_nowait(VCHANNEL, payload))
+                if len(outstanding) >= window:
+                    await outstanding.popleft()
+            await producer.flush()
+            for f in outstanding:
+                f.result()  # every message acknowledged (a failed batch raises here)
+            elapsed = time.perf_counter() - t0
+    return n / elapsed
+
+
+def _node_produce(args: argparse.Namespace, nats: NatsCluster, root: Path, replicas: int | None) -> float:
+    """Durable produce through one node: on the shared log at ``replicas``, or RocksDB when None."""
+    root.mkdir(parents=True)
+    if replicas is None:
+        node = NodeProcess(root / "rocks", None, "--channels", PCHANNEL, "--log-level", "warning")
+    else:
+        node = _shared_node(nats, root, "a", f"b{next(_prefixes)}", replicas, 10.0)
+    node.start()
+    try:
+        return asyncio.run(_produce([node.address], args.count, args.size, args.window, replicas is not None))
+    finally:
+        node.kill()
+
+
+# --- raw JetStream -----------------------------------------------------------------------------------
+async def _stream(nats: NatsCluster, replicas: int) -> tuple[Any, Any, str]:
+    import nats as nats_py  # noqa: PLC0415
+    from nats.js.api import StreamConfig  # noqa: PLC0415
+
+    nc = await nats_py.connect(nats.urls)  # the servers announce their max_payload (8 MiB)
+    name = f"RAW{next(_prefixes)}"
+    js = nc.jetstream(timeout=10)
+    await js.add_stream(StreamConfig(name=name, subjects=[name.lower()], storage="file", num_replicas=replicas))
+    return nc, js, name
+
+
+async def _raw_messages(nats: NatsCluster, n: int, size: int, window: int) -> float:
+    nc, _, name = await _stream(nats, 3)
+    try:
+        js = nc.jetstream(timeout=10, publish_async_max_pending=window)
+        payload = os.urandom(size)
+        futures = []
+        t0 = time.perf_counter()
+        for _ in range(n):
+            futures.append(await js.publish_async(name.lower(), payload))
+        # nats-py: a future may never complete on a server error, so the wait is bounded.
+        await asyncio.wait_for(js.publish_async_completed(), 120)
+        elapsed = time.perf_counter() - t0
+        for f in futures:
+            f.result()
+    finally:
+        await nc.close()
+    return n / elapsed
+
+
+async def _raw_blocks(nats: NatsCluster, n: int, size: int, block: int, in_flight: int) -> float:
+    """``n`` messages in blocks of ``block``, fenced by expected last sequence, ``in_flight`` pipelined."""
+    nc, js, name = await _stream(nats, 3)
+    subject = name.lower()
+    try:
+        body = os.urandom(size) * block
+        blocks = max(n // block, 1)
+        pending: collections.deque[asyncio.Task[Any]] = collections.deque()
+        t0 = time.perf_counter()
+        for seq in range(blocks):
+            # Block seq lands at stream sequence seq + 1 if every block before it did.
+            headers = {"Nats-Expected-Last-Sequence": str(seq)}
+            pending.append(asyncio.create_task(js.publish(subject, body, headers=headers, timeout=10)))
+            if len(pending) >= in_flight:
+                await pending.popleft()
+        for task in pending:
+            await task
+        elapsed = time.perf_counter() - t0
+    finally:
+        await nc.close()
+    return blocks * block / elapsed
+
+
+# --- failover ----------------------------------------------------------------------------------------
+async def _failover(args: argparse.Namespace, nats: NatsCluster, root: Path) -> list[float]:
+    prefix = f"f{next(_prefixes)}"
+    nodes = {n: _shared_node(nats, root, n, prefix, 3, args.lease_seconds) for n in ("a", "b")}
+    for node in nodes.values():
+        node.start()
+    times: list[float] = []
+    try:
+        seeds = [p.address for p in nodes.values()]
+        async with AsyncClient(seeds, reconnect_timeout=120) as client:
+            await client.create_channels([PCHANNEL])
+            async with client.producer(PCHANNEL, producer_id=uuid.uuid4().hex, linger=0.001) as producer:
+                for i in range(args.kills):
+                    await producer.send(VCHANNEL, b"before")
+                    (desc,) = await client.describe_channels([PCHANNEL])
+                    owner = next(n for n, p in nodes.items() if p.address == desc.owner.address)
+                    t0 = time.monotonic()
+                    nodes[owner].kill()
+                    await producer.send(VCHANNEL, b"after")
+                    times.append(time.monotonic() - t0)
+                    print(f"kill {i + 1}/{args.kills}: node {owner}, appends again after {times[-1]:.2f} s",
+                          file=sys.stderr, flush=True)
+                    nodes[owner].start()
+    finally:
+        for node in nodes.values():
+            node.kill()
+    return times
+
+
+# --- runs and report ---------------------------------------------------------------------------------
+def _one_run(args: argparse.Namespace, nats: NatsCluster, root: str, index: int) -> Run:
+    base = Path(root) / f"run{index}"
+    r: Run = {}
+    r["node_r1"] = _node_produce(args, nats, base / "r1", 1)
+    r["node_r3"] = _node_produce(args, nats, base / "r3", 3)
+    r["node_rocks"] = _node_produce(args, nats, base / "rocks", None)
+    r["raw_msg_r3"] = asyncio.run(_raw_messages(nats, args.raw_count, args.size, args.window))
+    for block in (100, 1000):
+        r[f"raw_block{block}"] = asyncio.run(_raw_blocks(nats, args.count, args.size, block, 1))
+        r[f"raw_block{block}_pipe"] = asyncio.run(
+            _raw_blocks(nats, args.count, args.size, block, args.blocks_in_flight))
+    return r
+
+
+LABELS = {
+    "node_r1": "node, JetStream R1 (SDK producer)",
+    "node_r3": "node, JetStream R3 (SDK producer)",
+    "node_rocks": "node, local RocksDB (SDK producer)",
+    "raw_msg_r3": "raw JetStream R3, per-message publish_async",
+    "raw_block100": "raw JetStream R3, fenced 100-msg blocks, 1 in flight",
+    "raw_block100_pipe": "raw JetStream R3, fenced 100-msg blocks, pipelined",
+    "raw_block1000": "raw JetStream R3, fenced 1,000-msg blocks, 1 in flight",
+    "raw_block1000_pipe": "raw JetStream R3, fenced 1,000-msg blocks, pipelined",
+}
+
+
+def _report(args: argparse.Namespace, runs: list[Run], failover: list[float]) -> None:
+    med = {k: statistics.median(r[k] for r in runs) for k in LABELS}
+    print(f"\n{args.count:,} x {args.size} B per produce (raw per-message: {args.raw_count:,}); "
+          f"medians of {len(runs)} runs, msgs/s\n")
+    print("| what | median | each run |\n|---|---:|---|")
+    for key, label in LABELS.items():
+        print(f"| {label} | {med[key]:,.0f} | {' · '.join(f'{r[key]:,.0f}' for r in runs)} |")
+    r3 = med["node_r3"]
+
+    def mark(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    print(f"\nnode R3 {r3:,.0f} msgs/s (target >= {R3_TARGET:,.0f}: {mark(r3 >= R3_TARGET)})")
+    ratio = r3 / med["raw_msg_r3"]
+    print(f"node R3 / raw per-message R3 = {ratio:.2f} (target >= {VS_RAW_MESSAGE_TARGET}: "
+          f"{mark(ratio >= VS_RAW_MESSAGE_TARGET)})")
+    ratio = r3 / med["raw_block1000"]
+    print(f"node R3 / raw fenced 1,000-msg blocks = {ratio:.2f} (target >= {VS_RAW_BLOCK_TARGET}: "
+          f"{mark(ratio >= VS_RAW_BLOCK_TARGET)}); / pipelined = {r3 / med['raw_block1000_pipe']:.2f}")
+    print(f"node R3 / node RocksDB = {r3 / med['node_rocks']:.2f}; node R1 / R3 = {med['node_r1'] / r3:.2f}")
+    if failover:
+        p50 = statistics.median(failover)
+        print(f"failover ({len(failover)} owner SIGKILLs, lease {args.lease_seconds} s): p50 {p50:.2f} s, "
+              f"max {max(failover):.2f} s (target p50 <= {FAILOVER_P50_TARGET} s: {mark(p50 <= FAILOVER_P50_TARGET)}); "
+              f"each: {', '.join(f'{t:.2f}' for t in failover)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--count", type=int, default=50_000, help="messages per node produce and block run (default 50,000)")
+    p.add_argument("--raw-count", type=int, default=10_000, help="messages of the per-message publish (default 10,000)")
+    p.add_argument("--size", type=int, default=1024, help="payload bytes (default 1024)")
+    p.add_argument("--runs", type=int, default=3, help="runs; figures are medians (default 3)")
+    p.add_argument("--window", type=int, default=8000, help="unanswered sends / publishes at most (default 8000)")
+    p.add_argument("--blocks-in-flight", type=int, default=4, help="pipelined fenced blocks (default 4)")
+    p.add_argument("--kills", type=int, default=10, help="owner SIGKILLs for the failover time (0: skip; default 10)")
+    p.add_argument("--lease-seconds", type=float, default=2.0, help="nodes' lease in the failover part (default 2)")
+    p.add_argument("--dir", default=None, help="parent of the temporary directories (default: system temp)")
+    args = p.parse_args(argv)
+    if min(args.count, args.raw_count, args.size, args.runs, args.window, args.blocks_in_flight) < 1:
+        p.error("every size and count must be >= 1")
+
+    prepare_process()
+    with tempfile.TemporaryDirectory(prefix="cluster-bench-", dir=args.dir) as tmp:
+        nats = NatsCluster(Path(tmp) / "nats", 3)
+        with nats:
+            asyncio.run(nats.ready())
+
+            def describe(r: Run) -> str:
+                return ", ".join(f"{k} {v:,.0f}" for k, v in r.items())
+
+            runs = repeat(args, "cluster", lambda a, root, i: _one_run(a, nats, root, i), describe)
+            failover = asyncio.run(_failover(args, nats, Path(tmp) / "failover")) if args.kills else []
+    _report(args, runs, failover)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
