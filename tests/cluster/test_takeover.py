@@ -68,7 +68,7 @@ class Nodes:
             proc.kill()
 
     def dead(self) -> dict[str, str]:
-        """Nodes whose process exited by itself, with their last log lines."""
+        """Every node's address, exit code (None: running) and last log lines, for a failure message."""
         return {n: f"{p.address} rc={p.proc.poll()}" + "".join(p.stderr[-8:]) for n, p in self.procs.items()
                 if p.proc is not None}
 
@@ -256,7 +256,7 @@ async def test_owner_sigkilled_twenty_times_under_idempotent_produce_and_transac
         try:
             await _rounds(nodes, client, load, p, group_positions)
         except Exception as exc:
-            raise AssertionError(f"{exc!r}; exited nodes: {nodes.dead()}") from exc
+            raise AssertionError(f"{exc!r}; nodes: {nodes.dead()}") from exc
         finally:
             load.stop.set()
             await asyncio.gather(*tasks)
