@@ -430,7 +430,9 @@ class ClusterClient:
     leases: KeyValue
 
     @classmethod
-    async def connect(cls, urls: str, prefix: str, ttl: float) -> ClusterClient:
+    async def connect(cls, urls: str, prefix: str, ttl: float, replicas: int = 1) -> ClusterClient:
+        """``replicas``: of the two buckets; on the shared log as many as the log's streams, or the loss
+        of the one server holding an R1 bucket would stop every lease renewal while the log goes on."""
         servers = [u.strip() for u in urls.split(",") if u.strip()]
 
         async def quiet(exc: Exception) -> None:
@@ -449,8 +451,8 @@ class ClusterClient:
             # Every KV call must finish well within a lease: a stuck call would hold the loop past it.
             js = nc.jetstream(timeout=max(0.5, ttl / 3))
             # Heartbeats of nodes gone for good disappear by themselves after a while.
-            nodes = await bucket(js, f"{prefix}_nodes", ttl=max(60.0, 6 * ttl))
-            leases = await bucket(js, f"{prefix}_leases")
+            nodes = await bucket(js, f"{prefix}_nodes", ttl=max(60.0, 6 * ttl), replicas=replicas)
+            leases = await bucket(js, f"{prefix}_leases", replicas=replicas)
         except BaseException:
             await nc.close()
             raise

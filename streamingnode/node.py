@@ -225,7 +225,8 @@ class Node:
         from streamingnode.cluster import ClusterClient, Leases, Membership, Ownership  # noqa: PLC0415  (nats-py)
 
         cfg = self.config
-        self.cluster = await ClusterClient.connect(cfg.cluster_nats, cfg.cluster_prefix, cfg.lease_seconds)
+        self.cluster = await ClusterClient.connect(cfg.cluster_nats, cfg.cluster_prefix, cfg.lease_seconds,
+                                                   replicas=cfg.nats_replicas if cfg.shared_log else 1)
         membership = Membership(self.cluster.nodes, cfg.node_id, self.advertise, cfg.lease_seconds)
         leases = Leases(self.cluster.leases, cfg.node_id, self.advertise, cfg.lease_seconds)
         self.ownership = Ownership(membership, leases, self._cluster_names, self._take, self._lose,
