@@ -164,3 +164,35 @@ def test_a_block_over_the_servers_max_payload_is_refused_and_writes_go_on(
     assert b.describe_channel("p").next_id == 0
     b.write([_group(key, 0)], durable=True)
     assert _ids(b.read_blocks(key, 0, 1 << 20)) == [0, 1]
+
+
+def test_an_older_writers_metadata_and_truncation_are_fenced(
+        nats_r1: NatsCluster, backends: list[JetStreamBackend], prefix: str) -> None:
+    # A stale owner woken after a takeover must not move the new owner's flusher checkpoint, consumer
+    # groups or truncation mark: its put_meta is refused once a newer term opened the pchannel.
+    old = _open(backends, nats_r1, prefix)
+    key = old.create_channel("p", {}).key
+    old.open_channel("p")
+    for k in range(3):
+        old.write([_group(key, 2 * k)], durable=True)
+    old.put_meta(key, "flusher_checkpoint", b"old-before")  # before the takeover: it counts
+    new = _open(backends, nats_r1, prefix)
+    assert new.open_channel("p").term == 2
+    assert new.get_meta(key, "flusher_checkpoint") == b"old-before"
+    with pytest.raises(ChannelFencedError, match="fenced") as caught:
+        old.put_meta(key, "flusher_checkpoint", b"old-after")
+    assert caught.value.fields["term"] == 1
+    with pytest.raises(ChannelFencedError):  # a truncation stores its mark first: refused, nothing purged
+        old.truncate(key, 4)
+    assert new.get_meta(key, "flusher_checkpoint") == b"old-before"
+    assert _ids(new.read_blocks(key, 0, 1 << 20)) == [0, 1, 2, 3, 4, 5]
+    new.put_meta(key, "flusher_checkpoint", b"new")  # the owner's own metadata goes on
+    assert new.truncate(key, 4) == 4
+    assert new.get_meta(key, "flusher_checkpoint") == b"new"
+    # And again at the next takeover: the newest term's writer is the only one whose metadata lands.
+    third = _open(backends, nats_r1, prefix)
+    assert third.open_channel("p").term == 3
+    with pytest.raises(ChannelFencedError):
+        new.put_meta(key, "flusher_checkpoint", b"stale")
+    third.put_meta(key, "flusher_checkpoint", b"third")
+    assert third.get_meta(key, "flusher_checkpoint") == b"third"

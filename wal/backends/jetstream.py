@@ -6,6 +6,7 @@ Layout, under one configurable prefix ``P`` (default ``sn``) per cluster of node
     KV P_channels  <b32(name)>                JSON {"name", "key", "term", "properties"}
     KV P_meta      next_key                   the next channel key (decimal; never reused), by CAS
     KV P_meta      c.<key>.<b32(name)>        ``put_meta`` values (the truncation mark among them)
+    KV P_meta      c.<key>.-term              the term of the pchannel's newest opener (fences metadata)
 
 ``b32`` is base32 without padding, lowercase: KV keys take only ``[-/_=.a-zA-Z0-9]``.  A block's
 message carries the block as its payload and, in headers, its first id (``Sn-First``), the channel's
@@ -21,6 +22,19 @@ then publishes a *fence marker* (``Sn-Fence``, no payload, the same position hea
 sequence it read, retrying until it lands.  From then on any older writer's publish expects a sequence
 that is no longer the last one: the server refuses it ("wrong last sequence") and nothing of it is
 stored; the backend raises ChannelFencedError.  Readers skip fence markers.
+
+Metadata is fenced too (a stale owner's flusher checkpoint, consumer groups or truncation mark must not
+land after a takeover).  ``open_channel``, after bumping the record's term and before reading the
+stream, claims the key ``c.<key>.-term`` in the meta bucket by compare-and-set, only ever raising the
+term stored there (an opener that finds a term >= its own is already fenced).  Every ``put_meta`` of an
+opened pchannel is one publish to the meta bucket's stream carrying ``Nats-Expected-Last-Subject-
+Sequence`` = the revision of that claim and ``Nats-Expected-Last-Subject-Sequence-Subject`` = the claim
+key's subject: the server checks it and stores the value in one step, on the stream's leader, so there
+is no window between a check and the write.  Once a newer opener's claim is stored, every older
+writer's put fails (ChannelFencedError); a put stored before the claim is seen by the newer opener,
+which reads its metadata only after claiming.  A truncation stores its mark (fenced) before purging,
+so a stale owner purges nothing once fenced; one whose mark landed just before the takeover may still
+purge below that mark afterwards, which the new owner's recovery already treats as gone.
 
 A ``write`` is atomic per pchannel, NOT across pchannels: groups of different pchannels go to
 different streams, published concurrently; each pchannel's blocks are stored in order or not at all
@@ -154,6 +168,7 @@ class _Chan:
     name: str
     term: int = 0
     last_seq: int | None = None  # None: not opened for writing by this backend
+    claim_rev: int = 0  # the revision of this backend's term claim in the meta bucket (0: none)
     last_tick: TickEntry | None = None
     doubt: _Doubt | None = None
     # The id -> sequence index: sequences in order, with their first ids and largest timeticks.
@@ -279,6 +294,14 @@ class JetStreamBackend(Backend):
 
     def _meta_key(self, key: int, name: str) -> str:
         return f"c.{key}.{encode_key(name)}"
+
+    def _claim_key(self, key: int) -> str:
+        # '-' never occurs in base32, so no put_meta name can collide with it; under c.<key>. so that
+        # destroying the channel purges it with the rest of its metadata.
+        return f"c.{key}.-term"
+
+    def _meta_subject(self, kv_key: str) -> str:
+        return f"$KV.{self.prefix}_meta.{kv_key}"
 
     def _fenced(self, ch: _Chan) -> ChannelFencedError:
         return ChannelFencedError(
@@ -461,6 +484,7 @@ class JetStreamBackend(Backend):
             except nats.js.errors.KeyWrongLastSequenceError:
                 continue
         key = int(record["key"])
+        claim_rev = await self._claim(name, key, int(record["term"]))
         for _ in range(_MAX_FENCE_TRIES):
             info, last, last_tick = await self._recover(name, record)
             headers = {H_FIRST: str(info.next_id), H_MAX_TT: str(info.last_timetick), H_TERM: str(info.term),
@@ -475,11 +499,33 @@ class JetStreamBackend(Backend):
                 raise
             ch = self._chans.get(key) or _Chan(key, name)
             ch.term, ch.last_seq, ch.last_tick, ch.doubt = info.term, int(ack.seq), last_tick, None
+            ch.claim_rev = claim_rev
             ch.learn(int(ack.seq), info.next_id)
             self._chans[key] = ch
             return info
         raise UnavailableError(f"opening pchannel {name!r}: its stream kept changing while fencing it",
                                channel=name, path=self.path)
+
+    async def _claim(self, name: str, key: int, term: int) -> int:
+        """Store ``term`` as the pchannel's metadata term, by CAS and only upwards; its revision."""
+        kv_key = self._claim_key(key)
+        while True:
+            try:
+                entry = await self._kv_meta.get(kv_key)
+                held, rev = int(entry.value or b"0"), int(entry.revision)
+            except nats.js.errors.NotFoundError:
+                held, rev = 0, 0
+            if held >= term:
+                # A newer opener claimed it between our term bump and now: we are fenced already.
+                raise ChannelFencedError(
+                    f"pchannel {name!r} term {term} is fenced: term {held} opened it meanwhile",
+                    channel=name, term=term)
+            try:
+                if rev == 0:
+                    return int(await self._kv_meta.create(kv_key, str(term).encode()))
+                return int(await self._kv_meta.update(kv_key, str(term).encode(), last=rev))
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue  # another opener wrote it meanwhile: compare again
 
     def describe_channel(self, name: str) -> ChannelInfo:
         async def run() -> ChannelInfo:
@@ -694,7 +740,24 @@ class JetStreamBackend(Backend):
         return int(keep_from)
 
     async def _put_meta(self, key: int, name: str, value: bytes) -> None:
-        await self._kv_meta.put(self._meta_key(key, name), bytes(value))
+        ch = self._chans.get(key)
+        if ch is None or ch.last_seq is None or not ch.claim_rev:
+            # Not opened here (tools, tests reading a log): nothing to fence against.
+            await self._kv_meta.put(self._meta_key(key, name), bytes(value))
+            return
+        # One publish that the server stores only while our claim is still the claim key's last
+        # message: the check and the write cannot be separated by a newer opener (module docstring).
+        headers = {"Nats-Expected-Last-Subject-Sequence": str(ch.claim_rev),
+                   "Nats-Expected-Last-Subject-Sequence-Subject": self._meta_subject(self._claim_key(key))}
+        try:
+            await self._js.publish(self._meta_subject(self._meta_key(key, name)), bytes(value),
+                                   timeout=self.timeout, headers=headers)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code == _WRONG_LAST_SEQUENCE:
+                raise ChannelFencedError(
+                    f"pchannel {ch.name!r} term {ch.term} is fenced: a newer term opened it, so its "
+                    f"metadata {name[:200]!r} is not stored", channel=ch.name, term=ch.term) from exc
+            raise
 
     async def _get_meta(self, key: int, name: str) -> bytes | None:
         try:
