@@ -13,6 +13,7 @@ Per run:
 * **node R1 / node R3**: ``serve --wal jetstream --nats-replicas 1|3``; one SDK producer sends
   ``--count`` messages of ``--size`` bytes to one pchannel with ``send_nowait`` (at most ``--window``
   unanswered), then ``flush``; every future must resolve (acknowledged = stored in JetStream).
+  Plain producer by default (as bench/produce_consume.py); ``--idempotent`` gives it a producer_id.
 * **node RocksDB**: a plain ``serve`` (local RocksDB WAL, ``durability = sync``), the same produce.
 * **raw per-message R3**: nats-py ``publish_async`` of ``--raw-count`` messages to an R3 stream, at most
   ``--window`` unacknowledged, every ack awaited (NOTES.md's "per-message publish").
@@ -70,12 +71,13 @@ def _shared_node(nats: NatsCluster, root: Path, node_id: str, prefix: str, repli
                        "--parquet-root", str(root / "parquet"), "--log-level", "warning")
 
 
-async def _produce(seeds: list[str], n: int, size: int, window: int, create: bool) -> float:
+async def _produce(seeds: list[str], n: int, size: int, window: int, create: bool, idempotent: bool) -> float:
     async with AsyncClient(seeds) as client:
         if create:
             await client.create_channels([PCHANNEL])
         payload = os.urandom(size)
-        async with client.producer(PCHANNEL, producer_id=uuid.uuid4().hex) as producer:
+        producer_id = uuid.uuid4().hex if idempotent else None
+        async with client.producer(PCHANNEL, producer_id=producer_id) as producer:
             await producer.send(VCHANNEL, payload)  # the stream is open and the owner found
             outstanding: collections.deque[asyncio.Future[Any]] = collections.deque()
             t0 = time.perf_counter()
@@ -99,7 +101,8 @@ def _node_produce(args: argparse.Namespace, nats: NatsCluster, root: Path, repli
         node = _shared_node(nats, root, "a", f"b{next(_prefixes)}", replicas, 10.0)
     node.start()
     try:
-        return asyncio.run(_produce([node.address], args.count, args.size, args.window, replicas is not None))
+        return asyncio.run(_produce([node.address], args.count, args.size, args.window, replicas is not None,
+                                    args.idempotent))
     finally:
         node.kill()
 
@@ -249,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3, help="runs; figures are medians (default 3)")
     p.add_argument("--window", type=int, default=8000, help="unanswered sends / publishes at most (default 8000)")
     p.add_argument("--blocks-in-flight", type=int, default=4, help="pipelined fenced blocks (default 4)")
+    p.add_argument("--idempotent", action="store_true",
+                   help="node produce with a producer_id (fewer batches in flight: the dedup window bounds them)")
     p.add_argument("--kills", type=int, default=10, help="owner SIGKILLs for the failover time (0: skip; default 10)")
     p.add_argument("--lease-seconds", type=float, default=2.0, help="nodes' lease in the failover part (default 2)")
     p.add_argument("--dir", default=None, help="parent of the temporary directories (default: system temp)")
