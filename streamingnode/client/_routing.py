@@ -13,11 +13,15 @@ to and an owner cache per pchannel:
   call resolves the owner again through the seeds.
 
 NOT_OWNER is followed at most ``MAX_HOPS`` times per call: two nodes that each name the other (a
-lease changing hands) must not bounce a call forever.
+lease changing hands) must not bounce a call forever.  A read-only call answered NOT_OWNER with no
+owner (a takeover under way: the old lease expired, nobody has taken it yet) resolves the owner again
+after a short pause, for at most ``Router.ownerless_wait`` seconds; a write fails at once (its caller
+decides whether to repeat it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,6 +39,9 @@ from wal.errors import (
 
 MAX_HOPS = 4
 """NOT_OWNER answers followed per call before the last one is raised."""
+OWNERLESS_WAIT = 15.0
+"""Seconds a read-only call waits for a pchannel nobody owns to get an owner (a takeover takes about
+a lease TTL, 10 s by default, plus a third of it for the taker's next pass)."""
 
 # Errors that say "this node cannot serve you now": forget it as the owner and ask the seeds again.
 _NODE_GONE = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.ON_SHUTDOWN})
@@ -63,6 +70,7 @@ class Router:
         self._nodes: dict[str, tuple[Any, sgrpc.StreamingNodeStub]] = {}
         self._owners: dict[str, str] = {}
         self._next_seed = 0
+        self.ownerless_wait = OWNERLESS_WAIT
         self.resolutions = 0
         """DescribeChannels lookups made to find an owner (for tests and metrics)."""
 
@@ -150,16 +158,32 @@ class Router:
                    retry_gone: bool = False) -> Any:
         """A unary call on ``pchannel``'s owner, following NOT_OWNER (it refuses before doing anything,
         so a second attempt is safe).  ``retry_gone``: also try again elsewhere after UNAVAILABLE — only
-        for calls that are safe to repeat (reads), since the node may have done the work."""
-        for hop in range(MAX_HOPS + 1):
-            addr = await self.owner(pchannel, deadline_s)
+        for calls that are safe to repeat (reads), since the node may have done the work; those also wait
+        up to ``ownerless_wait`` seconds for a pchannel that nobody owns at the moment."""
+        loop = asyncio.get_running_loop()
+        give_up: float | None = None
+        pause = 0.05
+        hops = 0
+        while True:
+            addr = ""
             try:
+                addr = await self.owner(pchannel, deadline_s)
                 return await unary(getattr(self.stub_at(addr), method), request, deadline_s)
             except StreamingError as exc:
-                moved = self.learn(pchannel, addr, exc)
-                if hop == MAX_HOPS or not moved or (not isinstance(exc, NotOwnerError) and not retry_gone):
+                moved = self.learn(pchannel, addr, exc) if addr else False
+                if moved and hops < MAX_HOPS and (retry_gone or isinstance(exc, NotOwnerError)):
+                    hops += 1
+                    continue
+                if not (retry_gone and isinstance(exc, NotOwnerError)):
                     raise
-        raise AssertionError("unreachable")  # pragma: no cover
+                # Nobody owns it at the moment: a read waits (bounded) for the next owner.
+                self._owners.pop(pchannel, None)
+                now = loop.time()
+                give_up = now + self.ownerless_wait if give_up is None else give_up
+                if now >= give_up:
+                    raise
+                await asyncio.sleep(min(pause, give_up - now))
+                pause, hops = min(pause * 2, 0.5), 0
 
     async def call_any(self, method: str, request: Any, deadline_s: float | None) -> Any:
         """A unary call that any node answers (no pchannel): the seeds in turn until one is reachable."""
