@@ -5,9 +5,11 @@ Three parts, each usable alone:
 - ``Membership``: this node's id and advertised address, a heartbeat in KV ``<prefix>_nodes``; the
   live nodes are those whose heartbeat is younger than the lease TTL.
 - ``Leases``: a pchannel's lease in KV ``<prefix>_leases`` (key: the encoded pchannel name), a JSON
-  record ``{"node", "address", "term", "expires_ms"}`` written only by compare-and-set on the KV
-  revision: created when absent, updated when free, expired or ours.  Taking bumps the term; a
-  release keeps the term and empties the owner, so terms never go back.
+  record ``{"node", "address", "term", "expires_ms", "serving"}`` written only by compare-and-set on
+  the KV revision: created when absent, updated when free, expired or ours.  Taking bumps the term; a
+  release keeps the term and empties the owner, so terms never go back.  ``serving`` turns true with
+  the first renewal after the holder opened the pchannel (a lease is taken before the open), which
+  is what CreateChannels waits for.
 - ``Ownership``: one loop per node, every TTL/3.  For each pchannel, the preferred owner is given by
   rendezvous hashing over the live node ids (``preferred``).  A preferred node takes a free or expired
   lease and opens the channel (``on_take``); a holder that is no longer preferred (a node joined)
@@ -100,6 +102,8 @@ class Lease:
     term: int = 0
     expires_ms: int = 0
     revision: int = 0
+    serving: bool = False
+    """The holder has opened the pchannel (False between the take and the end of the open)."""
 
     def held(self, at_ms: int | None = None) -> bool:
         """Someone holds it and it has not expired (by this node's wall clock)."""
@@ -107,14 +111,14 @@ class Lease:
 
     def encode(self) -> bytes:
         return json.dumps({"node": self.node, "address": self.address, "term": self.term,
-                           "expires_ms": self.expires_ms}).encode()
+                           "expires_ms": self.expires_ms, "serving": self.serving}).encode()
 
     @classmethod
     def decode(cls, pchannel: str, value: bytes | None, revision: int) -> Lease:
         try:
             doc = json.loads(value or b"{}")
             return cls(pchannel, str(doc.get("node", "")), str(doc.get("address", "")), int(doc.get("term", 0)),
-                       int(doc.get("expires_ms", 0)), revision)
+                       int(doc.get("expires_ms", 0)), revision, doc.get("serving") is True)
         except (ValueError, TypeError, AttributeError):
             # A record nobody here wrote: treated as free, and overwritten by CAS on its revision.
             log.warning("unreadable lease record, treated as free", pchannel=pchannel, revision=revision)
@@ -210,10 +214,12 @@ class Leases:
 
     async def renew(self, current: Lease, term: int | None = None) -> Lease | None:
         """Push this node's lease's expiry out by the TTL (and raise its term to ``term``, when given
-        and higher); None when the lease changed since it was read (another node took it)."""
+        and higher); None when the lease changed since it was read (another node took it).  Only a
+        holder that opened the pchannel renews, so the renewed lease says ``serving``."""
         if current.node != self.node_id:
             return None
-        new = replace(current, expires_ms=self._expiry(), term=max(current.term, term or 0), revision=0)
+        new = replace(current, expires_ms=self._expiry(), term=max(current.term, term or 0), revision=0,
+                      serving=True)
         return await self._cas(current, new)
 
     async def release(self, current: Lease) -> Lease | None:
@@ -348,12 +354,12 @@ class Ownership:
                 self.view.leases[name] = released
             return
         self._changed(name, "taken")
-        if held.serving_term > taken.term:
-            # The WAL's term is the fencing term: the lease reports it from now on.
-            renewed = await self.leases.renew(taken, held.serving_term)
-            if renewed is not None:
-                held.lease = renewed
-                self.view.leases[name] = renewed
+        # Open now: the lease says so (serving), and reports the WAL's term, the fencing term, from now
+        # on.  Should this write lose a race, the next pass's renewal says it.
+        renewed = await self.leases.renew(taken, held.serving_term)
+        if renewed is not None:
+            held.lease = renewed
+            self.view.leases[name] = renewed
 
     async def _drop(self, name: str, reason: str) -> None:
         self.held.pop(name, None)

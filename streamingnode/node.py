@@ -512,7 +512,8 @@ class Node:
         deadline = asyncio.get_running_loop().time() + 2 * self.config.lease_seconds
         while True:
             await self.ownership.refresh(names)
-            waiting = [n for n in names if (lease := self.lease(n)) is None or not lease.held()]
+            # Open at the owner, not only leased: a call sent there right after this returns is served.
+            waiting = [n for n in names if (lease := self.lease(n)) is None or not lease.held() or not lease.serving]
             if not waiting or asyncio.get_running_loop().time() >= deadline:
                 if waiting:
                     log.warning("pchannels created but not owned yet", channels=waiting)
