@@ -164,7 +164,6 @@ class Load:
                     await fut
                     self.acked[v].append(n)
                 seq += 1
-            await producer.send("end", b"END")
 
     async def transactions(self) -> None:
         k = 0
@@ -263,6 +262,10 @@ async def test_owner_sigkilled_twenty_times_under_idempotent_produce_and_transac
             consuming.cancel()
             await asyncio.gather(consuming, return_exceptions=True)
             await consumer.aclose()
+        # The end mark goes in once both loads have stopped: a transaction still committing when the
+        # producer stopped would land after an earlier mark, and the read below would stop before it.
+        async with client.producer(p) as producer:
+            await producer.send("end", b"END")
         seen = await _read_to_end(client, p)
 
     # Per vchannel: every acknowledged message once, no duplicate of anything, sequences in order.
