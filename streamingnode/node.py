@@ -440,13 +440,7 @@ class Node:
         if self.config.shared_log:
             return await self._create_shared(names, num, owner)
         async with self._admin:
-            existing = set(await self.manager.list_channels())
-            if not names:
-                fresh = (f"pchannel_{i}" for i in itertools.count() if f"pchannel_{i}" not in existing)
-                names = list(itertools.islice(fresh, num))
-            for name in names:
-                if name in existing:
-                    raise ChannelExistError(f"pchannel {name!r} already exists", channel=name)
+            names = await self._names_to_create(names, num)
             created: list[str] = []
             try:
                 for name in names:
@@ -459,6 +453,18 @@ class Node:
                     await self._destroy(name)
                 raise
         log.info("channels created", channels=names, role=owner.role)
+        return names
+
+    async def _names_to_create(self, names: list[str], num: int) -> list[str]:
+        """``names``, or ``num`` fresh ``pchannel_<i>`` names when none are given; ChannelExistError
+        when one exists already.  Called holding ``_admin``."""
+        existing = set(await self.manager.list_channels())
+        if not names:
+            fresh = (f"pchannel_{i}" for i in itertools.count() if f"pchannel_{i}" not in existing)
+            names = list(itertools.islice(fresh, num))
+        for name in names:
+            if name in existing:
+                raise ChannelExistError(f"pchannel {name!r} already exists", channel=name)
         return names
 
     async def destroy_channels(self, names: list[str]) -> None:
@@ -484,13 +490,7 @@ class Node:
         """Shared log: create the pchannels in it (all or none), then wait until each has an owner:
         the ownership loop of the node placement prefers takes it (maybe this one)."""
         async with self._admin:
-            existing = set(await self.manager.list_channels())
-            if not names:
-                fresh = (f"pchannel_{i}" for i in itertools.count() if f"pchannel_{i}" not in existing)
-                names = list(itertools.islice(fresh, num))
-            for name in names:
-                if name in existing:
-                    raise ChannelExistError(f"pchannel {name!r} already exists", channel=name)
+            names = await self._names_to_create(names, num)
             created: list[str] = []
             try:
                 for name in names:
