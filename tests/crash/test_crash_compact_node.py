@@ -117,8 +117,11 @@ async def test_a_node_killed_after_each_compaction_step_reads_every_acknowledged
 
             # The restarted node finishes the work: one data file, no hidden name left, same rows.
             def done() -> bool:
-                files, deletes, _ = _layout.visible_files(root, "c")
-                return len(files) == 1 and not deletes and not list(root.rglob(".*.parquet"))
+                try:
+                    files, deletes, _ = _layout.visible_files(root, "c")
+                    return len(files) == 1 and not deletes and not list(root.rglob(".*.parquet"))
+                except FileNotFoundError:  # the node removed a directory while it was listed: look again
+                    return False
 
             await until(done, "the restarted node to finish compacting")
             _check(root, want)
