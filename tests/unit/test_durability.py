@@ -18,11 +18,11 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
 from flusher import CHECKPOINT_META, Flusher, FlusherConfig
 from interceptors.streaming import ChainConfig, open_streaming_wal
+from tests.reopening import SCHEMA, rows
 from tests.waiting import until
 from wal import ChannelFencedError, Message, MessageType, UnrecoverableError, WALManager, bodies
 from wal.backends.rocks import RocksBackend
@@ -284,14 +284,6 @@ async def test_an_append_taken_while_a_reopen_waits_for_the_writer_is_fenced_or_
 
 
 # --- the flusher: a file is durable before the checkpoint passes it -------------------------------------
-SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("name", pa.string())])
-
-
-def _rows(start: int, n: int) -> pa.RecordBatch:
-    return pa.record_batch([pa.array(range(start, start + n), pa.int64()),
-                            pa.array([f"r{i}" for i in range(start, start + n)])], schema=SCHEMA)
-
-
 async def test_a_parquet_file_is_synced_renamed_and_its_directory_synced_before_the_checkpoint_moves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -326,10 +318,10 @@ async def test_a_parquet_file_is_synced_renamed_and_its_directory_synced_before_
     await f.start()
     try:
         await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
-        await swal.append(bodies.insert("v", "c", _rows(0, 10)))
+        await swal.append(bodies.insert("v", "c", rows(0, 10)))
         await f.flush("v")
         await swal.append(bodies.delete("v", "c", [1, 2]))
-        await swal.append(bodies.insert("v", "c", _rows(10, 5)))
+        await swal.append(bodies.insert("v", "c", rows(10, 5)))
         await f.flush("v")
         assert checked, "no checkpoint was stored with a file to check"
     finally:

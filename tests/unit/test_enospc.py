@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -25,6 +24,7 @@ from flusher.commit import commit_file, remove_temporaries
 from flusher.flusher import FlusherState
 from interceptors.streaming import ChainConfig, open_streaming_wal
 from streamingnode.storage import StorageMonitor, free_bytes
+from tests.reopening import SCHEMA, rows
 from wal import Message, MessageType, StorageFullError, UnrecoverableError, WALManager, bodies
 from wal.backends import _journal
 from wal.backends.rocks import RocksBackend
@@ -330,14 +330,6 @@ async def test_appends_are_refused_while_the_manager_refuses_but_ticks_and_flush
 
 
 # --- the flusher on a full disk -----------------------------------------------------------------------
-SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("name", pa.string())])
-
-
-def _rows(start: int, n: int) -> pa.RecordBatch:
-    return pa.record_batch([pa.array(range(start, start + n), pa.int64()),
-                            pa.array([f"r{i}" for i in range(start, start + n)])], schema=SCHEMA)
-
-
 async def test_a_flusher_that_meets_a_full_disk_waits_for_space_instead_of_stopping(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -359,7 +351,7 @@ async def test_a_flusher_that_meets_a_full_disk_waits_for_space_instead_of_stopp
     await f.start()
     try:
         await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
-        await swal.append(bodies.insert("v", "c", _rows(0, 10)))
+        await swal.append(bodies.insert("v", "c", rows(0, 10)))
         monkeypatch.setattr(os, "replace", replace)
         files = await asyncio.wait_for(f.flush("v"), 60)  # written once the disk takes it again
         assert len(failures) == 3 and f.state is FlusherState.RUNNING
