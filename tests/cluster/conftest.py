@@ -28,6 +28,19 @@ def start_cluster(root: Path, size: int) -> NatsCluster:
     return cluster
 
 
+async def owner_seen_by(ask: str, pchannel: str) -> str | None:
+    """The owner's address of ``pchannel`` as node ``ask`` describes it (None: no answer yet, or the
+    pchannel unknown there; another node may be stopped, so only ``ask`` is asked)."""
+    from streamingnode.client import AsyncClient, NotOwnerError, UnavailableError  # noqa: PLC0415
+
+    async with AsyncClient(ask, timeout=5) as one:
+        try:
+            found = [d for d in await one.describe_channels() if d.name == pchannel]
+        except (UnavailableError, NotOwnerError):
+            return None
+    return found[0].owner.address if found else None
+
+
 @pytest.fixture(scope="module")
 def nats_r1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
     cluster = start_cluster(tmp_path_factory.mktemp("nats1"), 1)

@@ -20,7 +20,6 @@ from streamingnode.server import ServerThread
 from streamingnode.status import from_rpc_error
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
-from tests.cluster.conftest import start_cluster
 from tests.integration.conftest import node_config
 from tests.natscluster import NatsCluster
 from tests.waiting import until
@@ -28,13 +27,6 @@ from tests.waiting import until
 pytestmark = pytest.mark.integration
 
 _prefixes = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def natsc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
-    cluster = start_cluster(tmp_path_factory.mktemp("nats"), 1)
-    yield cluster
-    cluster.stop()
 
 
 @pytest.fixture
@@ -56,13 +48,13 @@ def gate() -> Iterator[threading.Event]:
 
 
 @pytest.fixture
-def nodes(natsc: NatsCluster, tmp_path: Path, gate: threading.Event) -> Iterator[list[ServerThread]]:
+def nodes(nats_r1: NatsCluster, tmp_path: Path, gate: threading.Event) -> Iterator[list[ServerThread]]:
     prefix = f"o{next(_prefixes)}"
     started: list[ServerThread] = []
     try:
         for node_id in ("a", "b"):
             started.append(ServerThread(node_config(
-                tmp_path / node_id, wal="jetstream", cluster_nats=natsc.url, nats_replicas=1, node_id=node_id,
+                tmp_path / node_id, wal="jetstream", cluster_nats=nats_r1.url, nats_replicas=1, node_id=node_id,
                 lease_seconds=2.0, cluster_prefix=prefix, flusher=False)).start())
         yield started
     finally:
@@ -110,9 +102,9 @@ async def test_create_channels_returns_once_the_pchannel_is_open_at_its_owner(
             await ch.close()
 
 
-async def test_a_lease_says_serving_only_once_its_holder_opened_the_pchannel(natsc: NatsCluster) -> None:
+async def test_a_lease_says_serving_only_once_its_holder_opened_the_pchannel(nats_r1: NatsCluster) -> None:
     prefix = f"o{next(_prefixes)}"
-    nc = await nats.connect(natsc.url)
+    nc = await nats.connect(nats_r1.url)
     try:
         js = nc.jetstream()
         leases = Leases(await bucket(js, f"{prefix}_leases"), "a", "addr-a", 5.0)

@@ -22,12 +22,12 @@ from streamingnode.status import from_rpc_error
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
-from tests.cluster.conftest import start_cluster
+from tests.cluster.conftest import owner_seen_by
 from tests.natscluster import NatsCluster
 from tests.node_process import NodeProcess
 from tests.waiting import until
 from wal.backends.jetstream import JetStreamBackend, encode_key
-from wal.errors import ErrorCode, NotOwnerError, UnavailableError
+from wal.errors import ErrorCode
 from wal.message import MessageType
 
 pytestmark = pytest.mark.integration
@@ -38,22 +38,15 @@ _REFUSED = ("ERROR_CODE_CHANNEL_FENCED", "ERROR_CODE_NOT_OWNER")
 _prefixes = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def natsc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
-    cluster = start_cluster(tmp_path_factory.mktemp("nats"), 1)
-    yield cluster
-    cluster.stop()
-
-
 class Pair:
     """Node ``a`` (with a flusher) and node ``b`` (without: any Parquet file or flusher checkpoint that
     changes once ``b`` owns the pchannel can only be ``a``'s) on one shared log and Parquet root."""
 
-    def __init__(self, natsc: NatsCluster, root: Path) -> None:
+    def __init__(self, nats_r1: NatsCluster, root: Path) -> None:
         self.prefix = f"f{next(_prefixes)}"
-        self.url = natsc.url
+        self.url = nats_r1.url
         self.parquet = root / "parquet"
-        common = ("--wal", "jetstream", "--nats", natsc.url, "--nats-replicas", "1", "--cluster-prefix", self.prefix,
+        common = ("--wal", "jetstream", "--nats", nats_r1.url, "--nats-replicas", "1", "--cluster-prefix", self.prefix,
                   "--lease-seconds", str(LEASE), "--drain-seconds", "1", "--parquet-root", str(self.parquet))
         no_flusher = {**os.environ, "STREAMINGNODE_FLUSHER": "false"}
         self.a = NodeProcess(root / "a", None, "--node-id", "a", *common)
@@ -67,8 +60,8 @@ class Pair:
 
 
 @pytest.fixture
-def pair(natsc: NatsCluster, tmp_path: Path) -> Iterator[Pair]:
-    nodes = Pair(natsc, tmp_path)
+def pair(nats_r1: NatsCluster, tmp_path: Path) -> Iterator[Pair]:
+    nodes = Pair(nats_r1, tmp_path)
     try:
         yield nodes
     finally:
@@ -124,12 +117,7 @@ async def test_a_paused_owner_woken_after_a_takeover_stores_nothing_and_stops_se
     assert pair.a.proc is not None
 
     async def owned_by(address: str) -> bool:
-        async with AsyncClient(b, timeout=5) as one:  # asked of b: a may be stopped
-            try:
-                found = [d for d in await one.describe_channels() if d.name == p]
-            except (UnavailableError, NotOwnerError):
-                return False
-        return bool(found) and found[0].owner.address == address
+        return await owner_seen_by(b, p) == address  # asked of b: a may be stopped
 
     async with AsyncClient([a, b], reconnect_timeout=30) as client:
         await client.create_channels([p])
