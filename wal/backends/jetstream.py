@@ -97,12 +97,26 @@ from wal.message import MessageID
 
 T = TypeVar("T")
 
+# Failures after which a request may simply be asked again: no answer in time, nobody to answer (a
+# stream or its leader being elected), the connection lost (nats-py reconnects by itself).  A publish
+# that got no answer may have been stored all the same: its retry is made safe by the caller.
+_RETRIABLE: tuple[type[BaseException], ...] = (
+    TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError,
+    nats.errors.StaleConnectionError, nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
+
+
+class _Recheck(UnavailableError):
+    """A retried publish was refused as out of sequence: its lost-answer attempt may be the message
+    that moved the stream on, so the stream is checked (``_settle``) before calling it fenced (and
+    when time runs out first, the write is UNAVAILABLE, its doubt left for the next write)."""
+
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 _WRONG_LAST_SEQUENCE = 10071  # JetStream's err_code for a failed Nats-Expected-Last-Sequence
 _STREAM_NOT_FOUND = 10059
 _MAX_FENCE_TRIES = 50
 _READ_AHEAD = 8  # direct gets in flight while reading forward
 _INDEX_MAX = 100_000  # entries of a pchannel's id -> sequence index before it is thinned
+_RETRY_PAUSE = 0.1  # seconds before asking again after a refusal that came at once (no responders)
 _MAX_TT_META = "jetstream.max_timetick"
 """The channel's largest timetick, kept when a truncation empties its stream (no header holds it)."""
 
@@ -193,12 +207,15 @@ class _Chan:
 
 class JetStreamBackend(Backend):
     """Pchannels as JetStream streams; see the module docstring.  ``servers``: one URL, a comma
-    list, or a list; ``replicas``: 1 or 3; ``timeout``: seconds per NATS request."""
+    list, or a list; ``replicas``: 1 or 3; ``timeout``: seconds per NATS request, and half the time a
+    block publish, metadata put or read keeps asking again without progress; ``attempt_timeout``:
+    seconds one such attempt waits for its answer (short, so that an election is ridden out: a
+    request to a dead stream leader is asked again of the new one soon after it is elected)."""
 
     split_sync = False
 
     def __init__(self, servers: str | list[str], *, prefix: str = "sn", replicas: int = 1,
-                 timeout: float = 5.0) -> None:
+                 timeout: float = 5.0, attempt_timeout: float = 1.0) -> None:
         if not _PREFIX_RE.match(prefix):
             raise InvalidArgumentError(
                 f"NATS prefix {prefix[:200]!r} must be 1-32 letters, digits, '_' or '-'", field="prefix")
@@ -211,6 +228,9 @@ class JetStreamBackend(Backend):
         self.prefix = prefix
         self.replicas = replicas
         self.timeout = timeout
+        self.attempt_timeout = min(attempt_timeout, timeout)
+        self.retries = 0
+        """Requests asked again after no answer or no responder (an election, a lost connection)."""
         self.direct_gets = 0
         """How many stored messages were fetched one by one (tests count them: no full scans)."""
         self._closed = False
@@ -256,6 +276,35 @@ class JetStreamBackend(Backend):
         except nats.js.errors.APIError as exc:
             raise UnavailableError(f"{what}: NATS at {self.path} refused: {exc}", path=self.path) from exc
 
+    def _window(self) -> float:
+        """How long a request keeps being asked again without progress (an election takes seconds)."""
+        return self.timeout * 2
+
+    async def _retrying(self, ask: Callable[[float], Awaitable[T]], deadline: float | None = None) -> T:
+        """``ask(attempt_timeout)`` until it answers, again after each retriable failure (see
+        ``_RETRIABLE``) until ``deadline`` (loop time; default: ``_window`` from now), then the last
+        failure is raised.  Only for requests that are safe to repeat as they are."""
+        loop = asyncio.get_running_loop()
+        if deadline is None:
+            deadline = loop.time() + self._window()
+        while True:
+            started = loop.time()
+            try:
+                return await ask(max(min(self.attempt_timeout, deadline - started), 0.05))
+            except _RETRIABLE as exc:
+                await self._before_retry(exc, started, deadline)
+
+    async def _before_retry(self, exc: BaseException, started: float, deadline: float) -> None:
+        """Raise ``exc`` when the deadline has passed; else pause after a refusal that came at once
+        (nobody answers during an election), and count the retry."""
+        loop = asyncio.get_running_loop()
+        pause = max(0.0, _RETRY_PAUSE - (loop.time() - started))
+        if loop.time() + pause >= deadline:
+            raise exc
+        self.retries += 1
+        if pause:
+            await asyncio.sleep(pause)
+
     async def _connect(self, urls: list[str]) -> None:
         async def quiet(exc: Exception) -> None:
             """Connection errors surface as UNAVAILABLE from the calls they fail; no print."""
@@ -263,8 +312,12 @@ class JetStreamBackend(Backend):
         self._nc = await nats.connect(urls, connect_timeout=self.timeout, max_reconnect_attempts=-1,
                                       reconnect_time_wait=0.2, error_cb=quiet)
         self._js = self._nc.jetstream(timeout=self.timeout)
+        # Requests that are retried (reads) wait one attempt's time each; the others the whole timeout.
+        self._jsq = self._nc.jetstream(timeout=self.attempt_timeout)
         self._kv_channels = await self._bucket(f"{self.prefix}_channels")
         self._kv_meta = await self._bucket(f"{self.prefix}_meta")
+        self._kv_meta_q = await self._jsq.key_value(f"{self.prefix}_meta")
+        self._kv_channels_q = await self._jsq.key_value(f"{self.prefix}_channels")
 
     async def _bucket(self, name: str) -> Any:
         try:
@@ -318,10 +371,10 @@ class JetStreamBackend(Backend):
         stream = self._stream(key)
         self.direct_gets += 1
         try:
-            raw = await self._js.get_msg(stream, seq, direct=True)
+            raw = await self._retrying(lambda _t: self._jsq.get_msg(stream, seq, direct=True))
         except nats.js.errors.NotFoundError:
             try:
-                raw = await self._js.get_msg(stream, seq)
+                raw = await self._retrying(lambda _t: self._jsq.get_msg(stream, seq))
             except nats.js.errors.NotFoundError:
                 return None
         msg = self._parse(key, seq, raw.headers or {}, raw.data or b"")
@@ -343,7 +396,7 @@ class JetStreamBackend(Backend):
     async def _bounds(self, key: int) -> tuple[int, int]:
         """The stream's first and last sequence (first > last when it holds nothing)."""
         try:
-            info = await self._js.stream_info(self._stream(key))
+            info = await self._retrying(lambda _t: self._jsq.stream_info(self._stream(key)))
         except nats.js.errors.NotFoundError as exc:
             raise ChannelNotExistError(f"pchannel with key {key} does not exist (no stream {self._stream(key)})",
                                        channel_key=key) from exc
@@ -396,7 +449,7 @@ class JetStreamBackend(Backend):
     # --- channel records ---------------------------------------------------------------------------
     async def _record(self, name: str) -> tuple[dict[str, Any], int]:
         try:
-            entry = await self._kv_channels.get(encode_key(name))
+            entry = await self._retrying(lambda _t: self._kv_channels_q.get(encode_key(name)))
         except nats.js.errors.NotFoundError as exc:
             raise ChannelNotExistError(f"pchannel {name!r} does not exist", channel=name) from exc
         try:
@@ -562,7 +615,9 @@ class JetStreamBackend(Backend):
     # --- data ----------------------------------------------------------------------------------------
     def write(self, groups: list[WriteGroup], durable: bool) -> None:
         if groups:
-            self._call(self._write(groups), what="writing to the WAL", overall=self.timeout * (2 + len(groups)))
+            # Each block may take a retry window (_window) when an election stalls it.
+            self._call(self._write(groups), what="writing to the WAL",
+                       overall=self.timeout * (3 + 2 * len(groups)))
 
     async def _write(self, groups: list[WriteGroup]) -> None:
         by_key: dict[int, list[WriteGroup]] = {}
@@ -589,29 +644,59 @@ class JetStreamBackend(Backend):
         raise fenced[0] if fenced else errors[0]
 
     async def _publish_chain(self, ch: _Chan, groups: list[WriteGroup]) -> None:
-        if ch.doubt is not None:
-            groups = await self._settle(ch, groups)
-        for i, g in enumerate(groups):
-            assert ch.last_seq is not None
-            headers = {H_FIRST: str(g.first_id), H_MAX_TT: str(g.max_timetick), H_TERM: str(ch.term),
-                       _EXPECTED_LAST_SEQ: str(ch.last_seq)}
-            last_tick = g.ticks[-1] if g.ticks else ch.last_tick
-            if g.ticks:
-                headers[H_TICKS] = ",".join(_tick_text(t) for t in g.ticks)
-            if last_tick is not None:
-                headers[H_LAST_TICK] = _tick_text(last_tick)
+        """Publish ``groups`` in order, each expecting its predecessor's sequence.  A publish that
+        got no answer (or no responder: an election) is asked again until ``_window`` passes without
+        progress; the answer it missed may be "stored", so before a repeat the stream is checked
+        (``_settle``: the blocks found there are ours, or we are fenced), and a repeat refused as out
+        of sequence is checked the same way instead of being called fenced at once."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._window()
+        pending, retried = groups, False
+        while True:
+            started = loop.time()
             try:
-                ack = await self._js.publish(self._subject(ch.key), g.block, timeout=self.timeout, headers=headers)
-            except nats.js.errors.APIError as exc:
-                if exc.err_code == _WRONG_LAST_SEQUENCE:
-                    raise self._fenced(ch) from exc
-                raise
-            except BaseException:
-                # No answer: the block may or may not be stored; the next write finds out.
-                ch.doubt = _Doubt(ch.last_seq, groups[i:]) if ch.doubt is None else ch.doubt
-                raise
-            ch.last_seq, ch.last_tick = int(ack.seq), last_tick
-            ch.learn(int(ack.seq), g.first_id)
+                if ch.doubt is not None:
+                    pending = await self._settle(ch, pending)
+                while pending:
+                    await self._publish_block(ch, pending, retried, deadline)
+                    pending = pending[1:]
+                    deadline = loop.time() + self._window()  # progress: a new window for the next block
+            except (*_RETRIABLE, _Recheck) as exc:
+                await self._before_retry(exc, started, deadline)
+                retried = True
+            else:
+                return
+
+    async def _publish_block(self, ch: _Chan, pending: list[WriteGroup], retried: bool, deadline: float) -> None:
+        """Publish ``pending[0]``; on no answer, leave a doubt covering every pending block."""
+        g = pending[0]
+        assert ch.last_seq is not None
+        headers = {H_FIRST: str(g.first_id), H_MAX_TT: str(g.max_timetick), H_TERM: str(ch.term),
+                   _EXPECTED_LAST_SEQ: str(ch.last_seq)}
+        last_tick = g.ticks[-1] if g.ticks else ch.last_tick
+        if g.ticks:
+            headers[H_TICKS] = ",".join(_tick_text(t) for t in g.ticks)
+        if last_tick is not None:
+            headers[H_LAST_TICK] = _tick_text(last_tick)
+        wait = max(min(self.attempt_timeout, deadline - asyncio.get_running_loop().time()), 0.05)
+        try:
+            ack = await self._js.publish(self._subject(ch.key), g.block, timeout=wait, headers=headers)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code == _WRONG_LAST_SEQUENCE:
+                if retried:
+                    # An earlier attempt of this write whose answer was lost may be what moved the
+                    # stream on: check before calling it fenced.
+                    ch.doubt = _Doubt(ch.last_seq, pending)
+                    raise _Recheck(f"pchannel {ch.name!r}: a publish whose answer was lost may be stored; "
+                                   f"checking the stream {self._stream(ch.key)}", channel=ch.name) from exc
+                raise self._fenced(ch) from exc
+            raise
+        except BaseException:
+            # No answer: the block may or may not be stored; a retry (or the next write) finds out.
+            ch.doubt = _Doubt(ch.last_seq, pending)
+            raise
+        ch.last_seq, ch.last_tick = int(ack.seq), last_tick
+        ch.learn(int(ack.seq), g.first_id)
 
     async def _settle(self, ch: _Chan, groups: list[WriteGroup]) -> list[WriteGroup]:
         """Resolve an earlier write whose outcome the WAL did not get: drop from ``groups`` the blocks
@@ -741,17 +826,21 @@ class JetStreamBackend(Backend):
 
     async def _put_meta(self, key: int, name: str, value: bytes) -> None:
         ch = self._chans.get(key)
+        kv_key, data = self._meta_key(key, name), bytes(value)
         if ch is None or ch.last_seq is None or not ch.claim_rev:
             # Not opened here (tools, tests reading a log): nothing to fence against.
-            await self._kv_meta.put(self._meta_key(key, name), bytes(value))
+            await self._retrying(lambda _t: self._kv_meta_q.put(kv_key, data))
             return
         # One publish that the server stores only while our claim is still the claim key's last
         # message: the check and the write cannot be separated by a newer opener (module docstring).
+        # Asked again after no answer: a repeat stores the same value under the same check (a put of
+        # ours does not move the claim key), so it can neither land once the claim moved nor undo a
+        # newer owner's value; puts are issued one after another, so none overtakes the next.
         headers = {"Nats-Expected-Last-Subject-Sequence": str(ch.claim_rev),
                    "Nats-Expected-Last-Subject-Sequence-Subject": self._meta_subject(self._claim_key(key))}
         try:
-            await self._js.publish(self._meta_subject(self._meta_key(key, name)), bytes(value),
-                                   timeout=self.timeout, headers=headers)
+            await self._retrying(lambda t: self._js.publish(self._meta_subject(kv_key), data, timeout=t,
+                                                            headers=headers))
         except nats.js.errors.APIError as exc:
             if exc.err_code == _WRONG_LAST_SEQUENCE:
                 raise ChannelFencedError(
@@ -761,7 +850,7 @@ class JetStreamBackend(Backend):
 
     async def _get_meta(self, key: int, name: str) -> bytes | None:
         try:
-            entry = await self._kv_meta.get(self._meta_key(key, name))
+            entry = await self._retrying(lambda _t: self._kv_meta_q.get(self._meta_key(key, name)))
         except nats.js.errors.NotFoundError:
             return None
         return bytes(entry.value) if entry.value is not None else None
