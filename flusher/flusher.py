@@ -50,13 +50,13 @@ import structlog
 from flusher import _layout, _probe, _repair
 from flusher import compact as _compact
 from flusher._buffers import Buffer, delete_rows, insert_destination, upsert_delete_rows
-from flusher.commit import commit_file, crash_point, inside, remove_temporaries
+from flusher.commit import StagingFencedError, commit_file, crash_point, inside, open_staging, remove_temporaries
 from interceptors.shard import ShardInterceptor
 from interceptors.snapshot import load_snapshot
 from interceptors.streaming import StreamingWAL
 from wal import bodies
 from wal.clock import physical_ms
-from wal.errors import ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError
+from wal.errors import ChannelFencedError, ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError
 from wal.lifecycle import cancel_and_wait
 from wal.message import Message, MessageType, Position
 from wal.options import DeliverFilter, DeliverPolicy, ReadOption
@@ -194,6 +194,7 @@ class Flusher:
         self._damaged: list[_layout.Damaged] = []  # moved aside at start, rebuilt before reading
         self._unchecked: list[str] = []  # sound footers whose data the check task has still to read
         self._holding = False
+        self._staging: Path | None = None
         self._check_task: asyncio.Task[None] | None = None
         self._compact_task: asyncio.Task[None] | None = None
         self._compactions = _compact.CompactionTotals()
@@ -235,6 +236,12 @@ class Flusher:
         """Recover from the committed files and the stored checkpoint, then start reading."""
         if self._state is not FlusherState.STARTING:
             raise InvalidArgumentError(f"flusher of {self._wal.pchannel!r} was already started")
+        # First fence every older term's writer (commit.open_staging), then list what is committed:
+        # a file an older owner renamed before this point is listed and adopted, and none can land after.
+        try:
+            self._staging = await self._in_thread(open_staging, self._root, self._wal.term)
+        except StagingFencedError as exc:
+            raise self._fenced(exc) from exc
         removed = await self._in_thread(remove_temporaries, self._root)
         await self._in_thread(self._recover_compactions)
         committed = await _probe.scan(self._root, self._wal.pchannel)
@@ -354,6 +361,12 @@ class Flusher:
             log.error("flusher stopped", pchannel=self._wal.pchannel, error=repr(exc))
         self._error = exc
         self._fail_waiters(exc)
+
+    def _fenced(self, exc: StagingFencedError) -> ChannelFencedError:
+        return ChannelFencedError(
+            f"flusher of pchannel {self._wal.pchannel!r} term {self._wal.term} is fenced: a newer term's "
+            f"flusher writes its Parquet directory, so nothing more is committed here ({exc})",
+            channel=self._wal.pchannel, term=self._wal.term)
 
     def _report_damage(self, exc: BaseException) -> bool:
         """Hand damaged storage (CORRUPTED) to ``on_damage``; True when it was handed over.  A
@@ -505,8 +518,7 @@ class Flusher:
             await self._write(b)
         marker = json.dumps({"collection": c.name, "vchannel": m.vchannel, "timetick": ts,
                              "message_id": m.message_id}).encode()
-        await self._in_thread(_commit_under, self._root, c.name, _layout.DROPPED_MARKER,
-                              lambda f: f.write(marker))
+        await self._commit_when_space(c.name, _layout.DROPPED_MARKER, lambda f: f.write(marker))
         c.dropped = True
         self._registry_dirty = True
         self._wrote = True
@@ -677,7 +689,9 @@ class Flusher:
         delay = 0.1
         while True:
             try:
-                return await self._in_thread(_commit_under, self._root, directory, name, write)
+                return await self._in_thread(_commit_under, self._root, directory, name, write, self._staging)
+            except StagingFencedError as exc:
+                raise self._fenced(exc) from exc
             except OSError as exc:
                 if exc.errno not in _FULL_ERRNOS:
                     raise
@@ -756,10 +770,11 @@ _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 _FULL_RETRY_MAX_SECONDS = 5.0
 
 
-def _commit_under(root: Path, directory: str, name: str, write: Callable[[BinaryIO], None]) -> Path:
+def _commit_under(root: Path, directory: str, name: str, write: Callable[[BinaryIO], None],
+                  staging: Path | None) -> Path:
     """``commit_file`` into ``root/directory``, a directory derived from collection and partition
     names read back from the log: checked to lie inside ``root`` before anything is written."""
-    return commit_file(inside(root, directory), name, write)
+    return commit_file(inside(root, directory), name, write, staging=staging)
 
 
 def _key(m: Message, ts: int) -> _layout.DeliveryKey:

@@ -302,10 +302,12 @@ async def test_a_parquet_file_is_synced_renamed_and_its_directory_synced_before_
             with calls._lock:
                 for f in sorted(p for p in root.rglob("*.parquet") if not p.name.startswith(".")):
                     final = str(f.resolve())
-                    tmp = str(f.parent.resolve() / f".{f.name}.tmp")
-                    renames = [i for i, e in enumerate(calls.events) if e == ("rename", tmp, final)]
+                    # The temporary is in the flusher's staging directory (flusher.commit): any name.
+                    renames = [i for i, e in enumerate(calls.events) if e[0] == "rename" and e[2] == final]
                     assert renames, f"{f} appeared without a rename from its temporary"
                     at = renames[-1]
+                    tmp = calls.events[at][1]
+                    assert Path(tmp).name.startswith(".") and tmp.endswith(".tmp"), tmp
                     assert ("fsync", tmp, "") in calls.events[:at], f"{tmp} was renamed before its fsync"
                     assert calls.dir_synced_after(final.rsplit("/", 1)[0], at), (
                         f"checkpoint {json.loads(value)['message_id']} stored before the directory of {f} "
