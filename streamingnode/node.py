@@ -342,10 +342,14 @@ class Node:
         return {name: self.failure(name) is not None for name in (*self._channels, *self._failed)}
 
     def problems(self, name: str) -> list[str]:
-        """Damage found on pchannel ``name`` that does not stop it (the flusher's findings)."""
+        """Damage found on pchannel ``name`` that does not stop it (the flusher's findings), and in
+        cluster mode this node's failed opens of it (backing off before the next try)."""
         channel = self._channels.get(name)
         flusher = None if channel is None else channel.flusher
-        return list(getattr(flusher, "problems", None) or ())
+        found = list(getattr(flusher, "problems", None) or ())
+        if self.ownership is not None:
+            found.extend(self.ownership.problems(name))
+        return found
 
     async def _open(self, name: str, *, new: bool = False) -> Channel:
         # Bound while the channel opens, so the tasks started here (recovery, time ticks, flusher,
