@@ -19,6 +19,7 @@ import pytest
 from streamingnode.cluster import Lease, Leases, bucket
 from streamingnode.node import Channel, Node
 from streamingnode.server import ServerThread
+from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
 from tests.integration.conftest import node_config
@@ -36,7 +37,7 @@ def prefix() -> str:
     return f"no{next(_prefixes)}"
 
 
-def describe(address: str) -> dict[str, spb.ChannelDescription]:
+def describe(address: str) -> dict[str, pb.ChannelDescription]:
     async def ask() -> dict[str, Any]:
         async with grpc.aio.insecure_channel(address) as channel:
             resp = await sgrpc.StreamingNodeStub(channel).DescribeChannels(spb.DescribeChannelsRequest())
