@@ -101,7 +101,8 @@ class _Plan:
 def _prop(m: Message, key: str) -> str:
     value = m.properties.get(key)
     if value is None:
-        raise InvalidArgumentError(f"{m.message_type.name} message has no {key!r} property", property=key)
+        # Named as the property a client forgot, not as a name "None" that fails the naming rules.
+        raise InvalidArgumentError(f"{m.message_type.name} needs the {key!r} property", property=key)
     return value
 
 
@@ -223,7 +224,8 @@ class ShardInterceptor:
     def _partition(self, c: _Collection, m: Message, default: str | None = None) -> str:
         p = m.properties.get(PROP_PARTITION, default)
         if p is None:
-            raise InvalidArgumentError(f"{m.message_type.name} message has no {PROP_PARTITION!r} property")
+            raise InvalidArgumentError(f"{m.message_type.name} needs the {PROP_PARTITION!r} property",
+                                       property=PROP_PARTITION)
         if p not in c.info.partitions:
             bodies.validate_name("partition", p)
             raise PartitionNotExistError(f"partition {p!r} of collection {c.info.name!r} does not exist",
@@ -246,15 +248,14 @@ class ShardInterceptor:
 
     # --- one handler per message type; each raises before changing anything it cannot undo ---------
     def _create_collection(self, plan: _Plan, m: Message, before: list[Message], after: list[Message]) -> None:
-        name = bodies.validate_name("collection", m.properties.get(PROP_COLLECTION))
+        name = bodies.validate_name("collection", _prop(m, PROP_COLLECTION))
         schema = bodies.read_schema(m)
-        pk = m.properties.get(PROP_PRIMARY_KEY)
+        pk = _prop(m, PROP_PRIMARY_KEY)
         bodies.validate_schema(schema, pk, collection=name)
         c = self._lookup(plan, m.vchannel, name)
         if c is not None and not c.info.dropped:
             raise CollectionExistError(f"collection {name!r} already exists on vchannel {m.vchannel!r}",
                                        collection=name, vchannel=m.vchannel)
-        assert isinstance(pk, str)
         # The flusher keeps one table (one directory) per collection name and pchannel: the same name on
         # several vchannels (its shards), or created again after a drop, adds to that table.  So it must
         # keep the table's schema and key, or readers would find files that cannot be read together.
@@ -275,7 +276,7 @@ class ShardInterceptor:
 
     def _create_partition(self, plan: _Plan, m: Message, before: list[Message], after: list[Message]) -> None:
         c = self._live(plan, m)
-        p = bodies.validate_name("partition", m.properties.get(PROP_PARTITION))
+        p = bodies.validate_name("partition", _prop(m, PROP_PARTITION))
         if p in c.info.partitions:
             raise PartitionExistError(f"partition {p!r} of collection {c.info.name!r} already exists",
                                       collection=c.info.name, partition=p)

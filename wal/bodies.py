@@ -584,12 +584,29 @@ def _one_batch(table: pa.Table) -> pa.RecordBatch:
     return batches[0]
 
 
+_IPC_FILE_MAGIC = b"ARROW1"
+"""How an Arrow IPC *file* begins; bodies are the IPC *stream* format, which has no such header."""
+
+
+class _NotAStream(ValueError):
+    """A body in a form the node refuses on purpose; its text is the whole explanation."""
+
+
 def _read_stream(payload: bytes) -> pa.RecordBatch:
     """Decode an IPC stream into one validated batch (a writer may have split it into several)."""
+    if payload.startswith(_IPC_FILE_MAGIC):
+        # Arrow's own error would be "expected to read 1330795073 metadata bytes": say what it is.
+        raise _NotAStream("is an Arrow IPC file (it starts with 'ARROW1'); send the IPC stream format "
+                          "(a stream writer, e.g. RecordBatchStreamWriter or tableToIPC(table, 'stream'))")
     # Message by message rather than through ``ipc.open_stream``, whose Python wrapper costs more
     # than the decoding itself for small batches (it consults the environment on every call).
     reader = pa.ipc.MessageReader.open_stream(pa.py_buffer(payload))
     schema = pa.ipc.read_schema(reader.read_next_message())
+    for field in schema:
+        if pa.types.is_dictionary(field.type):
+            # Arrow would fail later with "expected record batch but got dictionary": name the column.
+            raise _NotAStream(f"column {names.shorten(field.name)} is dictionary-encoded; dictionary encoding "
+                              f"is refused: send the column as its plain type ({field.type.value_type})")
     batches = [pa.ipc.read_record_batch(message, schema) for message in reader]
     batch = batches[0] if len(batches) == 1 else _one_batch(pa.Table.from_batches(batches, schema))
     schema.names  # noqa: B018  (raises now, not in a caller, when a name is not UTF-8)
@@ -636,6 +653,8 @@ def read_rows(msg: Message) -> pa.RecordBatch:
                          message_type=msg.message_type.name)
     try:
         return _read_stream(msg.payload)
+    except _NotAStream as exc:
+        raise CodecError(f"{msg.message_type.name} payload {exc}") from exc
     except Exception as exc:
         raise CodecError(f"{msg.message_type.name} payload is not an Arrow IPC stream: {exc}") from exc
 
@@ -645,6 +664,8 @@ def read_delete(msg: Message) -> pa.Array:
     _expect(msg, MessageType.DELETE)
     try:
         batch = _read_stream(msg.payload)
+    except _NotAStream as exc:
+        raise CodecError(f"DELETE payload {exc}") from exc
     except Exception as exc:
         raise CodecError(f"DELETE payload is not an Arrow IPC stream: {exc}") from exc
     if batch.num_columns != 1 or batch.schema.names[0] != DELETE_COLUMN:

@@ -23,11 +23,11 @@ import grpc
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
 
 from streamingnode.config import NodeConfig
 from streamingnode.node import Node
 from streamingnode.server.auth import AuthInterceptor, TokenTable
+from streamingnode.server.reflection import enable_reflection
 from streamingnode.server.service import SERVICE_NAME, StreamingNodeService, add_service
 from streamingnode.tracing import Tracing
 from wal.errors import InvalidArgumentError, UnavailableError
@@ -96,10 +96,7 @@ async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) ->
         add_service(StreamingNodeService(node), server)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
-        reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
-            server,
-        )
+        enable_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), server)
         for name in ("", SERVICE_NAME):
             await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         address = _listen(server, config.listen, credentials)

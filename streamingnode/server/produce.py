@@ -4,7 +4,8 @@ The node keeps reading a stream while its batches are being appended, up to
 ``produce_max_in_flight`` pending batches; past that it stops reading, so gRPC flow control pushes
 back on the client and memory stays bounded.  A failed batch is answered in-band and the stream goes
 on, unless the failure means the channel is gone for this stream (``_STREAM_ENDING``): then the call
-ends with that status and the client reconnects (and, if idempotent, resends).
+ends with that status and the client reconnects (and, if idempotent, resends).  A batch reusing the
+request_id of a pending batch also ends the call (INVALID_ARGUMENT), so no two results carry one id.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ class _EndOfStream(enum.Enum):
 
 
 _Pending = tuple[int, asyncio.Future[list[AppendResult]], bool]
+
+
+class _DuplicateRequestId(InvalidArgumentError):
+    """A batch reusing the request_id of a batch still pending.  Answered in band, it would give the
+    stream two results with one request_id, and a client matching results by id could not tell which
+    answers which; so it ends the stream instead, after the batches before it are answered."""
 
 
 def _forget(seen: set[int], rid: int, _fut: object) -> None:
@@ -126,8 +133,13 @@ class ProduceStream:
             fut: asyncio.Future[list[AppendResult]]
             if rid in seen:
                 fut = loop.create_future()
-                fut.set_exception(InvalidArgumentError(
-                    f"request_id {rid} is already pending on this stream", request_id=rid))
+                fut.set_exception(_DuplicateRequestId(
+                    f"request_id {rid} is already pending on this stream: the batch is refused and the stream "
+                    f"ends once the batches before it are answered (give each pending batch its own request_id)",
+                    field="request_id", request_id=rid))
+                self.pending.append((rid, fut, batch.HasField("columns")))
+                self.wake.set()
+                return  # nothing after it is read: the stream ends with this error
             else:
                 try:
                     messages = self._messages(channel, batch, producer_id)
@@ -198,7 +210,7 @@ class ProduceStream:
             except StreamingError as exc:
                 self.node.fail_on(self.pchannel, exc)  # damaged storage: the pchannel fails
                 response = spb.ProduceBatchResult(request_id=rid, error=to_error_detail(exc))
-                if exc.code in _STREAM_ENDING and self.failed is None:
+                if (exc.code in _STREAM_ENDING or isinstance(exc, _DuplicateRequestId)) and self.failed is None:
                     self.failed = exc
                     if self.reader is not None:
                         self.reader.cancel()
