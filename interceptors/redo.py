@@ -31,7 +31,11 @@ _PASS_THROUGH = frozenset({ErrorCode.STORAGE_FULL})
 
 
 def _retriable(exc: BaseException) -> bool:
-    return isinstance(exc, StreamingError) and exc.retriable and exc.code not in _PASS_THROUGH
+    # ``held_seconds``: the group committer already held the write and tried it again, in order, for
+    # that long (wal._committer); trying each append again on its own now could reorder a producer's
+    # pipelined batches.
+    return (isinstance(exc, StreamingError) and exc.retriable and exc.code not in _PASS_THROUGH
+            and "held_seconds" not in exc.fields)
 
 
 class RedoInterceptor:

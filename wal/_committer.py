@@ -33,6 +33,7 @@ from wal.backend import Backend, TickEntry, WriteGroup
 from wal.errors import (
     ChannelFencedError,
     CodecError,
+    ErrorCode,
     InvalidArgumentError,
     OnShutdownError,
     StreamingError,
@@ -55,6 +56,11 @@ _LONE_BYTES = 64 << 10
 # Lone writes run on the event loop while their moving average stays under this.  The writer thread
 # costs two hand-offs (about 0.1 ms of CPU here); a fsync longer than this would stall the loop.
 _INLINE_MAX_SECONDS = 0.0005
+# A NATS stream leader election takes a few seconds: held writes are tried again from 20 ms, doubling
+# to 1 s, for up to 10 s (the redo step's own budget) before their appends fail.
+_HOLD_UNAVAILABLE_SECONDS = 10.0
+_HOLD_FIRST_DELAY = 0.02
+_HOLD_MAX_DELAY = 1.0
 
 
 class _Request:
@@ -118,6 +124,12 @@ class GroupCommitter:
         (the node's storage monitor sets it while free space is under its low-water mark)."""
         self.refused = 0
         """Appends (batches) refused because of ``refusal``."""
+        self.hold_unavailable_seconds = _HOLD_UNAVAILABLE_SECONDS
+        """How long a write the backend answers UNAVAILABLE is held and tried again (``_hold``)."""
+        self.held_writes = 0
+        """Writes put back after an UNAVAILABLE answer (for tests and metrics)."""
+        self._unavailable_since: float | None = None
+        self._hold_delay = _HOLD_FIRST_DELAY
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="wal-group-commit")
@@ -195,10 +207,14 @@ class GroupCommitter:
                 continue
             except BaseException as exc:
                 self._slots.release()
+                if self._hold(reqs, exc):
+                    await asyncio.sleep(self._hold_delay)
+                    continue
                 self._fail(reqs, exc)
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 continue
+            self._unavailable_since = None
             self.commits += 1
             if not split:
                 self._ack(reqs, commits)
@@ -267,6 +283,33 @@ class GroupCommitter:
             wal._next_alloc += len(req.messages)
             reqs.append(req)
         return reqs
+
+    def _hold(self, reqs: list[_Request], exc: BaseException) -> bool:
+        """True when a write the backend could not do *for now* (UNAVAILABLE: a NATS leader election,
+        a connection being re-established) is to be written again: its requests go back to the front
+        of the queue, ids handed back, and the loop writes them after a pause, ahead of everything
+        queued behind them.  An append is then never overtaken by a later one of its pchannel, which
+        retrying each failed append on its own (the redo step) could not promise: a producer's
+        pipelined batches would land out of order.  Held for at most ``hold_unavailable_seconds``, and
+        never while closing; then the requests fail as any failed write does."""
+        if not (isinstance(exc, StreamingError) and exc.code is ErrorCode.UNAVAILABLE) or self._closing:
+            return False
+        now = time.monotonic()
+        if self._unavailable_since is None:
+            self._unavailable_since, self._hold_delay = now, _HOLD_FIRST_DELAY
+        elif now - self._unavailable_since >= self.hold_unavailable_seconds:
+            # Marked, so that the redo step does not try these appends again one by one (out of order).
+            exc.fields.setdefault("held_seconds", round(now - self._unavailable_since, 1))
+            self._unavailable_since = None
+            return False
+        else:
+            self._hold_delay = min(self._hold_delay * 2, _HOLD_MAX_DELAY)
+        _give_back(reqs)
+        self._queue[:0] = reqs
+        self.held_writes += 1
+        log.warning("wal write held: the backend is unavailable for now; written again in order",
+                    requests=len(reqs), retry_in_seconds=self._hold_delay, error=str(exc)[:300])
+        return True
 
     def _fail(self, reqs: list[_Request], exc: BaseException) -> None:
         _give_back(reqs)
