@@ -1,0 +1,164 @@
+#!/usr/bin/env node
+// A Node.js client of the streamingnode v1 contract, built from proto/ alone (no generated code, no
+// SDK): create a pchannel, produce, run a transaction, consume it all back, and read the ErrorInfo of
+// a refused call and the ErrorDetail of a refused batch.
+//
+//   npm ci && node demo.js 127.0.0.1:7070 [pchannel]
+//
+// Each step prints one JSON line, so a test (tests/integration/test_node_example.py) can check it.
+'use strict';
+
+const path = require('path');
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+const protobuf = require('protobufjs');
+
+const PROTO = path.resolve(__dirname, '..', '..', 'proto');
+const DEADLINE_MS = 10000;
+
+// longs: String — timeticks are hybrid timestamps (physical_ms << 18 | logical), about 2^58 today:
+// above Number.MAX_SAFE_INTEGER (2^53 - 1), so a JavaScript number would silently round them.  Keep
+// them as decimal strings (or BigInt) and send them back as such.
+const LOAD_OPTIONS = { keepCase: true, longs: String, enums: String, defaults: true, oneofs: true, includeDirs: [PROTO] };
+const service = grpc.loadPackageDefinition(
+  protoLoader.loadSync('streamingnode/v1/streaming.proto', LOAD_OPTIONS)).streamingnode.v1.StreamingNode;
+
+// The rich error model: the trailer grpc-status-details-bin holds a google.rpc.Status whose details
+// hold a google.rpc.ErrorInfo (reason = the ErrorCode name, domain "streamingnode").
+const rpcTypes = new protobuf.Root();
+rpcTypes.resolvePath = (_origin, target) => path.join(PROTO, target);
+rpcTypes.loadSync(['google/rpc/status.proto', 'google/rpc/error_details.proto']);
+const Status = rpcTypes.lookupType('google.rpc.Status');
+const ErrorInfo = rpcTypes.lookupType('google.rpc.ErrorInfo');
+
+function say(step, fields) {
+  console.log(JSON.stringify({ step, ...fields }));
+}
+
+function deadline() {
+  return { deadline: Date.now() + DEADLINE_MS };
+}
+
+function unary(client, method, request) {
+  return new Promise((resolve, reject) => {
+    client[method](request, deadline(), (err, response) => (err ? reject(err) : resolve(response)));
+  });
+}
+
+function errorInfo(err) {
+  const raw = err.metadata && err.metadata.get('grpc-status-details-bin')[0];
+  if (!raw) return null;
+  const status = Status.decode(raw);
+  for (const any of status.details) {
+    if (any.type_url === 'type.googleapis.com/google.rpc.ErrorInfo') {
+      const info = ErrorInfo.decode(any.value);
+      return { status_code: status.code, message: status.message, reason: info.reason, domain: info.domain, metadata: info.metadata };
+    }
+  }
+  return null;
+}
+
+// A bidirectional stream read one response at a time: next() resolves with the next response, or
+// rejects with the call's error.
+function responses(call) {
+  const queue = [];
+  const waiting = [];
+  let failure = null;
+  let ended = false;
+  const settle = () => {
+    while (waiting.length && (queue.length || failure || ended)) {
+      const { resolve, reject } = waiting.shift();
+      if (queue.length) resolve(queue.shift());
+      else if (failure) reject(failure);
+      else resolve(null);
+    }
+  };
+  call.on('data', (r) => { queue.push(r); settle(); });
+  call.on('error', (e) => { failure = e; settle(); });
+  call.on('end', () => { ended = true; settle(); });
+  return () => new Promise((resolve, reject) => { waiting.push({ resolve, reject }); settle(); });
+}
+
+async function produce(client, pchannel, batches) {
+  const call = client.Produce(deadline());
+  const next = responses(call);
+  call.write({ open: { pchannel } });
+  const opened = await next();
+  if (opened.response !== 'opened') throw new Error(`expected opened, got ${opened.response}`);
+  batches.forEach((batch, i) => call.write({ batch: { request_id: String(i + 1), ...batch } }));
+  call.write({ close: {} });
+  const results = [];
+  for (let r = await next(); r !== null; r = await next()) {
+    if (r.response === 'result') results.push(r.result);
+  }
+  return results;
+}
+
+function data(vchannel, text) {
+  return { type: 'MESSAGE_TYPE_DATA', vchannel, payload: Buffer.from(text) };
+}
+
+async function consume(client, pchannel, vchannel, wanted) {
+  const call = client.Consume(deadline());
+  const next = responses(call);
+  call.write({ open: { pchannel, vchannel } });
+  const seen = [];
+  for (let r = await next(); r !== null; r = await next()) {
+    if (r.response === 'pack') {
+      for (const m of r.pack.messages) {
+        if (m.type === 'MESSAGE_TYPE_TIME_TICK') continue;
+        seen.push({ type: m.type, payload: m.payload.toString(), timetick: m.timetick, txn_id: m.txn ? m.txn.txn_id : '0' });
+      }
+      if (seen.length >= wanted) call.write({ close: {} });
+    } else if (r.response === 'closed') {
+      call.end();
+    }
+  }
+  return seen;
+}
+
+async function main() {
+  const address = process.argv[2];
+  const pchannel = process.argv[3] || 'node-demo';
+  if (!address) throw new Error('usage: node demo.js <host:port> [pchannel]');
+  const client = new service(address, grpc.credentials.createInsecure());
+  try {
+    await unary(client, 'CreateChannels', { channel_names: [pchannel] });
+    say('created', { pchannel });
+
+    const produced = await produce(client, pchannel, [{ messages: [data('v', 'one'), data('v', 'two')] }]);
+    const results = produced[0].appended.results;
+    say('produced', { request_id: produced[0].request_id, timeticks: results.map((r) => r.timetick) });
+
+    const begun = await unary(client, 'BeginTxn', { pchannel, vchannel: 'v', keepalive_ms: '60000' });
+    const txn = { txn_id: begun.txn_id, keepalive_ms: begun.keepalive_ms };
+    const body = await produce(client, pchannel, [{ txn, messages: [data('v', 'in the transaction')] }]);
+    const committed = await unary(client, 'CommitTxn', { pchannel, vchannel: 'v', txn_id: begun.txn_id });
+    say('transaction', { txn_id: begun.txn_id, body: body[0].outcome, commit_timetick: committed.commit_timetick });
+
+    // BEGIN and COMMIT framing messages are delivered too, around the body.
+    const messages = await consume(client, pchannel, 'v', 5);
+    const beyond = messages.every((m) => BigInt(m.timetick) > BigInt(Number.MAX_SAFE_INTEGER));
+    say('consumed', { messages, timeticks_beyond_2_53: beyond });
+
+    try {
+      await unary(client, 'BeginTxn', { pchannel: 'no-such-pchannel', vchannel: 'v' });
+      say('refused', { error: 'the call succeeded' });
+    } catch (err) {
+      say('refused', { grpc_code: grpc.status[err.code], error_info: errorInfo(err) });
+    }
+
+    const refused = await produce(client, pchannel, [{ messages: [{ type: 'MESSAGE_TYPE_INSERT', vchannel: 'v' }] }]);
+    say('refused_batch', { outcome: refused[0].outcome, code: refused[0].error.code, message: refused[0].error.message });
+  } finally {
+    client.close();
+  }
+}
+
+main().then(
+  () => process.exit(0),
+  (err) => {
+    console.error(err && err.stack ? err.stack : String(err));
+    process.exit(1);
+  },
+);
