@@ -247,3 +247,13 @@ async def test_reflection_lists_the_services(server: str, version: str) -> None:
     assert answers[1].HasField("file_descriptor_response"), answers[1]
     own = descriptor_pb2.FileDescriptorProto.FromString(answers[2].file_descriptor_response.file_descriptor_proto[0])
     assert own.package == f"grpc.reflection.{version}" and own.service[0].name == "ServerReflection"
+
+
+async def test_a_schema_may_come_as_an_ipc_stream_without_batches(stub) -> None:
+    # What arrow-js tableToIPC(emptyTable, "stream") writes: the node reads its first message, the schema.
+    await stub.CreateChannels(spb.CreateChannelsRequest(channel_names=["p"]))
+    _, results = await produce(stub, "p", [[_msg(pb.MESSAGE_TYPE_CREATE_COLLECTION, _stream(ROWS.slice(0, 0)),
+                                                 collection="c", primary_key="pk")]])
+    assert results[0].WhichOneof("outcome") == "appended", results[0]
+    _, inserted = await produce(stub, "p", [[_msg(pb.MESSAGE_TYPE_INSERT, _stream(ROWS), collection="c")]])
+    assert inserted[0].WhichOneof("outcome") == "appended", inserted[0]
