@@ -16,6 +16,7 @@ import contextlib
 import os
 import sys
 import time
+from typing import Any
 
 DEFAULT_DATA_DIR = "./data"
 
@@ -77,30 +78,12 @@ async def _inspect(data_dir: str) -> None:
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from streamingnode.config import load_config  # noqa: PLC0415
+    from streamingnode._logging import configure_logging  # noqa: PLC0415
+    from streamingnode.config import load_config, settings  # noqa: PLC0415
     from streamingnode.server import RunningServer, serve  # noqa: PLC0415
 
-    config = load_config(args.config, overrides={
-        "data_dir": args.data_dir, "listen": args.listen, "metrics_listen": args.metrics_listen,
-        "durability": args.durability,
-        "max_message_bytes": args.max_message_bytes, "channels": args.channels,
-        "tick_interval": args.tick_interval, "drain_seconds": args.drain_seconds,
-        "retention_seconds": args.retention_seconds, "retention_check_seconds": args.retention_check_seconds,
-        "snapshot_every_messages": args.snapshot_every_messages, "snapshot_every_seconds": args.snapshot_every_seconds,
-        "trace_exporter": args.trace_exporter,
-        "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_client_ca": args.tls_client_ca,
-        "auth_tokens": args.auth_tokens, "allow_unauthenticated": args.allow_unauthenticated or None,
-        "txn_max_messages": args.txn_max_messages, "txn_max_bytes": args.txn_max_bytes,
-        "max_streams": args.max_streams, "max_streams_per_connection": args.max_streams_per_connection,
-        "storage_min_free_bytes": args.storage_min_free_bytes,
-        "compaction_interval_seconds": args.compaction_interval_seconds,
-        "compaction_target_bytes": args.compaction_target_bytes, "compaction_min_files": args.compaction_min_files,
-        "compaction_horizon_seconds": args.compaction_horizon_seconds,
-        "compaction_io_bytes_per_second": args.compaction_io_bytes_per_second,
-        "cluster_nats": args.cluster_nats, "wal": args.wal, "nats_replicas": args.nats_replicas,
-        "parquet_dir": args.parquet_dir, "node_id": args.node_id, "advertise": args.advertise,
-        "lease_seconds": args.lease_seconds, "cluster_prefix": args.cluster_prefix,
-    })
+    config = load_config(args.config, overrides={s.name: getattr(args, s.name, None) for s in settings()})
+    configure_logging(config.log_level, fmt=config.log_format)
 
     def ready(running: RunningServer) -> None:
         # One line on stdout that scripts (and tests) wait for; logs go to stderr.
@@ -111,73 +94,53 @@ def _serve(args: argparse.Namespace) -> None:
     asyncio.run(serve(config, on_ready=ready))
 
 
+def _add_setting_flags(serve: argparse.ArgumentParser) -> None:
+    """One flag per NodeConfig field (``streamingnode.config.settings``), its help the field's docstring.
+
+    Every flag defaults to "not given" (None, or absent for --data-dir, which the top-level parser
+    also takes), so that the TOML file and the environment count unless the flag is given.
+    """
+    from streamingnode.config import settings  # noqa: PLC0415  (standard library only)
+
+    for s in settings():
+        default = "none" if s.default in (None, "", ()) else s.default
+        text = f"{s.help} (default {default}; TOML {s.name}, ${s.env})".replace("%", "%%")
+        kwargs: dict[str, Any] = {"dest": s.name, "help": text}
+        if s.name == "data_dir":
+            kwargs["default"] = argparse.SUPPRESS
+        if s.is_bool:
+            serve.add_argument(*s.flags, action=argparse.BooleanOptionalAction, **kwargs)
+        elif s.choices is not None:
+            serve.add_argument(*s.flags, choices=s.choices, type=type(s.choices[0]),
+                               metavar="|".join(map(str, s.choices)), **kwargs)
+        else:
+            serve.add_argument(*s.flags, metavar=s.name.upper(), **kwargs)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    try:
+        return version("streamingnode")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="streamingnode", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"streamingnode {_version()}")
     parser.add_argument("--data-dir", help=f"data directory (default $STREAMINGNODE_DATA_DIR or {DEFAULT_DATA_DIR})")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the node: gRPC service over the embedded WAL")
     serve.add_argument("--config", help="TOML file whose keys are the NodeConfig fields")
-    serve.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS,
-                       help="data directory (default $STREAMINGNODE_DATA_DIR or ./data)")
-    serve.add_argument("--listen", help="gRPC listen address (default 127.0.0.1:19530; port 0 = any free port)")
-    serve.add_argument("--metrics-listen", help="Prometheus /metrics address (default 127.0.0.1:9091; "
-                       "port 0 = any free port; '' = off)")
-    serve.add_argument("--durability", choices=["sync", "relaxed"])
-    serve.add_argument("--max-message-bytes", type=int)
-    serve.add_argument("--channels", help="comma-separated pchannels to create at start when missing")
-    serve.add_argument("--tick-interval", type=float, help="seconds between persisted TimeTicks")
-    serve.add_argument("--drain-seconds", type=float, help="how long SIGTERM waits for calls in flight")
-    serve.add_argument("--retention-seconds", type=float,
-                       help="keep WAL messages at least this long (default 86400; 0 = no time floor; <0 = forever)")
-    serve.add_argument("--retention-check-seconds", type=float, help="how often truncation is checked (default 60)")
-    serve.add_argument("--snapshot-every-messages", type=int,
-                       help="store a recovery snapshot every this many messages (default 10000; 0 = off)")
-    serve.add_argument("--snapshot-every-seconds", type=float,
-                       help="... or every this many seconds if anything was written (default 60; 0 = off)")
-    serve.add_argument("--trace-exporter", choices=["none", "console", "otlp"],
-                       help="OpenTelemetry spans (default none = off; otlp needs opentelemetry-exporter-otlp)")
-    serve.add_argument("--tls-cert", help="server certificate chain (PEM): serve TLS only (with --tls-key)")
-    serve.add_argument("--tls-key", help="private key (PEM) of --tls-cert")
-    serve.add_argument("--tls-client-ca", help="CA (PEM) client certificates must chain to: mutual TLS")
-    serve.add_argument("--auth-tokens", help="tokens file (TOML): bearer tokens' SHA-256, principals, permissions")
-    serve.add_argument("--allow-unauthenticated", action="store_true",
-                       help="listen on a non-loopback address with neither tokens nor mutual TLS")
-    serve.add_argument("--txn-max-messages", type=int, help="most messages of one transaction (default 100000)")
-    serve.add_argument("--txn-max-bytes", type=int, help="most bytes of one transaction (default 64 MiB)")
-    serve.add_argument("--max-streams", type=int, help="Produce/Consume streams open on the node (default 1024)")
-    serve.add_argument("--max-streams-per-connection", type=int,
-                       help="Produce/Consume streams open on one connection (default 128)")
-    serve.add_argument("--storage-min-free-bytes", type=int,
-                       help="free disk space under which appends are refused (STORAGE_FULL) and the node flushes "
-                       "and truncates at once (default 256 MiB; 0 = off)")
-    serve.add_argument("--compaction-interval-seconds", type=float,
-                       help="how often small Parquet files are compacted (default 300; 0: never in the background)")
-    serve.add_argument("--compaction-target-bytes", type=int, help="size of a compacted file (default 128 MiB)")
-    serve.add_argument("--compaction-min-files", type=int, help="small files a partition needs first (default 8)")
-    serve.add_argument("--compaction-horizon-seconds", type=float,
-                       help="as-of reads of the last this many seconds stay exact (default 3600)")
-    serve.add_argument("--compaction-io-bytes-per-second", type=int,
-                       help="compaction I/O limit, bytes/s (default 64 MiB/s; 0: none)")
-    serve.add_argument("--nats", "--cluster-nats", dest="cluster_nats",
-                       help="cluster mode: NATS URLs, comma-separated (default off: one node, every pchannel "
-                       "served here)")
-    serve.add_argument("--wal", choices=["rocksdb", "jetstream"],
-                       help="WAL backend: rocksdb (this node's own, default) or jetstream (the log shared by the "
-                       "cluster on the --nats servers)")
-    serve.add_argument("--nats-replicas", type=int, choices=[1, 3],
-                       help="--wal jetstream: replicas of each pchannel's stream and the WAL's KV (default 3)")
-    serve.add_argument("--parquet-root", dest="parquet_dir",
-                       help="root of the flusher's Parquet files: a path or a file:// URI (default <data dir>/parquet; "
-                       "object stores are not supported yet)")
-    serve.add_argument("--node-id", help="cluster mode: this node's unique, stable id")
-    serve.add_argument("--advertise", help="cluster mode: host:port clients reach this node at (default: the "
-                       "bound listen address)")
-    serve.add_argument("--lease-seconds", type=float, help="cluster mode: pchannel lease TTL (default 10)")
-    serve.add_argument("--cluster-prefix", help="cluster mode: prefix of the NATS KV buckets (default sn)")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _add_setting_flags(serve)
     demo = sub.add_parser("demo", help="durable append/read round trip on pchannel 'demo'")
+    demo.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS,
+                      help="data directory (default $STREAMINGNODE_DATA_DIR or ./data)")
     demo.add_argument("--count", type=int, default=1000)
-    sub.add_parser("inspect", help="list the pchannels of the data directory")
+    inspect = sub.add_parser("inspect", help="list the pchannels of the data directory")
+    inspect.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS,
+                         help="data directory (default $STREAMINGNODE_DATA_DIR or ./data)")
     verify = sub.add_parser("verify", help="offline check of the data directory: journal, WAL blocks, RocksDB, "
                             "snapshots, Parquet; one line per finding, exit 1 on any")
     verify.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS,
@@ -235,9 +198,6 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "serve":
-            from streamingnode._logging import configure_logging  # noqa: PLC0415
-
-            configure_logging(args.log_level)
             _serve(args)
         elif args.command == "demo":
             asyncio.run(_demo(_data_dir(args), args.count))

@@ -5,11 +5,20 @@ Every field has a default, so ``streamingnode serve`` runs with no configuration
 environment variable ``STREAMINGNODE_<FIELD>`` (upper case) overrides the file; a command-line flag
 overrides both.  Unknown keys and values of the wrong type are refused with the key's name, because
 a silently ignored typo in a durability setting is worse than a node that does not start.
+
+The fields of ``NodeConfig`` are the one list of settings: ``settings()`` reads them (with the
+docstring under each as its help text), and ``streamingnode serve`` makes one flag per setting from
+it, so a setting cannot exist in the file and the environment but be missing from the command line.
+
+Only the standard library is imported at module level: ``streamingnode --help`` builds the serve
+flags from this module, and must not load the storage backend.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
 import os
 import tomllib
 from collections.abc import Mapping
@@ -17,11 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wal.backend import Durability
+# wal.errors is standard library only (wal loads its other modules on first use).
 from wal.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from flusher.compact import CompactionConfig
+    from wal.backend import Durability
 
 ENV_PREFIX = "STREAMINGNODE_"
 DEFAULT_ADDR = "localhost:19530"
@@ -85,7 +95,9 @@ class NodeConfig:
     or a ``file://`` URI (flag ``--parquet-root``).  With the shared log it must be a filesystem every
     node mounts at the same path; object stores are refused (``flusher.root``)."""
     flush_max_rows: int = 1_000_000
+    """Write a collection's buffer as a Parquet file once it holds this many rows."""
     flush_max_bytes: int = 64 << 20
+    """... or once it holds this many bytes."""
     flush_max_age_seconds: float = 50.0
     """Write a buffer once its first row is this old, even when nothing else comes: an idle insert
     reaches Parquet within about this long plus a tick (``bench/freshness.py``), under a minute.  The
@@ -143,6 +155,11 @@ class NodeConfig:
     trace_exporter: str = "none"
     """OpenTelemetry spans: ``none`` (off, no cost), ``console`` (stdout) or ``otlp`` (needs the
     opentelemetry-exporter-otlp package; endpoint from the standard OTEL_EXPORTER_OTLP_* variables)."""
+    log_level: str = "info"
+    """Lowest level logged: ``debug``, ``info``, ``warning`` or ``error``."""
+    log_format: str = "auto"
+    """``json`` (one object a line, for collectors), ``console`` (readable) or ``auto``: console when
+    both stdout and stderr are terminals, JSON otherwise.  Logs always go to stderr."""
 
     def __post_init__(self) -> None:
         if self.durability not in ("sync", "relaxed"):
@@ -194,6 +211,12 @@ class NodeConfig:
             raise InvalidArgumentError(
                 f"snapshot_every_messages and snapshot_every_seconds must be >= 0, got "
                 f"{self.snapshot_every_messages!r} and {self.snapshot_every_seconds!r}")
+        # The rest of the closed sets (the ones above say more about their own values).
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise InvalidArgumentError(
+                    f"{name} must be one of {', '.join(map(str, allowed))}, got {str(getattr(self, name))[:200]!r}",
+                    field=name)
 
     @property
     def parquet_root(self) -> Path:
@@ -206,7 +229,78 @@ class NodeConfig:
 
     @property
     def wal_durability(self) -> Durability:
+        from wal.backend import Durability  # noqa: PLC0415  (see the module's docstring)
+
         return Durability(self.durability)
+
+
+# The settings with a closed set of values: the flag offers them as choices, and the model refuses
+# any other value from wherever it comes.
+_CHOICES: dict[str, tuple[Any, ...]] = {
+    "durability": ("sync", "relaxed"),
+    "trace_exporter": ("none", "console", "otlp"),
+    "wal": ("rocksdb", "jetstream"),
+    "nats_replicas": (1, 3),
+    "log_level": ("debug", "info", "warning", "error"),
+    "log_format": ("auto", "json", "console"),
+}
+
+# Flags a setting answers to besides ``--<name with dashes>`` (names kept from earlier releases, or
+# shorter ones that say the same).
+FLAG_ALIASES: dict[str, tuple[str, ...]] = {
+    "cluster_nats": ("--nats",),
+    "parquet_dir": ("--parquet-root",),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One field of NodeConfig as every source of configuration sees it."""
+
+    name: str
+    """The TOML key and the field's name."""
+    default: Any
+    help: str
+    """The first sentence(s) of the field's docstring, for ``--help``."""
+    choices: tuple[Any, ...] | None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return (self.flag, *FLAG_ALIASES.get(self.name, ()))
+
+    @property
+    def is_bool(self) -> bool:
+        return isinstance(self.default, bool)
+
+
+@functools.cache
+def _field_docs() -> dict[str, str]:
+    """Each NodeConfig field's docstring (the string right under it), read from this module's source:
+    Python keeps no attribute docstrings at run time, and writing the help twice would let it drift."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "NodeConfig")
+    docs: dict[str, str] = {}
+    for stmt, after in zip(cls.body, cls.body[1:], strict=False):
+        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[stmt.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def settings() -> list[Setting]:
+    """Every setting of the node, in the order of NodeConfig's fields."""
+    defaults = NodeConfig()
+    docs = _field_docs()
+    return [Setting(f.name, getattr(defaults, f.name), docs.get(f.name, ""), _CHOICES.get(f.name))
+            for f in dataclasses.fields(NodeConfig)]
 
 
 def compaction_config(cfg: NodeConfig) -> CompactionConfig:
@@ -219,6 +313,7 @@ def compaction_config(cfg: NodeConfig) -> CompactionConfig:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(NodeConfig)}
+_DEFAULTS = NodeConfig()
 
 
 def _convert(default: Any, value: Any) -> Any:
@@ -248,7 +343,7 @@ def _convert(default: Any, value: Any) -> Any:
 
 def _coerce(name: str, value: Any, source: str) -> Any:
     """Turn a TOML, env or flag value into the field's type, or refuse it naming the key."""
-    default = getattr(NodeConfig(), name)
+    default = getattr(_DEFAULTS, name)
     if name == "parquet_dir" and isinstance(value, str):
         # A path or a URI: parsed (and object stores refused) where the flusher's roots are known.
         from flusher.root import parquet_root  # noqa: PLC0415  (pyarrow only for a URI)
@@ -287,7 +382,10 @@ def load_config(
     environ = os.environ if env is None else env
     for key in _FIELDS:
         raw = environ.get(ENV_PREFIX + key.upper())
-        if raw is not None and raw != "":
+        # An empty variable is a value for the settings whose empty value means something (an empty
+        # metrics_listen turns metrics off, an empty cluster_nats cluster mode); for the others (numbers,
+        # paths) it is as good as unset, as shells and compose files leave variables empty to mean "none".
+        if raw is not None and (raw != "" or isinstance(getattr(_DEFAULTS, key), (str, tuple))):
             values[key] = _coerce(key, raw, f"environment {ENV_PREFIX + key.upper()}")
     for key, value in (overrides or {}).items():
         if value is None:
@@ -298,4 +396,4 @@ def load_config(
     return NodeConfig(**values)
 
 
-__all__ = ["DEFAULT_ADDR", "ENV_PREFIX", "NodeConfig", "load_config"]
+__all__ = ["DEFAULT_ADDR", "ENV_PREFIX", "FLAG_ALIASES", "NodeConfig", "Setting", "load_config", "settings"]

@@ -24,6 +24,7 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from streamingnode._logging import default_to_stderr
 from streamingnode.config import NodeConfig
 from streamingnode.node import Node
 from streamingnode.server.auth import AuthInterceptor, TokenTable
@@ -76,6 +77,7 @@ async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) ->
     ``tracing`` (a provider of the caller's, who shuts it down) overrides ``config.trace_exporter``;
     otherwise the server makes that exporter's provider and shuts it down when it stops.
     """
+    default_to_stderr()  # embedded (no `serve` set logging up): never the host program's stdout
     # Everything that can refuse the configuration does so before the node opens its data.
     check_protected_mode(config)
     tokens = TokenTable.load(config.auth_tokens) if config.auth_tokens is not None else None
