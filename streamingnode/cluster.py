@@ -442,6 +442,8 @@ class Ownership:
                     self.view.leases[name] = released
                 return ""
             return "renew"
+        if seen.held() and seen.node != self.node_id and seen.serving:
+            self.backoff.pop(name, None)  # another node serves it: this node's failed opens are moot
         if best != self.node_id or (seen.held() and seen.node != self.node_id) or name in self._orphans:
             return ""
         backoff = self.backoff.get(name)
@@ -532,10 +534,12 @@ class Ownership:
 
     async def forget(self, name: str) -> None:
         """``name`` is being destroyed: stop serving it if held here, and remove its lease record."""
-        if name in self.held:
-            await self._lost(name, "released")
-        await self.leases.remove(name)
-        self.view.leases.pop(name, None)
+        async with self._pass_lock:  # not in the middle of a pass that may be renewing it
+            if name in self.held:
+                await self._lost(name, "released")
+            await self.leases.remove(name)
+            self.view.leases.pop(name, None)
+            self.backoff.pop(name, None)
 
     async def refresh(self, names: Iterable[str]) -> None:
         """Read the leases of ``names`` again into the view (what DescribeChannels reports): one sweep."""
