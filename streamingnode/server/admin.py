@@ -23,7 +23,7 @@ from wal.bodies import PROP_COLLECTION
 from wal.errors import InvalidArgumentError, InvalidTxnStateError, StreamingError
 from wal.message import Message, MessageType, Position
 from wal.names import COLLECTION, VCHANNEL
-from wal.options import DeliverPolicy, ReadOption
+from wal.options import DeliverPolicy, PolicyKind, ReadOption
 
 
 class AdminHandlers:
@@ -158,14 +158,14 @@ class AdminHandlers:
             wanted = list(request.groups) or channel.groups.names()
             if not request.pchannel:  # across every pchannel: a named group is listed where it exists
                 wanted = [g for g in wanted if channel.groups.exists(g)]
-            now = channel.stream.mvcc_timetick()
+            await channel.groups.refresh()  # after a restart: the high-water of what groups lag behind
             for group in wanted:
                 progress = [
                     spb.ConsumerGroupProgress(
                         vchannel=p.vchannel, committed=convert.position_to_pb(p.committed, p.vchannel),
                         lag_messages=p.lag_messages, lag_ms=p.lag_ms,
                     )
-                    for p in channel.groups.progress(group, now)
+                    for p in channel.groups.progress(group)
                 ]
                 out.append(spb.ConsumerGroupDescription(pchannel=name, group=group, vchannels=progress))
         return spb.DescribeConsumerGroupsResponse(groups=out)
@@ -183,6 +183,9 @@ class AdminHandlers:
             pos, _ = convert.position_from_pb(request.position)
             if not pos.pchannel:
                 pos = pos._replace(pchannel=channel.stream.pchannel)
+            if pos.timetick == 0 and pos.pchannel == channel.stream.pchannel:
+                # An id without a time resumes as StartFrom(id) does: store that position's real time.
+                pos = await self._resolve(channel, DeliverPolicy.start_from(pos.message_id))
         elif target == "policy":
             pos = await self._resolve(channel, convert.policy_from_pb(request.policy))
         else:
@@ -191,13 +194,29 @@ class AdminHandlers:
         return spb.SeekConsumerGroupResponse(position=convert.position_to_pb(pos, vchannel))
 
     async def _resolve(self, channel: Channel, policy: DeliverPolicy) -> Position:
-        """The position a fresh scanner with ``policy`` would start from."""
-        # Lazy: it is never iterated, so opening it need not ask for a tick.
-        scanner = channel.stream.read(ReadOption(None, policy, lazy=True))
+        """The position a fresh scanner with ``policy`` would start from, with the real timetick
+        of that point (a scanner's own starts at 0, and lag would be measured from 1970):
+
+        - latest: the read point now: every message at or below the MVCC timetick is acknowledged,
+          and the ack manager's id is where every later one is found (open transactions included);
+        - earliest, an id, after an id: just below the timetick of the first message from there;
+        - a time ``T``: ``T - 1``, from the id the time index gives for it.
+        """
+        stream = channel.stream
+        if policy.kind is PolicyKind.LATEST:
+            acks = stream.timetick.acks  # both read in one step of the loop: one consistent point
+            return Position(stream.pchannel, acks.last_confirmed_id(), acks.confirmed_ts)
+        # Lazy: it is never iterated, so opening it need not ask for a tick.  It checks the range.
+        scanner = stream.read(ReadOption(None, policy, lazy=True))
         try:
-            return scanner.position
+            pos = scanner.position
         finally:
             await scanner.aclose()
+        if policy.kind is PolicyKind.START_AT_TIME:
+            return pos._replace(message_id=await stream.wal.seek_time(pos.timetick))
+        if pos.message_id >= stream.wal.next_id:  # nothing stored from there: everything later is newer
+            return pos._replace(timetick=stream.mvcc_timetick())
+        return pos._replace(timetick=await channel.groups.first_timetick(pos.message_id))
 
     # --- positions and flush ---------------------------------------------------------------------
     @unary
