@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from streamingnode import convert
+from streamingnode.client import _process
 from streamingnode.client._calls import reconnectable, translate, unary, with_reconnect, write
 from streamingnode.client._routing import Route
 from streamingnode.status import from_error_detail
@@ -45,6 +46,8 @@ from wal.scanner import MsgPack
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
+
+    from streamingnode.client._process import Handler, KeyFunction
 
 
 class _State(enum.Enum):
@@ -122,6 +125,8 @@ class Consumer:
         self._call: Any = None
         self.reconnects = 0
         """How many times the read was opened again after a failure (for tests and metrics)."""
+        self.in_process = 0
+        """Messages ``process`` took from this consumer and has not handled yet."""
         self._task: asyncio.Task[None] | None = None
 
     # --- public ----------------------------------------------------------------------------------
@@ -200,6 +205,19 @@ class Consumer:
                     await write(self._call, request)
         self._space.set()  # the reader must read on to see the answer, even with a full buffer
         await fut
+
+    async def process(self, handler: Handler, *, workers: int = 4, key: KeyFunction | None = None,
+                      max_in_flight: int = 1000) -> int:
+        """Run ``handler`` on every message, on ``workers`` workers, until the read ends (``aclose``)
+        or a handler raises (then that error is raised); returns how many messages were handled.
+
+        Messages with the same ``key(message)`` (default: the vchannel) are handled one at a time, in
+        order; different keys run in parallel.  A coroutine function runs as tasks, a plain function on
+        threads.  With a consumer group the position is committed only up to the first message not yet
+        handled (per pack: a crash never skips work, and may redo part of a pack).  At most
+        ``max_in_flight`` messages are taken and not yet handled; reading waits meanwhile.  See
+        ``streamingnode.client._process``."""
+        return await _process.process(self, handler, workers=workers, key=key, max_in_flight=max_in_flight)
 
     async def aclose(self) -> None:
         """Stop reading: end the stream and the background task.  Idempotent."""

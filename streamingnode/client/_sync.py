@@ -13,7 +13,7 @@ import concurrent.futures
 import contextlib
 import os
 import threading
-from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
@@ -148,6 +148,13 @@ class SyncConsumer:
 
     def ack(self, what: MsgPack | Position | Iterable[Position]) -> None:
         self._portal.call(self._consumer.ack(what))
+
+    def process(self, handler: Callable[[Message], object], *, workers: int = 4,
+                key: Callable[[Message], object] | None = None, max_in_flight: int = 1000) -> int:
+        """``Consumer.process`` with a plain function, run on ``workers`` threads; blocks until the
+        read ends (``close`` from another thread) or the handler raises."""
+        return self._portal.call(self._consumer.process(handler, workers=workers, key=key,
+                                                        max_in_flight=max_in_flight))
 
     def close(self) -> None:
         self._portal.call(self._consumer.aclose())
