@@ -25,7 +25,8 @@ lint: $(VENV_STAMP)
 test: lint tools
 	$(PY) -m pytest
 
-# The tests run a real Prometheus and promtool (Debian's prometheus package), installed when missing.
+# The tests run a real Prometheus and promtool (Debian's prometheus package) and the Node.js example
+# (Debian's nodejs and npm, then the packages examples/node's lock file pins), installed when missing.
 tools:
 	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then \
 	  if ! command -v apt-get >/dev/null 2>&1; then \
@@ -34,6 +35,14 @@ tools:
 	  $$SUDO apt-get update -qq && \
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; \
 	fi
+	@if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then \
+	  if ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "the tests need node and npm on PATH (Node.js 18+)" >&2; exit 1; fi; \
+	  SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm; \
+	fi
+	@[ -d examples/node/node_modules ] || (cd examples/node && npm ci --no-audit --no-fund)
 
 # Regenerate streamingnode/v1/ from proto/streamingnode/v1/*.proto (commit the result).
 proto: $(VENV_STAMP)
