@@ -41,7 +41,9 @@ class ProgressBar:
         if self._total:
             fraction = min(done / self._total, 1.0)
             text = f"{fraction:4.0%}  {done}/{self._total} msgs  {counters}"
-            bar_width = max(width - len(text) - 4, 10)
+            # width - 1 columns in all (a line that fills the last column makes some terminals wrap):
+            # the brackets and two spaces take 4.
+            bar_width = max(width - 1 - len(text) - 4, 10)
             filled = int(bar_width * fraction)
             line = f"[{'#' * filled}{'.' * (bar_width - filled)}]  {text}"
         else:

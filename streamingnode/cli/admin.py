@@ -57,15 +57,22 @@ async def channels_create(args: argparse.Namespace, addr: str) -> int:
     if bool(args.names) == bool(args.num):
         raise CliError("channels create: give channel NAMEs or --num N (not both)")
     client = await connect(addr)
+    existing: list[str] = []
     try:
-        names = await client.create_channels(args.names, args.num or 0,
-                                              owner=Owner(args.role, args.address, args.description))
+        wanted = list(args.names)
+        if args.if_not_exists and wanted:
+            known = {d.name for d in await client.describe_channels()}
+            existing = [n for n in wanted if n in known]
+            wanted = [n for n in wanted if n not in known]
+        names = await client.create_channels(wanted, args.num or 0,
+                                              owner=Owner(args.role, args.address, args.description)) \
+            if wanted or args.num else []
     finally:
         await client.aclose()
     if args.json:
         _dump(names)
     else:
-        print("\n".join(f"created {n}" for n in names))
+        print("\n".join([*(f"exists {n}" for n in existing), *(f"created {n}" for n in names)]))
     return 0
 
 
@@ -132,10 +139,18 @@ def group_json(g: GroupDescription) -> dict[str, Any]:
 
 async def groups_create(args: argparse.Namespace, addr: str) -> int:
     """Run ``groups create``; the exit code."""
+    from wal.errors import ConsumerGroupExistError  # noqa: PLC0415
+
     client = await connect(addr)
     try:
         for name in args.names:
-            await client.create_group(args.channel, name)
+            try:
+                await client.create_group(args.channel, name)
+            except ConsumerGroupExistError:
+                if not args.if_not_exists:
+                    raise
+                print(f"group {name} exists on {args.channel}")
+                continue
             print(f"created group {name} on {args.channel}")
     finally:
         await client.aclose()

@@ -56,13 +56,14 @@ def use_credentials(credentials: Credentials) -> None:
     _credentials.set(credentials)
 
 
-async def connect(addr: str, pchannel: str | None = None) -> AsyncClient:
+async def connect(addr: str, pchannel: str | None = None, *, reconnect_timeout: float = 30.0) -> AsyncClient:
     """A client, after one cheap call that fails fast when the node is unreachable or the pchannel is
     missing: streams would otherwise keep reconnecting for their reconnect timeout first."""
     from streamingnode.client import AsyncClient  # noqa: PLC0415
 
     c = _credentials.get() or Credentials()
-    client = AsyncClient(addr, token=c.token, tls_ca=c.tls_ca, tls_cert=c.tls_cert, tls_key=c.tls_key)
+    client = AsyncClient(addr, token=c.token, tls_ca=c.tls_ca, tls_cert=c.tls_cert, tls_key=c.tls_key,
+                         reconnect_timeout=reconnect_timeout)
     try:
         await client.describe_channels([pchannel] if pchannel else [])
     except BaseException:

@@ -16,19 +16,19 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from streamingnode.cli.connection import connect
-from streamingnode.cli.parsing import parse_where
+from streamingnode.cli.parsing import CliError, parse_where, ts_text
 from wal.lifecycle import cancel_and_wait
 
 if TYPE_CHECKING:
-    from streamingnode.client import Consumer
-    from wal.message import Message, Position
+    from streamingnode.client import AsyncClient, Consumer
+    from wal.message import Message, MessageType, Position
     from wal.scanner import MsgPack
 
 
 def message_json(m: Message) -> dict[str, Any]:
     """What consume prints for one message."""
     out: dict[str, Any] = {"id": m.message_id, "vchannel": m.vchannel, "type": m.message_type.name,
-                           "timetick": m.timetick}
+                           "timetick": m.timetick, "time": ts_text(m.timetick)}
     if m.txn is not None:
         out["txn_id"] = m.txn.txn_id
     out["properties"] = dict(m.properties)
@@ -39,8 +39,10 @@ def message_json(m: Message) -> dict[str, Any]:
     return out
 
 
-def _printable(pack: MsgPack, limit: int | None) -> tuple[list[Message], Position | None]:
-    """(messages to print, position to ack) for one pack, at most ``limit`` printed.
+def _printable(pack: MsgPack, limit: int | None,
+               types: frozenset[MessageType] | None = None) -> tuple[list[Message], Position | None]:
+    """(messages to print, position to ack) for one pack, at most ``limit`` printed, only those of
+    ``types`` when given (the others count as printed for the ack: they were read).
 
     When ``limit`` cuts the pack, the ack position is the end of the last whole delivery unit printed
     (``wal.packs.delivery_units``: a transaction is one unit from BeginTxn to its end), as the node
@@ -55,7 +57,7 @@ def _printable(pack: MsgPack, limit: int | None) -> tuple[list[Message], Positio
     boundary: Position | None = None
     for start, stop in delivery_units(messages):
         for m in messages[start:stop]:
-            if m.message_type is not MessageType.TIME_TICK:
+            if m.message_type is not MessageType.TIME_TICK and (types is None or m.message_type in types):
                 if limit is not None and len(chosen) >= limit:
                     return chosen, boundary
                 chosen.append(m)
@@ -99,39 +101,103 @@ async def _next_pack(consumer: Consumer, stop: asyncio.Event) -> MsgPack | None:
         return None
 
 
+def parse_types(given: list[str] | None) -> frozenset[MessageType] | None:
+    """The message types of ``--type`` (repeated, or comma lists), None for every type."""
+    from wal.message import MessageType  # noqa: PLC0415
+
+    if not given:
+        return None
+    names = [n.strip().upper() for g in given for n in g.split(",") if n.strip()]
+    unknown = [n for n in names if n not in MessageType.__members__]
+    if unknown:
+        known = ", ".join(t.name for t in MessageType if t is not MessageType.TIME_TICK)
+        raise CliError(f"--type: unknown message type {unknown[0][:200]!r}; one of {known}")
+    return frozenset(MessageType[n] for n in names)
+
+
+async def _start_text(client: AsyncClient, args: argparse.Namespace) -> str:
+    """Where the read starts, in words: the group's committed position when it has one."""
+    if not args.group:
+        return f"from {args.start}"
+    groups = await client.describe_groups(args.channel, [args.group])
+    committed = next((p.committed for g in groups if g.group == args.group for p in g.vchannels
+                      if p.vchannel == args.vchannel), None)
+    if committed is None:
+        return f"as group {args.group!r}: no committed position yet, from {args.start}"
+    return (f"as group {args.group!r}: resuming after its committed position, message id {committed.message_id} "
+            f"(timetick {committed.timetick}, {ts_text(committed.timetick)})")
+
+
+async def _watch_connection(consumer: Consumer, addr: str, reconnect_timeout: float) -> None:
+    """One line on stderr when the stream breaks and one when it is back: a consumer that waits
+    quietly for a node that is gone looks like one that waits for messages."""
+    seen = consumer.reconnects
+    broken = False
+    while True:
+        await asyncio.sleep(0.1)
+        # The SDK keeps no call while it reconnects (it is set again once a new stream opened).
+        now_broken = consumer._call is None and consumer.reconnects == seen
+        if now_broken and not broken:
+            print(f"disconnected from {addr}: reconnecting (for up to {reconnect_timeout:g} s)", file=sys.stderr,
+                  flush=True)
+        if consumer.reconnects != seen:
+            seen = consumer.reconnects
+            now_broken = False
+            if broken:
+                print(f"reconnected to {addr}", file=sys.stderr, flush=True)
+        broken = now_broken
+
+
+async def _end_of_log(client: AsyncClient, args: argparse.Namespace) -> int | None:
+    """``--exit``: the timetick of the newest message at the start (None: nothing to read)."""
+    last, _ = await client.latest_position(args.channel, args.vchannel)
+    return None if last is None else last.timetick
+
+
 async def consume(args: argparse.Namespace, addr: str) -> int:
     """Run ``consume``; the exit code."""
     policy = parse_where(args.start, "--from")
+    types = parse_types(args.types)
     stop = asyncio.Event()
     undo = _install_stop(stop)
     out = sys.stdout
+    watcher: asyncio.Task[None] | None = None
     try:
-        client = await connect(addr, args.channel)
+        client = await connect(addr, args.channel, reconnect_timeout=args.reconnect_timeout)
         try:
+            end_ts = await _end_of_log(client, args) if args.exit else None
+            start_text = await _start_text(client, args)
             consumer = client.consumer(args.channel, args.vchannel, policy=policy, group=args.group)
             async with consumer:
                 if not args.quiet:
                     # Also the signal scripts and tests wait for: from here, a 'latest' read is
                     # anchored and sees everything appended later.
                     where = f"vchannel {args.vchannel!r}" if args.vchannel else "every vchannel"
-                    group = f" as group {args.group!r}" if args.group else ""
-                    print(f"consuming {args.channel!r} ({where}) from {args.start}{group}", file=sys.stderr,
-                          flush=True)
-                printed = 0
-                while args.count is None or printed < args.count:
-                    pack = await _next_pack(consumer, stop)
-                    if pack is None:
-                        break
-                    limit = None if args.count is None else args.count - printed
-                    messages, ack_at = _printable(pack, limit)
-                    if messages:
-                        out.write("".join(
-                            json.dumps(message_json(m), ensure_ascii=False, separators=(",", ":")) + "\n"
-                            for m in messages))
-                        out.flush()
-                        printed += len(messages)
-                    if args.group and ack_at is not None:
-                        await consumer.ack(ack_at)
+                    print(f"consuming {args.channel!r} ({where}) {start_text}", file=sys.stderr, flush=True)
+                    watcher = asyncio.ensure_future(_watch_connection(consumer, addr, args.reconnect_timeout))
+                try:
+                    if args.exit and end_ts is None:
+                        stop.set()  # an empty log: its end is here
+                    printed = 0
+                    while args.count is None or printed < args.count:
+                        pack = await _next_pack(consumer, stop)
+                        if pack is None:
+                            break
+                        limit = None if args.count is None else args.count - printed
+                        messages, ack_at = _printable(pack, limit, types)
+                        if messages:
+                            out.write("".join(
+                                json.dumps(message_json(m), ensure_ascii=False, separators=(",", ":")) + "\n"
+                                for m in messages))
+                            out.flush()
+                            printed += len(messages)
+                        if args.group and ack_at is not None:
+                            await consumer.ack(ack_at)
+                        if end_ts is not None and pack.end_ts >= end_ts and ack_at == pack.end_position:
+                            break  # --exit: everything there was at the start is printed
+                finally:
+                    # Before the consumer closes: its end is no disconnection.
+                    await cancel_and_wait(watcher)
         finally:
             await client.aclose()
     finally:
@@ -139,4 +205,4 @@ async def consume(args: argparse.Namespace, addr: str) -> int:
     return 0
 
 
-__all__ = ["consume", "message_json"]
+__all__ = ["consume", "message_json", "parse_types"]

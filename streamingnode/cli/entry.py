@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import sys
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,9 @@ from streamingnode.cli.produce import produce as produce_command
 if TYPE_CHECKING:
     from wal.errors import StreamingError
 
+# What gRPC's resolver says when a host name has no address (c-ares and the native resolver alike).
+_DNS_FAILURE = re.compile(r"resolv|DNS|name not found|lookup failed|Name or service not known", re.IGNORECASE)
+
 CLIENT_COMMANDS = frozenset({"produce", "consume", "channels", "groups", "flush", "token"})
 
 Handler = Callable[[argparse.Namespace, str], Coroutine[Any, Any, int]]
@@ -43,19 +47,33 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     common.add_argument("--tls-ca", help="CA file (PEM) to verify the node's certificate with: connect over TLS")
     common.add_argument("--tls-cert", help="client certificate (PEM) for mutual TLS (with --tls-key)")
     common.add_argument("--tls-key", help="private key (PEM) of --tls-cert")
+    streaming = argparse.ArgumentParser(add_help=False)
+    streaming.add_argument("--reconnect-timeout", type=non_negative_float, default=30.0, metavar="SECONDS",
+                           help="how long a broken stream keeps trying to reconnect before the command fails "
+                           "(default 30); a line on stderr says when it broke and when it is back")
+    exists = argparse.ArgumentParser(add_help=False)
+    exists.add_argument("--if-not-exists", action="store_true",
+                        help="what exists already is no error: say so and go on (scripts can run twice)")
     json_out = argparse.ArgumentParser(add_help=False)
     json_out.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     produce = sub.add_parser(
-        "produce", parents=[common], help="append messages: JSON lines from stdin, or generated load",
+        "produce", parents=[common, streaming], help="append messages: lines from stdin, or generated load",
         description="Append messages to a pchannel and wait until every one is durable.  Without --count, "
-        "each stdin line is a JSON object {\"vchannel\"?, \"payload\" (string) or \"payload_b64\", "
-        "\"properties\"?: {str: str}} or any other JSON value, whose JSON text becomes the payload.  "
+        "each stdin line is one message.  --format json (default): a JSON object {\"vchannel\"?, "
+        "\"payload\" (string) or \"payload_b64\", \"properties\"?: {str: str}} or any other JSON value, "
+        "whose JSON text becomes the payload.  --format raw: the line's bytes are the payload; with "
+        "-K DELIM, the text before the first DELIM is the vchannel.  "
         "With --count N, N generated messages of --size bytes are sent.  A summary line (messages, bytes, "
         "rate, ack latency) goes to stderr.")
     produce.add_argument("--channel", required=True, help="the pchannel")
     produce.add_argument("--vchannel", default="",
                          help="vchannel of messages that name none (default '': broadcast to every vchannel)")
+    produce.add_argument("--format", choices=["json", "raw"], default="json",
+                         help="stdin lines: json (default; see above) or raw (each line is the payload)")
+    produce.add_argument("-K", "--vchannel-delimiter", metavar="DELIM",
+                         help="--format raw: each line is VCHANNEL<DELIM>PAYLOAD (a line without DELIM goes to "
+                              "--vchannel), like kcat's -K")
     produce.add_argument("--count", type=positive_int, help="send N generated messages instead of reading stdin")
     produce.add_argument("--size", type=non_negative_int, help="payload bytes of generated messages (default 1024)")
     produce.add_argument("--producer-id",
@@ -68,13 +86,15 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     produce.add_argument("--batch-bytes", type=positive_int, default=1 << 20,
                          help="largest batch in bytes (default 1 MiB)")
     produce.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                         help="progress bar on stderr (default: when stderr is a terminal)")
+                         help="progress bar on stderr (default: when stderr is a terminal and stdin is not "
+                              "one, so that typing is not drawn over)")
     produce.set_defaults(client_handler=produce_command)
 
     consume = sub.add_parser(
-        "consume", parents=[common], help="print messages as JSON lines",
-        description="Print messages as JSON lines {id, vchannel, type, timetick, txn_id?, properties, payload "
-        "or payload_b64}, until --count messages or Ctrl-C / SIGTERM (exit 0).  TimeTicks are not printed.")
+        "consume", parents=[common, streaming], help="print messages as JSON lines",
+        description="Print messages as JSON lines {id, vchannel, type, timetick, time, txn_id?, properties, "
+        "payload or payload_b64} (time: the timetick's UTC time), until --count messages, the end of the log "
+        "(--exit) or Ctrl-C / SIGTERM (exit 0).  TimeTicks are not printed.")
     consume.add_argument("--channel", required=True, help="the pchannel")
     consume.add_argument("--vchannel", default="", help="read one vchannel (default: the whole pchannel)")
     consume.add_argument("--from", dest="start", default="earliest", metavar="WHERE",
@@ -83,12 +103,17 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     consume.add_argument("--group", help="consume as this consumer group: start at its committed position "
                                          "(when it has one) and ack each pack once printed")
     consume.add_argument("--count", type=positive_int, help="stop after N messages")
+    consume.add_argument("-e", "--exit", action="store_true",
+                         help="stop at the end of the log: after the newest message there was at the start")
+    consume.add_argument("--type", dest="types", action="append", metavar="TYPE",
+                         help="print only messages of this type (DATA, INSERT, DELETE, BEGIN_TXN, ...; repeat it "
+                              "or give a comma list)")
     consume.add_argument("--quiet", action="store_true", help="no status line on stderr")
     consume.set_defaults(client_handler=consume_command)
 
     channels = sub.add_parser("channels", help="create, list, describe, destroy pchannels")
     csub = channels.add_subparsers(dest="action", required=True)
-    create = csub.add_parser("create", parents=[common, json_out], help="create pchannels")
+    create = csub.add_parser("create", parents=[common, json_out, exists], help="create pchannels")
     create.add_argument("names", nargs="*", metavar="NAME")
     create.add_argument("--num", type=positive_int, help="create N channels named by the node (without NAMEs)")
     create.add_argument("--role", default="", help="owner role")
@@ -106,7 +131,7 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
     groups = sub.add_parser("groups", help="create, destroy, list, describe, seek consumer groups")
     gsub = groups.add_subparsers(dest="action", required=True)
-    gcreate = gsub.add_parser("create", parents=[common], help="create consumer groups on a pchannel")
+    gcreate = gsub.add_parser("create", parents=[common, exists], help="create consumer groups on a pchannel")
     gcreate.add_argument("--channel", required=True, help="the pchannel")
     gcreate.add_argument("names", nargs="+", metavar="GROUP")
     gcreate.set_defaults(client_handler=admin.groups_create)
@@ -187,12 +212,18 @@ def print_error(exc: StreamingError, addr: str) -> None:
     the node may not be running."""
     from wal.errors import ErrorCode  # noqa: PLC0415
 
-    print(f"error: {exc.code.name}: {exc}", file=sys.stderr)
+    # A status made by gRPC itself starts its text with the code's name already.
+    text = str(exc).removeprefix(f"{exc.code.name}: ")
+    print(f"error: {exc.code.name}: {text}", file=sys.stderr)
     # UNAVAILABLE made by gRPC itself (it carries the transport's status, not a node's ErrorInfo):
     # nothing answered at that address.  A node that answers UNAVAILABLE is running.
     if exc.code is ErrorCode.UNAVAILABLE and exc.fields.get("grpc_status") == "UNAVAILABLE":
-        print(f"hint: is the node running at {addr}?  Start one with `streamingnode serve`, or point "
-              f"--addr / ${ADDR_ENV} at it.", file=sys.stderr)
+        if _DNS_FAILURE.search(text):
+            print(f"hint: a host name of {addr} does not resolve (DNS): check its spelling, or point "
+                  f"--addr / ${ADDR_ENV} at the node.", file=sys.stderr)
+        else:
+            print(f"hint: is the node running at {addr}?  Start one with `streamingnode serve`, or point "
+                  f"--addr / ${ADDR_ENV} at it.", file=sys.stderr)
     elif exc.code is ErrorCode.UNAUTHENTICATED:
         print(f"hint: the node wants a bearer token: --token or ${TOKEN_ENV}.", file=sys.stderr)
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 # Keys of a produce envelope, plus the keys consume prints that produce accepts and ignores, so that
 # `consume | produce` copies messages from one channel to another.
 _ENVELOPE_KEYS = frozenset({"vchannel", "payload", "payload_b64", "properties"})
-_CONSUME_ONLY_KEYS = frozenset({"id", "type", "timetick", "txn_id"})
+_CONSUME_ONLY_KEYS = frozenset({"id", "type", "timetick", "time", "txn_id"})
 # The dedup stamps of an idempotent producer (interceptors/dedup.py).  Copied from consume's output
 # they would make the node answer with the original message's result and write nothing, so produce
 # drops them; --producer-id stamps fresh ones.
@@ -122,6 +122,19 @@ def parse_record(line: bytes, lineno: int, default_vchannel: str) -> Record:
     return vchannel, payload, properties
 
 
+def parse_raw_record(line: bytes, default_vchannel: str, delimiter: bytes | None) -> Record:
+    """One stdin line of ``produce --format raw``: its bytes are the payload; with ``delimiter``, what
+    comes before its first occurrence is the vchannel (a line without it goes to ``default_vchannel``)."""
+    if delimiter:
+        vchannel, found, payload = line.partition(delimiter)
+        if found:
+            try:
+                return vchannel.decode("utf-8"), payload, None
+            except UnicodeDecodeError:
+                raise CliError(f"vchannel {vchannel[:200]!r} is not UTF-8") from None
+    return default_vchannel, line, None
+
+
 # --- argument values -----------------------------------------------------------------------------
 def positive_int(text: str) -> int:
     """An argument that must be an integer > 0."""
@@ -152,6 +165,7 @@ __all__ = [
     "Record",
     "non_negative_float",
     "non_negative_int",
+    "parse_raw_record",
     "parse_record",
     "parse_time",
     "parse_where",

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from streamingnode.cli.connection import connect
-from streamingnode.cli.parsing import CliError, Record, parse_record
+from streamingnode.cli.parsing import CliError, Record, parse_raw_record, parse_record
 from wal.lifecycle import cancel_and_wait
 
 # How much produce keeps unacknowledged: enough to fill the producer's pipeline (8 batches of up
@@ -61,7 +61,7 @@ def _read_stdin_in_thread(loop: asyncio.AbstractEventLoop) -> asyncio.Queue[byte
 
 
 async def _stdin_lines() -> AsyncIterator[tuple[int, bytes]]:
-    """(line number, line) of the non-blank stdin lines."""
+    """(line number, line without its end) of the non-blank stdin lines."""
     chunks = _read_stdin_in_thread(asyncio.get_running_loop())
     rest = b""
     lineno = 0
@@ -136,13 +136,18 @@ async def produce(args: argparse.Namespace, addr: str) -> int:
 
     if args.size is not None and args.count is None:
         raise CliError("--size needs --count (generated load)")
-    show = sys.stderr.isatty() if args.progress is None else args.progress
+    if args.vchannel_delimiter is not None and args.format != "raw":
+        raise CliError("-K/--vchannel-delimiter needs --format raw")
+    # A bar redrawn in place on a terminal where someone types the input would be drawn over what they
+    # type (and the other way round): by default only when stdin is not that terminal.
+    default_show = sys.stderr.isatty() and (args.count is not None or not sys.stdin.isatty())
+    show = default_show if args.progress is None else args.progress
     bar = ProgressBar(sys.stderr, args.count) if show else None
     stats = _ProduceStats()
     window = _Window(_WINDOW_MESSAGES, _WINDOW_BYTES)
     loop = asyncio.get_running_loop()
     input_error: CliError | None = None
-    client = await connect(addr, args.channel)
+    client = await connect(addr, args.channel, reconnect_timeout=args.reconnect_timeout)
     start = time.perf_counter()
     ticker: asyncio.Task[None] | None = None
     try:
@@ -207,6 +212,11 @@ async def _records(args: argparse.Namespace) -> AsyncIterator[Record]:
         payload = os.urandom(1024 if args.size is None else args.size)
         for _ in range(args.count):
             yield args.vchannel, payload, None
+        return
+    if args.format == "raw":
+        delimiter = None if args.vchannel_delimiter is None else args.vchannel_delimiter.encode()
+        async for _, line in _stdin_lines():
+            yield parse_raw_record(line.removesuffix(b"\r"), args.vchannel, delimiter)
         return
     async for lineno, line in _stdin_lines():
         yield parse_record(line, lineno, args.vchannel)
