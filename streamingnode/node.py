@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -352,13 +353,14 @@ class Node:
         return found
 
     async def _open(self, name: str, *, new: bool = False) -> Channel:
-        # Bound while the channel opens, so the tasks started here (recovery, time ticks, flusher,
-        # retention) log with the pchannel and term; the caller's context gets neither.
-        with structlog.contextvars.bound_contextvars(pchannel=name):
-            try:
-                return await self._open_channel(name, new)
-            finally:
-                structlog.contextvars.unbind_contextvars("term")
+        # Opened in a context of its own holding only the pchannel and term: the tasks started here
+        # (recovery, time ticks, flusher, retention) copy it and outlive the call that opened the
+        # channel, so they must not log with its rpc and request_id.  The caller's context gets neither.
+        return await asyncio.get_running_loop().create_task(self._open_bound(name, new), context=contextvars.Context())
+
+    async def _open_bound(self, name: str, new: bool) -> Channel:
+        structlog.contextvars.bind_contextvars(pchannel=name)
+        return await self._open_channel(name, new)
 
     async def _open_channel(self, name: str, new: bool) -> Channel:
         tracer = None if self.tracing is None else self.tracing.tracer

@@ -24,7 +24,7 @@ from streamingnode import convert
 from streamingnode.groups import check_group_name
 from streamingnode.metrics import ChannelMetrics
 from streamingnode.node import Channel, Node
-from streamingnode.server.errors import require
+from streamingnode.server.errors import refused, require
 from streamingnode.status import to_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
 from wal.errors import InvalidArgumentError, MessageTooLargeError, OnShutdownError, StreamingError
@@ -33,6 +33,8 @@ from wal.names import VCHANNEL
 from wal.options import DeliverFilter, DeliverPolicy, ReadOption
 from wal.packs import MESSAGE_OVERHEAD, continued_runs, split_pack
 from wal.scanner import MsgPack
+
+log = structlog.get_logger(__name__)
 
 DEFAULT_RESPONSE_BYTES = 4 << 20
 """The receive limit assumed of a client that does not state one: gRPC's default in every language."""
@@ -47,9 +49,11 @@ class ConsumeStream:
 
     _ids = itertools.count(1)
 
-    def __init__(self, node: Node, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, node: Node, context: grpc.aio.ServicerContext, servicer: object = None) -> None:
         self.node = node
         self.context = context
+        self.servicer = servicer
+        """Whose ``refusals`` count and log the acks refused in-band (``errors.refused``)."""
         self.write_lock = asyncio.Lock()
         self.consumer_id = next(self._ids)
         self.receive_limit = DEFAULT_RESPONSE_BYTES
@@ -60,7 +64,15 @@ class ConsumeStream:
     async def _write(self, response: spb.ConsumeResponse | bytes) -> None:
         # Shielded: a write cancelled half-way would leave gRPC's send operation pending, and the next
         # write (the closing answer) would then fail.  The lock makes that next write wait for it.
-        await asyncio.shield(self._locked_write(response))
+        write = asyncio.ensure_future(self._locked_write(response))
+        try:
+            await asyncio.shield(write)
+        except asyncio.CancelledError:
+            # Nobody awaits the write any more: when the client cancelled the call, it fails (gRPC's
+            # ExecuteBatchError), which is normal and must not surface as "Task exception was never
+            # retrieved" with a traceback.
+            write.add_done_callback(_retrieve)
+            raise
 
     async def _locked_write(self, response: spb.ConsumeResponse | bytes) -> None:
         async with self.write_lock:
@@ -94,6 +106,7 @@ class ConsumeStream:
         metrics = self.node.metrics.channel(channel.stream.pchannel)
         if metrics is not None:
             metrics.consumer_streams.inc()
+        log.debug("consume stream opened", vchannel=vchannel, consumer_group=group)
         try:
             await self._write(spb.ConsumeResponse(opened=spb.ConsumeOpened(
                 consumer_id=self.consumer_id, term=channel.stream.term)))
@@ -122,6 +135,7 @@ class ConsumeStream:
                     raise
             await self._write(spb.ConsumeResponse(closed=spb.ConsumeClosed()))
         finally:
+            log.debug("consume stream closed")
             if metrics is not None:
                 metrics.consumer_streams.dec()
             await scanner.aclose()
@@ -185,9 +199,15 @@ class ConsumeStream:
                     raise InvalidArgumentError("ack has no positions", field="positions")
                 await channel.groups.commit(group, [(v, pos) for pos, v in positions])
             except StreamingError as exc:
+                refused(self.servicer, "Consume", exc, self.context, in_band=True)
                 await self._write(spb.ConsumeResponse(error=to_error_detail(exc)))
             else:
                 await self._write(spb.ConsumeResponse(acked=spb.ConsumeAcked(positions=request.ack.positions)))
+
+
+def _retrieve(task: asyncio.Future[None]) -> None:
+    if not task.cancelled():
+        task.exception()  # seen: a write the client's cancel cut short is no error of the node's
 
 
 def _too_large(part: MsgPack, size: int, limit: int) -> MessageTooLargeError:

@@ -22,6 +22,7 @@ import structlog
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 
+from streamingnode.server.refusals import Refusals
 from streamingnode.status import to_grpc_status
 from streamingnode.v1 import streaming_pb2 as spb
 from wal.errors import DeadlineExceededError, ErrorCode, InvalidArgumentError, StreamingError
@@ -61,35 +62,43 @@ def unary(
 
     @functools.wraps(fn)
     async def wrapper(self: S, request: Any, context: grpc.aio.ServicerContext) -> R:
-        try:
-            if cls is not None and isinstance(request, bytes):
-                try:
-                    request = cls.FromString(request)
-                except DecodeError as exc:
-                    raise InvalidArgumentError(
-                        f"request is not a valid {cls.DESCRIPTOR.name}: {exc}", field="request") from exc
-            with structlog.contextvars.bound_contextvars(
-                rpc=fn.__name__, request_id=request_id(context), pchannel=getattr(request, "pchannel", None) or None,
-            ):
-                return await fn(self, request, context)
-        except StreamingError as exc:
-            err = exc
-            # The domain decides what an error means beyond this call (damaged storage fails its pchannel).
-            noted = getattr(self, "call_failed", None)
-            if noted is not None:
-                noted(request, exc)
-        except TimeoutError:
-            # The caller's deadline (asyncio.timeout_at in a handler) ran out: say so, do not log a bug.
-            err = DeadlineExceededError(f"{fn.__name__}: the call's deadline ran out; it may or may not have "
-                                        "taken effect")
-        except (asyncio.CancelledError, grpc.aio.AbortError):
-            raise
-        except Exception as exc:  # noqa: BLE001  (a bug must not take the node down; it is logged)
-            err = internal(exc)
-        await context.abort_with_status(to_grpc_status(err))
-        raise AssertionError("abort_with_status returns only by raising")  # pragma: no cover
+        # Bound around the whole call, so its refusal (or bug) is logged with its rpc and request_id too.
+        with structlog.contextvars.bound_contextvars(rpc=fn.__name__, request_id=request_id(context)):
+            return await _unary_call(fn, cls, self, request, context)
 
     return wrapper
+
+
+async def _unary_call(fn: Callable[[S, Any, grpc.aio.ServicerContext], Awaitable[R]], cls: type[Message] | None,
+                      servicer: S, request: Any, context: grpc.aio.ServicerContext) -> R:
+    try:
+        if cls is not None and isinstance(request, bytes):
+            try:
+                request = cls.FromString(request)
+            except DecodeError as exc:
+                raise InvalidArgumentError(
+                    f"request is not a valid {cls.DESCRIPTOR.name}: {exc}", field="request") from exc
+        # pchannel only when the request names one: a line never says pchannel=None.
+        pchannel = getattr(request, "pchannel", None)
+        with structlog.contextvars.bound_contextvars(**({"pchannel": pchannel} if pchannel else {})):
+            return await fn(servicer, request, context)
+    except StreamingError as exc:
+        err = exc
+        # The domain decides what an error means beyond this call (damaged storage fails its pchannel).
+        noted = getattr(servicer, "call_failed", None)
+        if noted is not None:
+            noted(request, exc)
+    except TimeoutError:
+        # The caller's deadline (asyncio.timeout_at in a handler) ran out: say so, do not log a bug.
+        err = DeadlineExceededError(f"{fn.__name__}: the call's deadline ran out; it may or may not have "
+                                    "taken effect")
+    except (asyncio.CancelledError, grpc.aio.AbortError):
+        raise
+    except Exception as exc:  # noqa: BLE001  (a bug must not take the node down; it is logged)
+        err = internal(exc)
+    refused(servicer, fn.__name__, err, context)
+    await context.abort_with_status(to_grpc_status(err))
+    raise AssertionError("abort_with_status returns only by raising")  # pragma: no cover
 
 
 def stream_errors(
@@ -116,9 +125,18 @@ def stream_errors(
                 return  # the client went away (cancelled, deadline) while we wrote: nobody to tell
             err = internal(exc)
         if err is not None and not context.done():
+            refused(self, fn.__name__, err, context)
             await context.abort_with_status(to_grpc_status(err))
 
     return wrapper
+
+
+def refused(servicer: object, rpc: str, err: StreamingError, context: grpc.aio.ServicerContext,
+            *, in_band: bool = False) -> None:
+    """Count and log a refusal answered to the caller (``refusals``), when the servicer keeps them."""
+    refusals: Refusals | None = getattr(servicer, "refusals", None)
+    if refusals is not None:
+        refusals.note(rpc, err, context.peer() or "", in_band=in_band)
 
 
 _call_ids = itertools.count(1)
@@ -146,4 +164,4 @@ def require(value: str, field: str) -> str:
     return value
 
 
-__all__ = ["call_deadline", "internal", "request_id", "require", "stream_errors", "unary"]
+__all__ = ["call_deadline", "internal", "refused", "request_id", "require", "stream_errors", "unary"]

@@ -21,12 +21,15 @@ import structlog
 from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE, skip_sequences
 from streamingnode import convert
 from streamingnode.node import Channel, Node
-from streamingnode.server.errors import internal, require
+from streamingnode.server.errors import internal, refused, require
 from streamingnode.status import to_error_detail
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
-from wal.errors import ErrorCode, InvalidArgumentError, StreamingError
+from wal.errors import ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError
+from wal.lifecycle import cancel_and_wait
 from wal.message import AppendResult, Message, TxnContext, bind_txn, first_property, stamp_sequence
+
+log = structlog.get_logger(__name__)
 
 _RESERVED_PROPERTIES = (PROP_PRODUCER, PROP_SEQUENCE)
 # Errors after which a produce stream cannot go on: the channel changed owner, went away, or the node
@@ -60,9 +63,11 @@ class ProduceStream:
     both have ended.
     """
 
-    def __init__(self, node: Node, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, node: Node, context: grpc.aio.ServicerContext, servicer: object = None) -> None:
         self.node = node
         self.context = context
+        self.servicer = servicer
+        """Whose ``refusals`` count and log the batches refused in-band (``errors.refused``)."""
         self.slots = asyncio.Semaphore(self.node.config.produce_max_in_flight)
         # Batches in the order they came, each as (request id, outcome, answer in column form), then
         # _EndOfStream.END once the reader stopped.
@@ -98,12 +103,24 @@ class ProduceStream:
         streams = self.node.metrics.channel(channel.stream.pchannel)
         if streams is not None:
             streams.producer_streams.inc()
+        log.debug("produce stream opened")
+        # An idle stream waits in ctx.read() forever: when the node drains, stop reading at once, answer
+        # the batches already taken and end with ON_SHUTDOWN (the client reconnects elsewhere or later),
+        # as Consume does, rather than be cut without a status when the grace period runs out.
+        draining = loop.create_task(self.node.draining.wait())
         try:
+            await asyncio.wait((self.reader, draining), return_when=asyncio.FIRST_COMPLETED)
+            if draining.done() and not self.reader.done() and self.failed is None:
+                self.failed = OnShutdownError("the node is shutting down; reconnect to go on producing",
+                                              channel=self.pchannel)
+                self.reader.cancel()
             await self.reader
         except asyncio.CancelledError:
             if self.failed is None:  # the call itself was cancelled, not stopped by a failure
                 raise
         finally:
+            await cancel_and_wait(draining)
+            log.debug("produce stream closed", failed=None if self.failed is None else self.failed.code.name)
             if streams is not None:
                 streams.producer_streams.dec()
             self.reader.cancel()
@@ -211,11 +228,15 @@ class ProduceStream:
                 self.node.fail_on(self.pchannel, exc)  # damaged storage: the pchannel fails
                 response = spb.ProduceBatchResult(request_id=rid, error=to_error_detail(exc))
                 if (exc.code in _STREAM_ENDING or isinstance(exc, _DuplicateRequestId)) and self.failed is None:
-                    self.failed = exc
+                    self.failed = exc  # counted as the call's status when the stream ends with it
                     if self.reader is not None:
                         self.reader.cancel()
+                elif self.failed is None:
+                    refused(self.servicer, "Produce", exc, ctx, in_band=True)
             except Exception as exc:  # noqa: BLE001  (a bug fails its batch, not the node)
-                response = spb.ProduceBatchResult(request_id=rid, error=to_error_detail(internal(exc)))
+                err = internal(exc)
+                response = spb.ProduceBatchResult(request_id=rid, error=to_error_detail(err))
+                refused(self.servicer, "Produce", err, ctx, in_band=True)
             else:
                 response = spb.ProduceBatchResult(request_id=rid)
                 if columns:

@@ -18,6 +18,7 @@ from streamingnode.server.consume import ConsumeStream
 from streamingnode.server.errors import stream_errors
 from streamingnode.server.limits import StreamLimits
 from streamingnode.server.produce import ProduceStream
+from streamingnode.server.refusals import Refusals
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
 
@@ -31,16 +32,18 @@ class StreamingNodeService(AdminHandlers, sgrpc.StreamingNodeServicer):  # type:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.limits = StreamLimits(node.config.max_streams, node.config.max_streams_per_connection, node.metrics)
+        self.refusals = Refusals(node.metrics)
+        """Every error answered to a client, counted and logged (``errors.refused``)."""
 
     @stream_errors
     async def Produce(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         async with self.limits.hold(context, "Produce"):
-            await ProduceStream(self.node, context).run()
+            await ProduceStream(self.node, context, self).run()
 
     @stream_errors
     async def Consume(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         async with self.limits.hold(context, "Consume"):
-            await ConsumeStream(self.node, context).run()
+            await ConsumeStream(self.node, context, self).run()
 
 
 def _serialize_consume(response: spb.ConsumeResponse | bytes) -> bytes:
