@@ -45,13 +45,58 @@ def translate(exc: grpc.RpcError) -> StreamingError:
     return from_rpc_error(exc)
 
 
-async def unary(method: Callable[..., Awaitable[Any]], request: Any, deadline_s: float | None) -> Any:
+READY_WAIT_S = 3.0
+"""Seconds a unary call keeps trying to reach a node its channel cannot connect to (within its deadline):
+long enough for the channel's reconnect backoff (at most 1 s in this SDK) to find a node that was just
+restarted, short enough that a node that is really gone is reported (and, in a cluster, left for
+another) soon."""
+
+READ_REQUESTS = frozenset({"DescribeChannelsRequest", "DescribeConsumerGroupsRequest", "GetLatestPositionRequest"})
+"""Requests of the calls that only read: repeating one after the connection broke under it is harmless."""
+
+
+def _never_sent(exc: grpc.RpcError) -> bool:
+    """True when the call failed because no connection could be made, so the node never saw it.  gRPC
+    says so only in its text ("failed to connect to all addresses", from the channel's connectivity
+    state), which has been stable across its releases; a call broken after it was sent says otherwise."""
+    details = (exc.details() if callable(getattr(exc, "details", None)) else None) or ""
+    return _code(exc) == grpc.StatusCode.UNAVAILABLE and "failed to connect" in details
+
+
+def _code(exc: grpc.RpcError) -> grpc.StatusCode | None:
+    code = getattr(exc, "code", None)
+    return code() if callable(code) else None
+
+
+async def unary(method: Callable[..., Awaitable[Any]], request: Any, deadline_s: float | None, *,
+                ready_wait: float = READY_WAIT_S) -> Any:
     """One unary call with a gRPC deadline of ``deadline_s`` seconds; a failed status becomes its
-    StreamingError."""
-    try:
-        return await method(request, timeout=deadline_s)
-    except grpc.RpcError as exc:
-        raise translate(exc) from exc
+    StreamingError.
+
+    Right after a node restarts, the channel may still be backing off from the connections refused
+    while it was down, and gRPC fails a call at once with UNAVAILABLE "Connection refused" although
+    the node serves.  So a call that could not be sent is tried again (any call: the node never saw
+    it), and a read (``READ_REQUESTS``) whose connection broke with UNAVAILABLE is too (repeating it is
+    harmless), for at most ``ready_wait`` seconds after the first failure and within the deadline.
+    Anything else, and a write that may have reached the node, fails at once.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = None if deadline_s is None else loop.time() + deadline_s
+    read = type(request).__name__ in READ_REQUESTS
+    give_up: float | None = None
+    pause = 0.02
+    while True:
+        remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
+        try:
+            return await method(request, timeout=remaining)
+        except grpc.RpcError as exc:
+            now = loop.time()
+            give_up = now + ready_wait if give_up is None else give_up
+            retry = _never_sent(exc) or (read and _code(exc) == grpc.StatusCode.UNAVAILABLE)
+            if not retry or now + pause >= give_up or (deadline is not None and now + pause >= deadline):
+                raise translate(exc) from exc
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.25)
 
 
 async def write(call: Any, request: Any) -> None:
