@@ -11,8 +11,9 @@ Values come in two kinds, priced differently:
 
 When a pchannel closes, its label sets are removed, so a destroyed channel does not linger as a
 flat line.  No label carries a message id, a transaction id or user data; the label values are
-pchannel and consumer-group names (operator-made, few), message types, error codes, interceptor
-names, scanner modes and transaction outcomes.
+pchannel and consumer-group names (operator-made, few), the vchannels consumer groups have positions
+on (the lag gauges only), message types, error codes, interceptor names, scanner modes and
+transaction outcomes.
 
 ``/metrics`` is served by a small asyncio HTTP server on the node's own event loop: the scrape-time
 reads then happen on the thread that owns the state (no torn reads of dicts being changed, no locks).
@@ -67,8 +68,6 @@ class ChannelMetrics:
         self._bytes: dict[MessageType, Counter] = {}
         self._latency: dict[str, Histogram] = {}
         self._txn: dict[str, Histogram] = {}
-        self.last_append_ts = 0
-        """Timestamp of the newest message appended (consumer-group time lag is measured to it)."""
         self.producer_streams = node.producer_streams.labels(pchannel)
         self.consumer_streams = node.consumer_streams.labels(pchannel)
         self.consume_messages = node.consume_messages.labels(pchannel)
@@ -82,8 +81,6 @@ class ChannelMetrics:
         if latency is None:
             latency = self._latency[status] = self._node.append_latency.labels(self.pchannel, status)
         latency.observe(seconds)
-        if error is None and batch[-1]._timetick > self.last_append_ts:  # timestamps rise within a batch
-            self.last_append_ts = batch[-1]._timetick
         first = batch[0]._type
         if all(m._type is first for m in batch):  # the usual case: one type, no per-type dict
             self._count(first, status, len(batch), sum(map(len, [m._payload for m in batch])))
@@ -206,6 +203,10 @@ class NodeMetrics:
             "(node: max_streams, connection: max_streams_per_connection).", ["limit"], namespace=ns, registry=r)
         for cap in ("node", "connection"):  # at 0 from the start: a rate, not an absent series
             self.streams_refused.labels(cap)
+        self.refusals = Counter(
+            "refusals", "Requests refused or failed, by RPC and error code: a call that ended with an error "
+            "status, and each produce batch or consume ack answered with an error in-band.", ["rpc", "code"],
+            namespace=ns, registry=r)
         self.ownership_changes = Counter(
             "ownership_changes", "Cluster mode: this node's ownership of a pchannel changed, by reason (taken: "
             "it took the lease; released: it handed the pchannel off; expired: its lease ran out before a "
@@ -214,6 +215,11 @@ class NodeMetrics:
         """Set by the node in cluster mode: its lease loop (the owned, lease and nodes series)."""
         r.register(_StateCollector(self))
         self._http: asyncio.Server | None = None
+
+    def refused(self, rpc: str, code: str) -> None:
+        """One refusal answered to a caller of ``rpc`` (``server.refusals``); labels are bounded: the
+        service's method names and the error codes."""
+        self.refusals.labels(rpc, code.lower()).inc()
 
     def ownership_changed(self, pchannel: str, reason: str) -> None:
         self.ownership_changes.labels(pchannel, reason).inc()
@@ -225,12 +231,23 @@ class NodeMetrics:
         if old is not None:
             old[1].close()
         cm = ChannelMetrics(self, name)
-        # Until the first append, the newest stored timestamp stands in (a tick at most shortly after it).
-        cm.last_append_ts = channel.stream.wal.last_timetick
         self.channels[name] = (channel, cm)
         stream = channel.stream
-        stream.adaptor.observer = cm.observe_append
-        stream.txns.on_finish = cm.observe_txn
+        groups = channel.groups
+
+        def observe(batch: list[Message], seconds: float, error: BaseException | None) -> None:
+            groups.observe_append(batch, seconds, error)  # each vchannel's newest message: group lag
+            cm.observe_append(batch, seconds, error)
+
+        stream.adaptor.observer = observe
+
+        def finished(session: TxnSession) -> None:
+            cm.observe_txn(session)
+            if session.state.name == "EXPIRED":  # the client went quiet past its keepalive: worth a line
+                log.info("transaction expired", pchannel=name, txn_id=session.txn_id, vchannel=session.vchannel,
+                         keepalive_ms=session.keepalive_ms)
+
+        stream.txns.on_finish = finished
         return cm
 
     def close_channel(self, name: str) -> None:
@@ -258,6 +275,15 @@ class NodeMetrics:
         self.wal_bytes = wal_bytes
         for root, size in zip(stale, sizes, strict=True):
             self._dir_sizes[root] = (now, size)
+
+    async def refresh_lag(self) -> None:
+        """Before a scrape: each pchannel's vchannel high-water covers its groups' positions (a
+        read of the log once after a restart, nothing after; see ``ConsumerGroups.refresh``)."""
+        for channel, _ in list(self.channels.values()):
+            try:
+                await channel.groups.refresh()
+            except StreamingError as exc:  # a channel closing or damaged: its lag waits for the next scrape
+                log.warning("consumer group lag not refreshed", pchannel=channel.stream.pchannel, error=repr(exc))
 
     def tree_bytes(self, root: str) -> int:
         """Bytes under ``root`` as last measured by ``refresh_disk`` (0 before the first scrape)."""
@@ -306,6 +332,7 @@ class NodeMetrics:
             elif path == "/metrics":
                 encoder, ctype = choose_encoder(headers.get("accept", ""))
                 await self.refresh_disk()
+                await self.refresh_lag()
                 status, body = "200 OK", encoder(self.registry)
             elif path == "/":
                 status, ctype, body = "200 OK", "text/plain", b"streamingnode: metrics at /metrics\n"
@@ -399,13 +426,14 @@ class _StateCollector(Collector):
                                     "Messages written but not yet read, summed over open scanners.", labels=by_p)
         wal_msgs = GaugeMetricFamily(f"{ns}_wal_messages", "Messages kept in the WAL (ids not truncated).", labels=by_p)
         g_lag = GaugeMetricFamily(
-            f"{ns}_consumer_group_lag_messages", "WAL messages after a consumer group's committed position on its "
-            "furthest-behind vchannel: an upper bound (other vchannels' messages and time ticks count too).",
-            labels=["pchannel", "group"])
+            f"{ns}_consumer_group_lag_messages", "WAL ids from a consumer group's committed position on a vchannel "
+            "through that vchannel's newest message (ids are per pchannel: other vchannels' messages in the range "
+            "count too); 0 exactly when nothing is left to read on the vchannel.",
+            labels=["pchannel", "group", "vchannel"])
         g_lag_s = GaugeMetricFamily(
-            f"{ns}_consumer_group_lag_seconds", "Time of the newest appended message minus the time of a consumer "
-            "group's committed position on its furthest-behind vchannel; 0 once it committed past the newest.",
-            labels=["pchannel", "group"])
+            f"{ns}_consumer_group_lag_seconds", "Time of a vchannel's newest message minus the time of a consumer "
+            "group's committed position on it; 0 when nothing is left to read on the vchannel.",
+            labels=["pchannel", "group", "vchannel"])
         f_rows = CounterMetricFamily(f"{ns}_flusher_rows", "Rows written to Parquet (inserts).", labels=by_p)
         f_del = CounterMetricFamily(f"{ns}_flusher_delete_rows", "Delete keys written to Parquet.", labels=by_p)
         f_bytes = CounterMetricFamily(f"{ns}_flusher_bytes", "Bytes of Parquet files written.", labels=by_p)
@@ -438,7 +466,7 @@ class _StateCollector(Collector):
                                      "left for them to remove.", labels=by_p)
         c_secs = CounterMetricFamily(f"{ns}_compaction_seconds", "Time spent compacting (passes that found nothing "
                                      "included).", labels=by_p)
-        for name, (channel, cm) in channels:
+        for name, (channel, _) in channels:
             stream = channel.stream
             for t in stream.chain.timings:
                 step_s.add_metric([name, t.name], t.seconds)
@@ -460,13 +488,11 @@ class _StateCollector(Collector):
                 scanners.add_metric([name, mode], n)
             backlog.add_metric([name], behind)
             wal_msgs.add_metric([name], max(wal.next_id - wal.first_id, 0))
-            newest_ms = physical_ms(cm.last_append_ts)
             for group in channel.groups.names():
-                progress = channel.groups.require(group)
-                lag_n = max((max(wal.next_id - mid, 0) for mid, _ in progress.values()), default=wal.next_id)
-                lag_t = max((max(newest_ms - physical_ms(ts), 0) for _, ts in progress.values()), default=0)
-                g_lag.add_metric([name, group], lag_n)
-                g_lag_s.add_metric([name, group], lag_t / 1000)
+                # One series per vchannel the group has a position on (none before its first commit).
+                for p in channel.groups.progress(group):
+                    g_lag.add_metric([name, group, p.vchannel], p.lag_messages)
+                    g_lag_s.add_metric([name, group, p.vchannel], p.lag_ms / 1000)
             if channel.flusher is not None:
                 st = channel.flusher.stats()
                 f_rows.add_metric([name], st.rows_written)

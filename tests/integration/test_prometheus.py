@@ -334,8 +334,8 @@ def series(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], str]:
 
 
 # Label names of the whole exposition: the node's own, and prometheus_client's process/GC/platform ones.
-NODE_LABELS = {"pchannel", "message_type", "status", "interceptor", "mode", "group", "outcome", "le", "limit", "volume",
-               "when", "reason"}
+NODE_LABELS = {"pchannel", "message_type", "status", "interceptor", "mode", "group", "vchannel", "outcome", "le",
+               "limit", "volume", "when", "reason"}
 CLIENT_LABELS = {"generation", "implementation", "major", "minor", "patchlevel", "version"}
 STATUSES = ({"ok", "deadline_exceeded", "cancelled", "unknown"}
             | {c.name.lower() for c in ErrorCode})
@@ -346,6 +346,7 @@ def check_label_values(name: str, value: str) -> None:
     allowed: dict[str, set[str]] = {
         "pchannel": {CHANNEL},
         "group": {GROUP},
+        "vchannel": {VCHANNEL},  # only where a group has a position: the lag gauges
         "message_type": {t.name.lower() for t in MessageType},
         "status": STATUSES,
         "outcome": {s.name.lower() for s in TxnState},
