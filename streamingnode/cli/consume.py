@@ -128,24 +128,37 @@ async def _start_text(client: AsyncClient, args: argparse.Namespace) -> str:
             f"(timetick {committed.timetick}, {ts_text(committed.timetick)})")
 
 
-async def _watch_connection(consumer: Consumer, addr: str, reconnect_timeout: float) -> None:
+class _ConnectionNotices:
     """One line on stderr when the stream breaks and one when it is back: a consumer that waits
     quietly for a node that is gone looks like one that waits for messages."""
-    seen = consumer.reconnects
-    broken = False
-    while True:
-        await asyncio.sleep(0.1)
+
+    def __init__(self, consumer: Consumer, addr: str, reconnect_timeout: float) -> None:
+        self._consumer = consumer
+        self._addr = addr
+        self._reconnect_timeout = reconnect_timeout
+        self._seen = consumer.reconnects
+        self._broken = False
+
+    def check(self) -> None:
+        """Say what changed since the last check (also called before each pack is printed, so that the
+        notice of a reconnect comes before what it brought)."""
+        if self._consumer.reconnects != self._seen:
+            self._seen = self._consumer.reconnects
+            if self._broken:
+                print(f"reconnected to {self._addr}", file=sys.stderr, flush=True)
+            self._broken = False
+            return
         # The SDK keeps no call while it reconnects (it is set again once a new stream opened).
-        now_broken = consumer._call is None and consumer.reconnects == seen
-        if now_broken and not broken:
-            print(f"disconnected from {addr}: reconnecting (for up to {reconnect_timeout:g} s)", file=sys.stderr,
-                  flush=True)
-        if consumer.reconnects != seen:
-            seen = consumer.reconnects
-            now_broken = False
-            if broken:
-                print(f"reconnected to {addr}", file=sys.stderr, flush=True)
-        broken = now_broken
+        broken = self._consumer._call is None
+        if broken and not self._broken:
+            print(f"disconnected from {self._addr}: reconnecting (for up to {self._reconnect_timeout:g} s)",
+                  file=sys.stderr, flush=True)
+        self._broken = broken
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            self.check()
 
 
 async def _end_of_log(client: AsyncClient, args: argparse.Namespace) -> int | None:
@@ -162,6 +175,7 @@ async def consume(args: argparse.Namespace, addr: str) -> int:
     undo = _install_stop(stop)
     out = sys.stdout
     watcher: asyncio.Task[None] | None = None
+    notices: _ConnectionNotices | None = None
     try:
         client = await connect(addr, args.channel, reconnect_timeout=args.reconnect_timeout)
         try:
@@ -174,7 +188,8 @@ async def consume(args: argparse.Namespace, addr: str) -> int:
                     # anchored and sees everything appended later.
                     where = f"vchannel {args.vchannel!r}" if args.vchannel else "every vchannel"
                     print(f"consuming {args.channel!r} ({where}) {start_text}", file=sys.stderr, flush=True)
-                    watcher = asyncio.ensure_future(_watch_connection(consumer, addr, args.reconnect_timeout))
+                    notices = _ConnectionNotices(consumer, addr, args.reconnect_timeout)
+                    watcher = asyncio.ensure_future(notices.run())
                 try:
                     if args.exit and end_ts is None:
                         stop.set()  # an empty log: its end is here
@@ -183,6 +198,8 @@ async def consume(args: argparse.Namespace, addr: str) -> int:
                         pack = await _next_pack(consumer, stop)
                         if pack is None:
                             break
+                        if notices is not None:
+                            notices.check()
                         limit = None if args.count is None else args.count - printed
                         messages, ack_at = _printable(pack, limit, types)
                         if messages:
