@@ -39,6 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from interceptors.txn import TxnState
 from streamingnode.client import AsyncClient
+from streamingnode.v1 import streaming_pb2 as spb
 from tests.node_process import REPO, NodeProcess, free_port
 from wal.errors import ErrorCode, StreamingError
 from wal.message import MessageType
@@ -335,7 +336,7 @@ def series(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], str]:
 
 # Label names of the whole exposition: the node's own, and prometheus_client's process/GC/platform ones.
 NODE_LABELS = {"pchannel", "message_type", "status", "interceptor", "mode", "group", "vchannel", "outcome", "le",
-               "limit", "volume", "when", "reason"}
+               "limit", "volume", "when", "reason", "rpc", "code"}
 CLIENT_LABELS = {"generation", "implementation", "major", "minor", "patchlevel", "version"}
 STATUSES = ({"ok", "deadline_exceeded", "cancelled", "unknown"}
             | {c.name.lower() for c in ErrorCode})
@@ -355,6 +356,8 @@ def check_label_values(name: str, value: str) -> None:
         "volume": {"data", "parquet"},
         "when": {"before", "after"},
         "reason": {"taken", "released", "expired", "lost"},
+        "rpc": {m.name for m in spb.DESCRIPTOR.services_by_name["StreamingNode"].methods},  # the refusals
+        "code": {c.name.lower() for c in ErrorCode},
     }
     if name in allowed:
         assert value in allowed[name], f"label {name}={value!r} is not one of {sorted(allowed[name])}"
