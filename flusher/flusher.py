@@ -518,7 +518,10 @@ class Flusher:
             await self._write(b)
         marker = json.dumps({"collection": c.name, "vchannel": m.vchannel, "timetick": ts,
                              "message_id": m.message_id}).encode()
-        await self._commit_when_space(c.name, _layout.DROPPED_MARKER, lambda f: f.write(marker))
+        def write_marker(f: BinaryIO) -> None:
+            f.write(marker)
+
+        await self._commit_when_space(c.name, _layout.DROPPED_MARKER, write_marker)
         c.dropped = True
         self._registry_dirty = True
         self._wrote = True
