@@ -4,14 +4,23 @@ during an idempotent produce, five times, and restarted each time as an operator
 A node on ``--wal jetstream`` at R3 keeps appending through each leader loss once the two remaining
 servers elect a new stream leader; the SDK producer buffers and resends what the node could not
 append meanwhile.  After the last kill the log is read from the start: every acknowledged message is
-there, once, in order (a send that failed, its fate unknown, is there at most once).  The time from
-each kill to the next acknowledged append is printed (the issue asks for ≤ 10 s; measured here, not
-asserted: the machine is shared).
+there, once, in order (a send that failed, its fate unknown, is there at most once).
+
+Resume time.  The time from each kill to the next acknowledged appends is printed, with the time
+since the last election of a leader for one of the test's streams before it (from the servers'
+logs).  The election alone takes 4-9 s (nats-server's Raft waits a random 4-9 s without heartbeats
+before a follower campaigns), so the issue's 10 s cannot be promised whole: what the backend adds is
+bounded instead.  It asks a dead leader's stream again after a one-second attempt, where it used to
+wait out a five-second request timeout.  Asserted: appends resume less than ELECTED_BOUND after the
+new leaders are elected (the backend's share), and each resume stays under RESUME_BOUND.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,7 +43,9 @@ KILLS = 5
 PCHANNEL = "faults"
 VCHANNEL = "v"
 PREFIX = "nf"
-RESUME_WAIT = 60.0  # seconds before a resume that never comes fails the test (the target is 10)
+RESUME_WAIT = 60.0  # seconds before a resume that never comes stops the wait
+ELECTED_BOUND = 3.0  # seconds from the new leaders' election to appends resuming (typically < 1.5)
+RESUME_BOUND = 12.0  # seconds from the kill: the servers' longest election (~10 s) and the bound above
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +105,22 @@ class StreamLeader:
         return len(replicas) == 2 and all(r.current and not r.offline for r in replicas)
 
 
+_ELECTED = re.compile(r"^\[\d+\] (\S+ \S+) \[INF\] JetStream cluster new stream leader for '\$G > (?:SN|KV)_"
+                      + PREFIX + "_")
+
+
+def _elections(natsc: NatsCluster) -> list[float]:
+    """When (wall clock) a server took the lead of one of the test's streams (its blocks' or its KV
+    buckets'), from the servers' logs: asking the cluster while it elects hangs for seconds."""
+    times = []
+    for i in range(natsc.size):
+        for line in (natsc.root / f"n{i}.log").read_text(errors="replace").splitlines():
+            found = _ELECTED.match(line)
+            if found:
+                times.append(datetime.datetime.strptime(found[1], "%Y/%m/%d %H:%M:%S.%f").timestamp())
+    return times
+
+
 async def _quiet(exc: Exception) -> None:
     """A killed server's connection errors are the point of the test."""
 
@@ -107,6 +134,7 @@ async def test_stream_leader_killed_five_times_during_produce_loses_nothing(
     stop = asyncio.Event()
     leader = StreamLeader(natsc)
     resumed_after: list[float] = []
+    after_election: list[float] = []  # resume time minus the time a new leader was first seen
 
     async with AsyncClient([node.address]) as client:
         await client.create_channels([PCHANNEL])
@@ -141,14 +169,17 @@ async def test_stream_leader_killed_five_times_during_produce_loses_nothing(
                 victim = await leader.leader()
                 assert victim is not None
                 before = len(acked)
-                killed_at = time.monotonic()
+                killed_at, killed_wall = time.monotonic(), time.time()
                 natsc.kill(victim)
                 await until(lambda: producing.done() or len(acked) > before + 20,  # noqa: B023
-                            f"appends after killing stream leader n{victim} (kill {kill + 1})", timeout=RESUME_WAIT,
-                            interval=0.01)
+                            f"appends after killing stream leader n{victim} (kill {kill + 1})",
+                            timeout=RESUME_WAIT, interval=0.01)
+                resumed_at, resumed_wall = time.monotonic(), time.time()
                 if producing.done():
                     producing.result()  # the producer failed: raise its error
-                resumed_after.append(time.monotonic() - killed_at)
+                resumed_after.append(resumed_at - killed_at)
+                elected = [t for t in _elections(natsc) if killed_wall < t <= resumed_wall]
+                after_election.append(resumed_wall - max(elected, default=killed_wall))
                 natsc.start(victim)
                 await natsc.ready()
             stop.set()
@@ -158,20 +189,25 @@ async def test_stream_leader_killed_five_times_during_produce_loses_nothing(
             if not producing.done():
                 producing.cancel()
         print(f"\nappends resumed after stream leader SIGKILL: {', '.join(f'{t:.2f} s' for t in resumed_after)}"
-              f" (max {max(resumed_after):.2f} s; target <= 10 s); {len(acked)} messages acknowledged, "
+              f" (max {max(resumed_after):.2f} s); after the last leader election: "
+              f"{', '.join(f'{t:.2f} s' for t in after_election)}; {len(acked)} messages acknowledged, "
               f"{len(unknown)} failed in {len(failed_batches)} batches: {failed_batches[:2]}")
 
         # Every acknowledged message is in the log, once, in the order it was sent; a failed send is
         # there at most once.
         read: list[bytes] = []
         wanted = set(acked)
-        async with client.consumer(PCHANNEL, VCHANNEL) as consumer:
-            async for pack in consumer:
-                read.extend(m.payload for m in pack.messages if m.message_type is MessageType.DATA)
-                if wanted <= set(read):
-                    break
+        with contextlib.suppress(TimeoutError):  # a lost message would keep the read waiting: assert below
+            async with asyncio.timeout(RESUME_WAIT), client.consumer(PCHANNEL, VCHANNEL) as consumer:
+                async for pack in consumer:
+                    read.extend(m.payload for m in pack.messages if m.message_type is MessageType.DATA)
+                    if wanted <= set(read):
+                        break
         assert len(read) == len(set(read)), f"{len(read) - len(set(read))} messages stored twice"
         assert [p for p in read if p in wanted] == acked, (
             f"{len(acked)} acknowledged, {len(wanted & set(read))} read; missing {sorted(wanted - set(read))[:5]}")
         assert set(read) <= wanted | set(unknown)
     assert len(resumed_after) == KILLS
+    assert max(after_election) < ELECTED_BOUND, (
+        f"appends resumed {after_election} s after the new leaders' election (bound {ELECTED_BOUND} s)")
+    assert max(resumed_after) < RESUME_BOUND, f"appends resumed after {resumed_after} s (bound {RESUME_BOUND} s)"
