@@ -156,9 +156,11 @@ async def read_all(kv: KeyValue, within: float) -> dict[str, KeyValue.Entry]:
     marker.  A few round trips whatever the number of keys, where ``keys()`` then ``get()`` each is
     one per key.  The consumer is ephemeral and goes away soon after (``inactive_threshold``)."""
     out: dict[str, KeyValue.Entry] = {}
-    async with asyncio.timeout(within):
-        watcher = await kv.watchall(inactive_threshold=max(2.0, within))
-        try:
+    # Setting the watch up is bounded by the JetStream context's request timeout; not cancelled from
+    # here, since a watch cancelled half set up would leave its subscription behind.
+    watcher = await kv.watchall(inactive_threshold=max(2.0, within))
+    try:
+        async with asyncio.timeout(within):
             async for entry in watcher:
                 if entry is None:  # the end of what the bucket held when the sweep began
                     break
@@ -166,8 +168,8 @@ async def read_all(kv: KeyValue, within: float) -> dict[str, KeyValue.Entry]:
                     out.pop(entry.key, None)
                 else:
                     out[entry.key] = entry
-        finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it unannotated
+    finally:
+        await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it unannotated
     return out
 
 
