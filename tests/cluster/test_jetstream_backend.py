@@ -202,21 +202,32 @@ def test_an_older_writers_metadata_and_truncation_are_fenced(
 
 
 def _lose_answers(b: JetStreamBackend, subject_part: str, before: Callable[[], None] | None = None,
-                  store: bool = True, times: int = 1) -> list[str]:
-    """Make ``b``'s next ``times`` publishes to a subject containing ``subject_part`` lose their answer:
-    each is sent (``store``) or not, ``before`` runs first (in a thread: it may call another backend),
-    then the publish raises the client's timeout, as when a stream leader dies before answering."""
+                  store: bool = True, on_retry: Callable[[], None] | None = None, land_late: bool = False) -> list[str]:
+    """Make ``b``'s next publish to a subject containing ``subject_part`` lose its answer, as when a
+    stream leader dies before answering: ``before`` runs first (in a thread: it may call another
+    backend), the publish is sent (``store``) or not, and the client's timeout is raised.  At the next
+    such publish (the retry) ``on_retry`` runs first, and with ``land_late`` the lost publish lands
+    just then, as a slow leader's would."""
     real = b._js.publish
     lost: list[str] = []
+    first: list[tuple[str, bytes, dict[str, Any]]] = []
 
     async def publish(subject: str, payload: bytes = b"", **kwargs: Any) -> Any:
-        if subject_part in subject and len(lost) < times:
+        if subject_part in subject and not lost:
             lost.append(subject)
+            first.append((subject, payload, kwargs))
             if before is not None:
                 await asyncio.to_thread(before)
             if store:
                 await real(subject, payload, **kwargs)
             raise nats.errors.TimeoutError
+        if subject_part in subject and len(lost) == 1:
+            lost.append(subject)
+            if on_retry is not None:
+                await asyncio.to_thread(on_retry)
+            if land_late:
+                subject0, payload0, kwargs0 = first[0]
+                await real(subject0, payload0, **kwargs0)
         return await real(subject, payload, **kwargs)
 
     b._js.publish = publish  # type: ignore[method-assign]
@@ -235,23 +246,30 @@ def test_a_block_publish_whose_answer_is_lost_is_asked_again_and_stored_once(
     lost = _lose_answers(b, f".{key}")
     b.write([_group(key, 2), _group(key, 4)], durable=True)
     assert lost and b.retries >= 1
+    # Not stored when the stream is checked, but landing late, just before the repeat: the repeat is
+    # refused as out of sequence, and the stream shows the block that moved it on is ours.
+    lost = _lose_answers(b, f".{key}", store=False, land_late=True)
     b.write([_group(key, 6)], durable=True)
-    assert _ids(b.read_blocks(key, 0, 1 << 20)) == list(range(8))  # each block once, in order
+    assert len(lost) == 2
+    b.write([_group(key, 8)], durable=True)
+    assert _ids(b.read_blocks(key, 0, 1 << 20)) == list(range(10))  # each block once, in order
 
 
 def test_a_block_publish_lost_unstored_then_fenced_is_fenced_on_its_retry(
         nats_r1: NatsCluster, backends: list[JetStreamBackend], prefix: str) -> None:
-    # The answer is lost and nothing was stored; meanwhile another node takes the pchannel over.  The
-    # retry is refused as out of sequence, and the check of the stream finds the new owner's fence
-    # marker, not our block: fenced, and nothing of the write is stored.
+    # The answer is lost and nothing was stored; the stream is checked (nothing there), and just
+    # before the repeat another node takes the pchannel over.  The repeat is refused as out of
+    # sequence, the stream is checked again and holds the new owner's fence marker, not our block:
+    # fenced, and nothing of the write is stored.
     b = _open(backends, nats_r1, prefix)
     key = b.create_channel("p", {}).key
     b.open_channel("p")
     b.write([_group(key, 0)], durable=True)
     new = _open(backends, nats_r1, prefix)
-    _lose_answers(b, f".{key}", before=lambda: new.open_channel("p") and None, store=False)
+    lost = _lose_answers(b, f".{key}", store=False, on_retry=lambda: new.open_channel("p") and None)
     with pytest.raises(ChannelFencedError, match="fenced"):
         b.write([_group(key, 2)], durable=True)
+    assert len(lost) == 2  # refused at the repeat, after the stream was checked
     assert new.describe_channel("p").next_id == 2
     new.write([_group(key, 2)], durable=True)
     assert _ids(new.read_blocks(key, 0, 1 << 20)) == [0, 1, 2, 3]
