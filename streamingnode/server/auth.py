@@ -231,6 +231,12 @@ def bearer_token(metadata: Any) -> str | None:
 Behaviour = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 Check = Callable[[Any], StreamingError | None]
 """Why a request may not be served (None: it may)."""
+Note = Callable[[StreamingError, grpc.aio.ServicerContext], None]
+"""Told of each refusal, before it is answered (the node counts and logs it: ``server.refusals``)."""
+
+
+def _quiet(_err: StreamingError, _context: grpc.aio.ServicerContext) -> None:
+    return None
 
 
 class _CheckFirstRead:
@@ -238,9 +244,10 @@ class _CheckFirstRead:
     ``read`` is the real one again.  Everything else goes to the real context; what is looked up once
     is kept on the instance, so a stream's writes pay the indirection only on the first."""
 
-    def __init__(self, context: grpc.aio.ServicerContext, check: Check) -> None:
+    def __init__(self, context: grpc.aio.ServicerContext, check: Check, note: Note) -> None:
         self._context = context
         self._check = check
+        self._note = note
         self.read: Callable[[], Awaitable[Any]] = self._first_read
 
     async def _first_read(self) -> Any:
@@ -250,6 +257,7 @@ class _CheckFirstRead:
         if request is not grpc.aio.EOF and request.WhichOneof("request") == "open":
             denied = self._check(request)
             if denied is not None:
+                self._note(denied, self._context)
                 await self._context.abort_with_status(to_grpc_status(denied))
         return request
 
@@ -259,10 +267,11 @@ class _CheckFirstRead:
         return value
 
 
-def _refusing(err: StreamingError, *, streaming: bool) -> Behaviour:
+def _refusing(err: StreamingError, *, streaming: bool, note: Note) -> Behaviour:
     status = to_grpc_status(err)
 
     async def refuse(_request: Any, context: grpc.aio.ServicerContext) -> Any:
+        note(err, context)
         if streaming:
             # Take the client's first request before answering: a status sent while the client's
             # first write is still under way makes that write fail locally with INTERNAL ("Internal
@@ -281,7 +290,7 @@ def _request_class(method: str) -> type[Message]:
     return cls
 
 
-def _unary_checked(behaviour: Behaviour, check: Check, cls: type[Message]) -> Behaviour:
+def _unary_checked(behaviour: Behaviour, check: Check, cls: type[Message], note: Note) -> Behaviour:
     async def checked(request: Any, context: grpc.aio.ServicerContext) -> Any:
         parsed = request
         if isinstance(request, (bytes, bytearray, memoryview)):
@@ -294,15 +303,16 @@ def _unary_checked(behaviour: Behaviour, check: Check, cls: type[Message]) -> Be
         if parsed is not None:
             denied = check(parsed)
             if denied is not None:
+                note(denied, context)
                 await context.abort_with_status(to_grpc_status(denied))
         return await behaviour(request, context)
 
     return checked
 
 
-def _stream_checked(behaviour: Behaviour, check: Check) -> Behaviour:
+def _stream_checked(behaviour: Behaviour, check: Check, note: Note) -> Behaviour:
     async def checked(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await behaviour(request_iterator, _CheckFirstRead(context, check))
+        return await behaviour(request_iterator, _CheckFirstRead(context, check, note))
 
     return checked
 
@@ -317,6 +327,19 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             "no bearer token: send metadata 'authorization: Bearer <token>'", reason="missing token")
         self._unknown = UnauthenticatedError("unknown bearer token", reason="unknown token")
         self._classes = {name: _request_class(name) for name in RULES}
+        self.on_refusal: Callable[[str, StreamingError, str], None] | None = None
+        """Told of every call this layer refuses: (RPC name, error, peer).  The node sets it to its
+        refusal counter and log once the servicer exists (``lifecycle``)."""
+
+    def _noting(self, rpc: str) -> Note:
+        on_refusal = self.on_refusal
+        if on_refusal is None:
+            return _quiet
+
+        def note(err: StreamingError, context: grpc.aio.ServicerContext) -> None:
+            on_refusal(rpc, err, str(context.peer() or ""))
+
+        return note
 
     async def intercept_service(
         self,
@@ -330,23 +353,24 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         name = method[len(_PREFIX):]
         token = bearer_token(handler_call_details.invocation_metadata)
         principal = None if token is None else self.tokens.authenticate(token)
+        note = self._noting(name)
         if principal is None:
             err = self._missing if token is None else self._unknown
-            return _replace(handler, _refusing(err, streaming=handler.request_streaming), raw=True)
+            return _replace(handler, _refusing(err, streaming=handler.request_streaming, note=note), raw=True)
         need = RULES.get(name, Need.ADMIN)  # a method added later is admin's until RULES says otherwise
         if need is Need.ADMIN:
             denied = principal.denial(need, None)
             if denied is None:
                 return handler
-            return _replace(handler, _refusing(denied, streaming=handler.request_streaming), raw=True)
+            return _replace(handler, _refusing(denied, streaming=handler.request_streaming, note=note), raw=True)
 
         def check(request: Any) -> StreamingError | None:
             return principal.denial(need, request)
 
         behaviour = _behaviour(handler)
         if handler.request_streaming:
-            return _replace(handler, _stream_checked(behaviour, check))
-        return _replace(handler, _unary_checked(behaviour, check, self._classes[name]))
+            return _replace(handler, _stream_checked(behaviour, check, note))
+        return _replace(handler, _unary_checked(behaviour, check, self._classes[name], note))
 
 
 _FACTORIES = {

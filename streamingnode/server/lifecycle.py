@@ -90,12 +90,18 @@ async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) ->
             owned.shutdown()
         raise
     try:
-        server = grpc.aio.server(interceptors=[AuthInterceptor(tokens)] if tokens is not None else None, options=[
+        auth = AuthInterceptor(tokens) if tokens is not None else None
+        server = grpc.aio.server(interceptors=[auth] if auth is not None else None, options=[
             ("grpc.max_receive_message_length", config.max_request_bytes),
             ("grpc.max_send_message_length", config.max_request_bytes),
             ("grpc.so_reuseport", 0),
         ])
-        add_service(StreamingNodeService(node), server)
+        service = StreamingNodeService(node)
+        if auth is not None:
+            # The authentication layer answers before the servicer runs: its refusals are counted and
+            # logged by the servicer's refusal counter all the same.
+            auth.on_refusal = service.refusals.note
+        add_service(service, server)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         enable_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), server)

@@ -302,3 +302,24 @@ def test_cli_token_flag_environment_and_hash(secured: ServerThread) -> None:
         assert token not in proc.stdout + proc.stderr
     hashed = cli(None, "token", "hash", stdin=f"{token}\n", env=env)
     assert hashed.returncode == 0 and hashed.stdout.strip() == hash_token(token)
+
+
+async def test_refusals_of_the_authentication_layer_are_counted_by_rpc_and_code(secured: ServerThread) -> None:
+    registry = secured.node.metrics.registry
+
+    def count(rpc: str, code: str) -> float:
+        return registry.get_sample_value("streamingnode_refusals_total", {"rpc": rpc, "code": code}) or 0.0
+
+    before = {(rpc, code): count(rpc, code) for rpc in ("GetLatestPosition", "Consume", "CreateChannels")
+              for code in ("unauthenticated", "permission_denied")}
+    assert (await outcome(secured, "GetLatestPosition", ())) is not None  # no token
+    assert (await outcome(secured, "Consume", bearer(UNKNOWN_TOKEN))) is not None
+    assert (await outcome(secured, "GetLatestPosition", bearer(TOKENS["ingest"][0]))) is not None  # checked request
+    assert (await outcome(secured, "Consume", bearer(TOKENS["ingest"][0]))) is not None  # checked first read
+    assert (await outcome(secured, "CreateChannels", bearer(TOKENS["reader"][0]))) is not None  # admin only
+    after = {key: count(*key) for key in before}
+    assert {key: after[key] - before[key] for key in before} == {
+        ("GetLatestPosition", "unauthenticated"): 1, ("GetLatestPosition", "permission_denied"): 1,
+        ("Consume", "unauthenticated"): 1, ("Consume", "permission_denied"): 1,
+        ("CreateChannels", "unauthenticated"): 0, ("CreateChannels", "permission_denied"): 1,
+    }
