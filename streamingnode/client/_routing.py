@@ -26,7 +26,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from streamingnode.client._calls import unary
+from streamingnode.client._calls import READY_WAIT_S, unary
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
 from wal.errors import (
@@ -78,6 +78,12 @@ class Router:
     def cluster(self) -> bool:
         return len(self.seeds) > 1
 
+    @property
+    def ready_wait(self) -> float:
+        """How long a unary call waits for a node it cannot reach (``_calls.unary``): a lone seed may be
+        restarting and is waited for briefly; with several, another node can answer at once."""
+        return 0.0 if self.cluster else READY_WAIT_S
+
     def stub_at(self, addr: str) -> sgrpc.StreamingNodeStub:
         node = self._nodes.get(addr)
         if node is None:
@@ -117,7 +123,8 @@ class Router:
             seed = self.seeds[(start + i) % n]
             try:
                 resp = await unary(self.stub_at(seed).DescribeChannels,
-                                   spb.DescribeChannelsRequest(channel_names=[pchannel]), deadline_s)
+                                   spb.DescribeChannelsRequest(channel_names=[pchannel]), deadline_s,
+                                   ready_wait=self.ready_wait)
             except NotOwnerError as exc:
                 owner = str(exc.fields.get("owner") or "")
                 if owner:
@@ -168,7 +175,8 @@ class Router:
             addr = ""
             try:
                 addr = await self.owner(pchannel, deadline_s)
-                return await unary(getattr(self.stub_at(addr), method), request, deadline_s)
+                return await unary(getattr(self.stub_at(addr), method), request, deadline_s,
+                                   ready_wait=self.ready_wait)
             except StreamingError as exc:
                 moved = self.learn(pchannel, addr, exc) if addr else False
                 if moved and hops < MAX_HOPS and (retry_gone or isinstance(exc, NotOwnerError)):
@@ -190,7 +198,8 @@ class Router:
         last: StreamingError | None = None
         for seed in self.seeds:
             try:
-                return await unary(getattr(self.stub_at(seed), method), request, deadline_s)
+                return await unary(getattr(self.stub_at(seed), method), request, deadline_s,
+                                   ready_wait=self.ready_wait)
             except StreamingError as exc:
                 if exc.code not in _NODE_GONE or not self.cluster:
                     raise
