@@ -148,8 +148,7 @@ class _ConnectionNotices:
                 print(f"reconnected to {self._addr}", file=sys.stderr, flush=True)
             self._broken = False
             return
-        # The SDK keeps no call while it reconnects (it is set again once a new stream opened).
-        broken = self._consumer._call is None
+        broken = not self._consumer.connected
         if broken and not self._broken:
             print(f"disconnected from {self._addr}: reconnecting (for up to {self._reconnect_timeout:g} s)",
                   file=sys.stderr, flush=True)

@@ -144,6 +144,11 @@ class Consumer:
         return self._state is _State.CLOSED
 
     @property
+    def connected(self) -> bool:
+        """A stream to the node is open now (False while the consumer reconnects, and before it opened)."""
+        return self._call is not None
+
+    @property
     def position(self) -> Position | None:
         """Where the last pack handed to the caller ends (None before the first): resume from here."""
         return self._delivered
