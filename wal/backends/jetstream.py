@@ -110,6 +110,9 @@ class _Recheck(UnavailableError):
     that moved the stream on, so the stream is checked (``_settle``) before calling it fenced (and
     when time runs out first, the write is UNAVAILABLE, its doubt left for the next write)."""
 
+
+_RETRIABLE_WRITE: tuple[type[BaseException], ...] = (*_RETRIABLE, _Recheck)
+
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 _WRONG_LAST_SEQUENCE = 10071  # JetStream's err_code for a failed Nats-Expected-Last-Sequence
 _STREAM_NOT_FOUND = 10059
@@ -316,8 +319,8 @@ class JetStreamBackend(Backend):
         self._jsq = self._nc.jetstream(timeout=self.attempt_timeout)
         self._kv_channels = await self._bucket(f"{self.prefix}_channels")
         self._kv_meta = await self._bucket(f"{self.prefix}_meta")
-        self._kv_meta_q = await self._jsq.key_value(f"{self.prefix}_meta")
-        self._kv_channels_q = await self._jsq.key_value(f"{self.prefix}_channels")
+        self._kv_meta_q: Any = await self._jsq.key_value(f"{self.prefix}_meta")
+        self._kv_channels_q: Any = await self._jsq.key_value(f"{self.prefix}_channels")
 
     async def _bucket(self, name: str) -> Any:
         try:
@@ -661,7 +664,7 @@ class JetStreamBackend(Backend):
                     await self._publish_block(ch, pending, retried, deadline)
                     pending = pending[1:]
                     deadline = loop.time() + self._window()  # progress: a new window for the next block
-            except (*_RETRIABLE, _Recheck) as exc:
+            except _RETRIABLE_WRITE as exc:
                 await self._before_retry(exc, started, deadline)
                 retried = True
             else:
