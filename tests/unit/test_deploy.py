@@ -381,3 +381,115 @@ def test_kubernetes_cluster_manifests_agree(tmp_path: Path, monkeypatch: pytest.
     (monitor,) = docs["ServiceMonitor"]
     selected = [s for s in docs["Service"] if _selects(monitor["spec"]["selector"], s["metadata"]["labels"])]
     assert [s["metadata"]["name"] for s in selected] == ["streamingnode"]
+
+
+# --- kube-prometheus-stack, the image's build context, the pod's memory -------------------------------
+def test_the_service_monitor_is_picked_by_kube_prometheus_stack() -> None:
+    # kube-prometheus-stack's Prometheus selects ServiceMonitors by {release: <the Helm release>} unless
+    # its values say otherwise; the README says which value to set for another release name.
+    (monitor,) = by_kind("kubernetes/servicemonitor.yaml")["ServiceMonitor"]
+    release = monitor["metadata"]["labels"].get("release")
+    assert release, "no release label: kube-prometheus-stack's default selector ignores the monitor"
+    assert _selects({"matchLabels": {"release": release}}, monitor["metadata"]["labels"])
+    readme = (REPO / "README.md").read_text()
+    assert f"release: {release}" in readme and "serviceMonitorSelectorNilUsesHelmValues" in readme
+
+
+def dockerignored(patterns: list[str], path: str) -> bool:
+    """Docker's rule for one path of the build context: the last pattern that matches it or one of its
+    parent directories decides, ``!`` re-includes, ``**`` spans directories, ``*`` stays inside one."""
+    parts = path.split("/")
+    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    ignored = False
+    for raw in patterns:
+        negate = raw.startswith("!")
+        pattern = raw.removeprefix("!").strip("/")
+        regex = "".join(".*" if tok == "**" else "[^/]*" if tok == "*" else "[^/]" if tok == "?" else re.escape(tok)
+                        for tok in re.split(r"(\*\*|\*|\?)", pattern) if tok)
+        regex = regex.replace(".*/", "(?:.*/)?")  # "**/x" also matches a top-level x
+        if any(re.fullmatch(regex, prefix) for prefix in prefixes):
+            ignored = not negate
+    return ignored
+
+
+def test_dockerignore_keeps_local_state_out_of_the_build_context() -> None:
+    path = REPO / ".dockerignore"
+    assert path.is_file(), ".dockerignore is missing: .venv, data/ and caches go into the build context"
+    patterns = [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    for kept_out in (".venv", ".venv/lib/x.py", "data", "data/wal/000001.log", ".git/HEAD",
+                     "examples/node/node_modules", "examples/node/node_modules/a/b.js", "__pycache__/x.pyc",
+                     "wal/__pycache__/x.pyc",
+                     "streamingnode/cli/__pycache__/x.pyc", ".mypy_cache/x", ".ruff_cache/x", ".pytest_cache/x",
+                     ".hypothesis/x", "streamingnode.egg-info/PKG-INFO", "deploy/tokens.toml"):
+        assert dockerignored(patterns, kept_out), f"{kept_out} is sent to the build"
+    # Everything the Dockerfile copies reaches the build.
+    text = (DEPLOY / "Dockerfile").read_text()
+    sources = [s for line in re.findall(r"^COPY (.+)$", text, re.M) for s in line.split()[:-1]]
+    tracked = subprocess.run(["git", "ls-files", "--", *sources], cwd=REPO, capture_output=True, text=True,
+                             check=True, timeout=60).stdout.split()
+    assert len(tracked) > 20, tracked
+    for name in tracked:
+        assert not dockerignored(patterns, name), f"{name} is copied by the Dockerfile but ignored"
+
+
+def test_dockerignore_matching() -> None:
+    assert dockerignored(["**/__pycache__"], "__pycache__/a") and dockerignored(["**/__pycache__"], "a/b/__pycache__")
+    assert dockerignored(["data"], "data/x") and not dockerignored(["data"], "wal/data")
+    assert not dockerignored(["*.md", "!README.md"], "README.md") and dockerignored(["*.md"], "NOTES.md")
+    assert not dockerignored(["*.md"], "docs/x.md")
+
+
+MIB = 1 << 20
+# What the formula in statefulset.yaml and README "Metrics, dashboard and deployment" adds up, besides
+# the settings: the interpreter with gRPC, pyarrow and RocksDB loaded and idle, and RocksDB's block cache.
+RUNTIME_BYTES = 256 * MIB
+ROCKSDB_BLOCK_CACHE_BYTES = 32 * MIB
+
+
+def memory_budget(config: NodeConfig, pchannels: int, consume_streams: int) -> int:
+    """The most memory a node holds by its settings (the manifest's comment and README say the same)."""
+    import inspect  # noqa: PLC0415
+
+    from wal.manager import WALManager  # noqa: PLC0415
+
+    rocks = (REPO / "wal" / "backends" / "rocks.py").read_text()
+    (memtable,) = re.findall(r"set_write_buffer_size\((\d+) << (\d+)\)", rocks)
+    # Up to two memtables of the one database: the one taking writes and one being flushed.
+    memtables = 2 * (int(memtable[0]) << int(memtable[1]))
+    tail = inspect.signature(WALManager.__init__).parameters["tail_buffer_bytes"].default
+    # Each pchannel: its WAL's tail buffer, its flusher's buffers, and the file being written from them.
+    per_pchannel = tail + config.flush_memory_cap_bytes + config.flush_max_bytes
+    # A produce request being received and one being decoded; two packs per consumer (sent and built).
+    requests = 2 * config.max_request_bytes
+    consumers = consume_streams * 2 * config.consume_max_pack_bytes
+    return (RUNTIME_BYTES + memtables + ROCKSDB_BLOCK_CACHE_BYTES + pchannels * per_pchannel + requests
+            + consumers)
+
+
+def quantity_bytes(text: str) -> int:
+    units = {"Ki": 1 << 10, "Mi": MIB, "Gi": 1 << 30}
+    found = re.fullmatch(r"(\d+)(Ki|Mi|Gi)", text)
+    assert found, f"a quantity the test does not read: {text}"
+    return int(found.group(1)) * units[found.group(2)]
+
+
+def test_the_memory_limit_covers_what_the_settings_let_the_node_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    (sts,) = by_kind("kubernetes/statefulset.yaml")["StatefulSet"]
+    annotations = sts["metadata"].get("annotations", {})
+    assert "streamingnode.io/memory-pchannels" in annotations, "the manifest says for how many pchannels it is sized"
+    pchannels = int(annotations["streamingnode.io/memory-pchannels"])
+    consume_streams = int(annotations["streamingnode.io/memory-consume-streams"])
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    config = serve_config(container["command"] + container["args"], env, monkeypatch)
+    needed = memory_budget(config, pchannels, consume_streams)
+    limit = quantity_bytes(container["resources"]["limits"]["memory"])
+    assert limit >= needed, f"limit {limit // MIB} MiB < {needed // MIB} MiB the settings allow"
+    assert limit <= 2 * needed, f"limit {limit // MIB} MiB is far above the {needed // MIB} MiB budget"
+    # The formula is written down where operators look, with the same terms.
+    manifest = (DEPLOY / "kubernetes" / "statefulset.yaml").read_text()
+    readme = (REPO / "README.md").read_text()
+    for text in (manifest, readme):
+        for term in ("flush_memory_cap_bytes", "flush_max_bytes", "tail buffer", "max_request_bytes",
+                     "consume_max_pack_bytes", "memtable"):
+            assert term in text, f"{term} missing from the memory formula"
