@@ -44,6 +44,15 @@ publish whose answer never came is checked against the stream): the next write o
 it when it is the same block again, and otherwise fails UNRECOVERABLE (reopen the WAL), because the log
 already holds ids the WAL handed out anew.
 
+Riding out an election.  When a stream's leader dies, its followers elect a new one after 4-9 s
+(nats-server's Raft), and a request to the dead one gets no answer.  Block publishes, metadata puts
+and reads therefore wait ``attempt_timeout`` (1 s) per attempt and are asked again until twice
+``timeout`` passes without progress, so appends resume about as soon as the new leader is there.  A
+repeat is safe: a block whose answer was lost is first looked for in the stream (``_settle``: ours and
+skipped, or someone else's and fenced), and a repeat refused as out of sequence is checked the same way
+before it is called fenced; a metadata put repeats the same value under the same claim check.
+Channel creation, opening and truncation are not repeated here (their callers retry them whole).
+
 Every publish waits for its acknowledgement (the servers run with ``sync_interval: always``), so
 ``durable`` changes nothing, ``sync`` has nothing to do and ``split_sync`` is False.  Blocks up to the
 servers' ``max_payload`` (raise it to 8 MB: the committer writes blocks of about 1 MiB).
@@ -52,7 +61,9 @@ Threading.  The contract is synchronous and called from the WAL's writer and rea
 asyncio.  The backend owns an event loop in a thread of its own, and every call runs a coroutine there
 and waits for it with a timeout: a NATS that does not answer is UNAVAILABLE (retriable), never a hang
 (nats-py futures may never complete when the server answers an error).  All state is touched on that
-loop only, so it needs no lock.
+loop only, so it needs no lock.  Profiled on R3 (bench/RESULTS.md), the node's threads mostly wait:
+each commit is one ~1 MiB block awaited before the next is encoded, so its round trip and the thread
+hand-offs, not the CPU, bound throughput; metadata puts are a handful per run, off the hot path.
 
 ``backup`` is refused: a directory copy would not open as a JetStream backend, and a JetStream stream
 is backed up by NATS itself (``nats stream backup``), already replicated besides.
