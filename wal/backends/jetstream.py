@@ -51,7 +51,8 @@ and reads therefore wait ``attempt_timeout`` (1 s) per attempt and are asked aga
 repeat is safe: a block whose answer was lost is first looked for in the stream (``_settle``: ours and
 skipped, or someone else's and fenced), and a repeat refused as out of sequence is checked the same way
 before it is called fenced; a metadata put repeats the same value under the same claim check.
-Channel creation, opening and truncation are not repeated here (their callers retry them whole).
+The writes of creating, opening and destroying a channel (compare-and-set of the term and the claim,
+the fence marker, a purge) are not repeated here: their callers retry them whole.
 
 Every publish waits for its acknowledgement (the servers run with ``sync_interval: always``), so
 ``durable`` changes nothing, ``sync`` has nothing to do and ``split_sync`` is False.  Blocks up to the
