@@ -384,10 +384,11 @@ def test_kubernetes_cluster_manifests_agree(tmp_path: Path, monkeypatch: pytest.
 
 
 # --- kube-prometheus-stack, the image's build context, the pod's memory -------------------------------
-def test_the_service_monitor_is_picked_by_kube_prometheus_stack() -> None:
+@pytest.mark.parametrize("manifest", ["kubernetes/servicemonitor.yaml", "kubernetes/cluster/servicemonitor.yaml"])
+def test_the_service_monitor_is_picked_by_kube_prometheus_stack(manifest: str) -> None:
     # kube-prometheus-stack's Prometheus selects ServiceMonitors by {release: <the Helm release>} unless
     # its values say otherwise; the README says which value to set for another release name.
-    (monitor,) = by_kind("kubernetes/servicemonitor.yaml")["ServiceMonitor"]
+    (monitor,) = by_kind(manifest)["ServiceMonitor"]
     release = monitor["metadata"]["labels"].get("release")
     assert release, "no release label: kube-prometheus-stack's default selector ignores the monitor"
     assert _selects({"matchLabels": {"release": release}}, monitor["metadata"]["labels"])
