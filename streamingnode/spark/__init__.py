@@ -37,6 +37,9 @@ Design:
 * **Bad options** (missing or malformed, an unknown pchannel or collection, an address that does not
   answer within ``timeout``) raise ``OptionError`` from ``schema()``: the query fails at ``load()``
   with an ``AnalysisException`` whose message names the option.
+* **Collection mode** takes the collection's schema from its CREATE_COLLECTION message, scanned for
+  in the log when the query starts: once retention has truncated that message, ``load()`` fails
+  naming the collection (read the flushed Parquet with ``flusher.spark.read_collection`` instead).
 * **Rows**: see ``_rows`` (plain mode and collection mode).  **Sink** and what its exactly once covers:
   see ``_sink``.
 """

@@ -69,10 +69,11 @@ def _check_node(opts: SourceOptions) -> CollectionInfo | None:
     collection absent; return the collection's schema in collection mode."""
     try:
         with opts.conn.client() as client:
-            client.describe_channels([opts.pchannel])
+            described = client.describe_channels([opts.pchannel])
             if opts.collection is None:
                 return None
-            return _find_collection(client, opts)
+            first_id = described[0].first_id if described else None
+            return _find_collection(client, opts, truncated=first_id is not None and first_id > 0)
     except ChannelNotExistError as exc:
         raise OptionError("pchannel", f"no pchannel {opts.pchannel!r} on {', '.join(opts.conn.addrs)}") from exc
     except UnavailableError as exc:
@@ -82,8 +83,12 @@ def _check_node(opts: SourceOptions) -> CollectionInfo | None:
         raise OptionError("pchannel", f"the node refused to describe {opts.pchannel!r}: {exc}") from exc
 
 
-def _find_collection(client: Any, opts: SourceOptions) -> CollectionInfo:
-    """The last CREATE_COLLECTION of the collection in the log, up to now."""
+def _find_collection(client: Any, opts: SourceOptions, *, truncated: bool) -> CollectionInfo:
+    """The last CREATE_COLLECTION of the collection in the log, up to now.
+
+    The schema is known only from that message, so collection mode needs it still in the log: once
+    retention truncated it (``truncated``: the log no longer starts at id 0) and it is not found,
+    the error says so, naming the collection, rather than that the collection does not exist."""
     assert opts.collection is not None
     end = _range.latest(client, opts.pchannel, Offset(opts.pchannel, -1, 0))
     found: CollectionInfo | None = None
@@ -97,6 +102,11 @@ def _find_collection(client: Any, opts: SourceOptions) -> CollectionInfo:
                     raise OptionError("collection", f"collection {opts.collection!r} has two schemas in the "
                                                     "log (dropped and created again): read one vchannel")
                 found = CollectionInfo(opts.collection, schema, m.properties[bodies.PROP_PRIMARY_KEY])
+    if found is None and truncated:
+        raise OptionError("collection", f"the CREATE_COLLECTION of collection {opts.collection!r} is no longer in "
+                                        f"the log of {opts.pchannel!r}: retention truncated it, and collection "
+                                        "mode takes the schema from it; read the flushed Parquet "
+                                        "(flusher.spark.read_collection) instead")
     if found is None:
         raise OptionError("collection", f"no collection {opts.collection!r} in the log of {opts.pchannel!r}"
                                         + (f" (vchannels {', '.join(opts.vchannels)})" if opts.vchannels else ""))
