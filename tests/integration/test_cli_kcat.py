@@ -27,7 +27,7 @@ from streamingnode.cli.parsing import ts_text
 from streamingnode.client import Client
 from streamingnode.server import ServerThread
 from tests.integration.conftest import node_config
-from tests.integration.test_cli import TIMEOUT, _env, cli, consumed, ok
+from tests.integration.test_cli import TIMEOUT, _env, _start_consumer, cli, consumed, ok
 
 pytestmark = pytest.mark.integration
 
@@ -165,20 +165,9 @@ def node(tmp_path: Path) -> Iterator[_Node]:
         n.stop()
 
 
-def _popen_consume(addr: str, *args: str) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "streamingnode", "consume", *args, "--addr", addr],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
-    assert proc.stderr is not None
-    line = proc.stderr.readline()
-    if not line.startswith("consuming"):
-        proc.kill()
-        pytest.fail(f"consumer did not open: {line}{proc.communicate(timeout=TIMEOUT)[1]}")
-    return proc
-
-
 def test_consume_says_when_it_loses_the_node_and_when_it_is_back(node: _Node) -> None:
     ok(node.address, "channels", "create", "p")
-    proc = _popen_consume(node.address, "--channel", "p", "--reconnect-timeout", "60")
+    proc = _start_consumer(node.address, "--channel", "p", "--reconnect-timeout", "60")
     try:
         assert proc.stderr is not None and proc.stdout is not None
         node.stop()
@@ -196,7 +185,7 @@ def test_consume_says_when_it_loses_the_node_and_when_it_is_back(node: _Node) ->
 
 def test_consume_gives_up_after_its_reconnect_timeout(node: _Node) -> None:
     ok(node.address, "channels", "create", "p")
-    proc = _popen_consume(node.address, "--channel", "p", "--reconnect-timeout", "0.5")
+    proc = _start_consumer(node.address, "--channel", "p", "--reconnect-timeout", "0.5")
     try:
         node.stop()
         _, err = proc.communicate(timeout=TIMEOUT)
