@@ -159,3 +159,32 @@ def test_bad_options_fail_at_start_naming_the_option(
     with pytest.raises(Exception, match="PYTHON_DATA_SOURCE_ERROR") as caught:
         reader.load()
     assert f"streamingnode option {named}" in str(caught.value)
+
+
+def test_a_batch_boundary_while_a_transaction_is_open_never_splits_it(sspark: Any, node: ServerThread) -> None:
+    """The boundary is the latest position taken after the transaction's BEGIN and some of its body
+    were stored, and before its COMMIT: its body (stored before and after the boundary) comes whole
+    after it, at its commit, and nothing of it before."""
+    with Client(node.address) as client:
+        client.create_channels(["p1"])
+        _produce(node.address, 0, 2)
+        with client.txn("p1", "v0") as tx:
+            for i in range(3):
+                tx.send(f"t{i}".encode())
+            _produce(node.address, 2, 4)  # plain messages after the stored body: the boundary is past it
+            boundary, _ = client.latest_position("p1")
+            tx.send(b"t3")
+        _produce(node.address, 6, 2)
+    assert boundary is not None
+    at = f'{{"message_id": {boundary.message_id}, "timetick": {boundary.timetick}}}'
+
+    def read(**options: str) -> list[bytes]:
+        reader = sspark.read.format("streamingnode").option("addr", node.address).option("pchannel", "p1")
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        return [r.payload for r in reader.load().orderBy("timetick", "id").collect()]
+
+    before, after = read(endingOffsets=at), read(startingOffsets=at)
+    assert before == [f"m{i}".encode() for i in range(6)]
+    assert sorted(after) == sorted([f"t{i}".encode() for i in range(4)] + [b"m6", b"m7"])
+    assert read(startingOffsets=at, vchannel="v0") == [f"t{i}".encode() for i in range(4)] + [b"m6"]
