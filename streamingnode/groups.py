@@ -2,9 +2,18 @@
 
 The groups of a pchannel are one metadata record of its WAL (written on the WAL's writer thread, in
 the same database as the log, so a backup or a crash sees groups and log consistently), cached in
-memory.  Changes are serialised by a lock and written before they are acknowledged: a commit that
-returned is never lost.  A group is small (one position per vchannel it read), so rewriting the whole
-record on each commit costs less than the bookkeeping of finer records would.
+memory.  Changes are written before they are acknowledged: a commit that returned is never lost.
+
+Changes are batched (a group commit of their own): at most one store of the record is in flight, and
+every change that arrives meanwhile waits in a queue; when the store ends, the next one writes all of
+them at once, and each caller returns when the store holding its change is durable (or fails with it:
+a failed store fails every change it held, and the durable state stays as before).  So 1,000 groups
+acking at once cost one ``put_meta`` per store time, not 1,000, and the writer thread the appends use
+sees one job per store.  Each group's part of the record is encoded when it changes and kept, so a
+store joins cached text instead of encoding every group again.  The record stays one key in the
+format it always had (a JSON object: group -> vchannel -> [message id, timetick]): a store is one
+synced write whatever its size, whereas finer records would need one synced (on JetStream: fenced)
+put per key, and salvage and older nodes read the record as it is.
 
 Lag is defined as Kafka defines it, per (group, vchannel): how far the committed position is behind
 the newest message *of that vchannel* (its own messages and broadcasts; time ticks are not messages
@@ -23,7 +32,13 @@ from dataclasses import dataclass
 
 from wal import names
 from wal.clock import physical_ms
-from wal.errors import ConsumerGroupExistError, ConsumerGroupNotExistError, CorruptedError, InvalidArgumentError
+from wal.errors import (
+    ConsumerGroupExistError,
+    ConsumerGroupNotExistError,
+    CorruptedError,
+    InvalidArgumentError,
+    StreamingError,
+)
 from wal.message import BROADCAST_VCHANNEL, Message, MessageID, MessageType, Position
 from wal.wal import WAL
 
@@ -53,6 +68,9 @@ class VchannelProgress:
     when nothing is left to read on the vchannel."""
 
 
+_State = dict[str, dict[str, tuple[MessageID, int]]]
+"""Groups -> vchannel -> (message id, timetick) of the committed position."""
+
 Newest = tuple[MessageID, int]
 """The largest id and the largest timetick among a vchannel's messages."""
 
@@ -77,13 +95,46 @@ def _merge(a: Newest | None, b: Newest | None) -> Newest | None:
     return max(a[0], b[0]), max(a[1], b[1])
 
 
+def _encode_group(group: str, positions: dict[str, tuple[MessageID, int]]) -> str:
+    """One group's part of the record: ``"group":{"vchannel":[id,timetick],...}``."""
+    return json.dumps(group) + ":" + json.dumps(
+        {v: [p[0], p[1]] for v, p in positions.items()}, separators=(",", ":"), sort_keys=True)
+
+
+@dataclass(slots=True)
+class _Change:
+    """A queued change of the groups: create, destroy or commit (``positions``) of ``group``."""
+
+    kind: str
+    group: str
+    positions: list[tuple[str, Position]]
+    done: asyncio.Future[None]
+    """Settled when the store holding the change ended: None once durable, else the error."""
+
+
+def _settle(done: asyncio.Future[None], error: BaseException | None) -> None:
+    if done.done():  # the caller was cancelled: nobody waits for the outcome
+        return
+    if error is None:
+        done.set_result(None)
+    else:
+        done.set_exception(error)
+
+
 class ConsumerGroups:
     """The groups of one pchannel.  Load with ``await ConsumerGroups.load(wal)``."""
 
-    def __init__(self, wal: WAL, groups: dict[str, dict[str, tuple[MessageID, int]]]) -> None:
+    def __init__(self, wal: WAL, groups: _State) -> None:
         self._wal = wal
         self._groups = groups
-        self._lock = asyncio.Lock()
+        """The durable state: what the record holds (a stored state is replaced, never changed)."""
+        self._encoded = {g: _encode_group(g, vs) for g, vs in groups.items()}
+        """Each durable group's part of the record, as stored."""
+        self._queue: list[_Change] = []
+        """Changes not yet in a store, in arrival order."""
+        self._storing: asyncio.Task[None] | None = None
+        self.stores = 0
+        """Stores of the record so far (``put_meta`` calls; changes / stores = the batching factor)."""
         self._newest: dict[str, Newest] = {}
         """Per vchannel (BROADCAST_VCHANNEL: broadcasts), its newest message among those observed."""
         self._newest_any: Newest | None = None
@@ -95,7 +146,7 @@ class ConsumerGroups:
     @classmethod
     async def load(cls, wal: WAL) -> ConsumerGroups:
         raw = await wal.get_meta(META_KEY)
-        groups: dict[str, dict[str, tuple[MessageID, int]]] = {}
+        groups: _State = {}
         if raw:
             try:
                 doc = json.loads(raw)
@@ -106,13 +157,77 @@ class ConsumerGroups:
                 ) from None
         return cls(wal, groups)
 
-    async def _store(self, groups: dict[str, dict[str, tuple[MessageID, int]]]) -> None:
-        doc = {g: {v: [p[0], p[1]] for v, p in vs.items()} for g, vs in groups.items()}
-        await self._wal.put_meta(META_KEY, json.dumps(doc, separators=(",", ":"), sort_keys=True).encode())
-        self._groups = groups
+    async def _change(self, kind: str, group: str, positions: list[tuple[str, Position]] | None = None) -> None:
+        """Queue a change, have it stored, return once the store that held it is durable."""
+        change = _Change(kind, group, positions or [], asyncio.get_running_loop().create_future())
+        self._queue.append(change)
+        if self._storing is None:
+            self._storing = asyncio.get_running_loop().create_task(self._store_queued())
+        await change.done
 
-    def _copy(self) -> dict[str, dict[str, tuple[MessageID, int]]]:
-        return {g: dict(vs) for g, vs in self._groups.items()}
+    async def _store_queued(self) -> None:
+        """Store what is queued, batch after batch, until the queue is empty (one store in flight)."""
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                await self._store_batch(batch)
+        finally:
+            self._storing = None
+
+    async def _store_batch(self, batch: list[_Change]) -> None:
+        groups = dict(self._groups)  # copied per group only where changed: stored states stay as they were
+        encoded = dict(self._encoded)
+        changed: set[str] = set()
+        kept: list[_Change] = []
+        for change in batch:
+            try:
+                self._apply(groups, change, changed)
+            except StreamingError as exc:  # refused against the state before it: not stored, fails alone
+                _settle(change.done, exc)
+            else:
+                kept.append(change)
+        if not kept:
+            return
+        for g in changed:
+            if g in groups:
+                encoded[g] = _encode_group(g, groups[g])
+            else:
+                encoded.pop(g, None)
+        record = ("{" + ",".join(encoded.values()) + "}").encode()
+        try:
+            self.stores += 1
+            await self._wal.put_meta(META_KEY, record)
+        except Exception as exc:  # noqa: BLE001  (every change of the batch fails with its store)
+            for change in kept:
+                _settle(change.done, exc)
+            return
+        except BaseException:  # the store was cancelled (the loop is closing): nobody learns it is durable
+            for change in kept:
+                change.done.cancel()
+            raise
+        self._groups, self._encoded = groups, encoded
+        for change in kept:
+            _settle(change.done, None)
+
+    def _apply(self, groups: _State, change: _Change, changed: set[str]) -> None:
+        group = change.group
+        if change.kind == "create":
+            if group in groups:
+                raise ConsumerGroupExistError(
+                    f"consumer group {group!r} already exists on pchannel {self._wal.pchannel!r}",
+                    channel=self._wal.pchannel, group=group,
+                )
+            groups[group] = {}
+        else:
+            self._require_in(groups, group)
+            if change.kind == "destroy":
+                del groups[group]
+            else:
+                if group not in changed:
+                    groups[group] = dict(groups[group])
+                for vchannel, pos in change.positions:
+                    groups[group][vchannel] = (pos.message_id, pos.timetick)
+        changed.add(group)
 
     def names(self) -> list[str]:
         return sorted(self._groups)
@@ -121,7 +236,10 @@ class ConsumerGroups:
         return group in self._groups
 
     def require(self, group: str) -> dict[str, tuple[MessageID, int]]:
-        found = self._groups.get(group)
+        return self._require_in(self._groups, group)
+
+    def _require_in(self, groups: _State, group: str) -> dict[str, tuple[MessageID, int]]:
+        found = groups.get(group)
         if found is None:
             check_group_name(group)  # a hostile name is refused as such, not quoted as a missing group
             raise ConsumerGroupNotExistError(
@@ -221,22 +339,10 @@ class ConsumerGroups:
 
     async def create(self, group: str) -> None:
         check_group_name(group)
-        async with self._lock:
-            if group in self._groups:
-                raise ConsumerGroupExistError(
-                    f"consumer group {group!r} already exists on pchannel {self._wal.pchannel!r}",
-                    channel=self._wal.pchannel, group=group,
-                )
-            groups = self._copy()
-            groups[group] = {}
-            await self._store(groups)
+        await self._change("create", group)
 
     async def destroy(self, group: str) -> None:
-        async with self._lock:
-            self.require(group)
-            groups = self._copy()
-            del groups[group]
-            await self._store(groups)
+        await self._change("destroy", group)
 
     async def commit(self, group: str, positions: list[tuple[str, Position]]) -> None:
         """Replace the group's committed position on each (vchannel, position); the vchannel "" holds
@@ -248,12 +354,7 @@ class ConsumerGroups:
                     f"position of pchannel {names.shorten(pos.pchannel)} cannot be committed on {self._wal.pchannel!r}",
                     channel=self._wal.pchannel,
                 )
-        async with self._lock:
-            self.require(group)
-            groups = self._copy()
-            for vchannel, pos in positions:
-                groups[group][vchannel] = (pos.message_id, pos.timetick)
-            await self._store(groups)
+        await self._change("commit", group, positions)
 
 
 __all__ = ["ConsumerGroups", "VchannelProgress", "check_group_name"]
