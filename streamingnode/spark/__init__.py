@@ -25,7 +25,9 @@ Design:
   gap, and never split a transaction; only committed bodies are ever delivered.  ``latestOffset``
   asks the node its latest position (one unary call); with ``maxMessagesPerTrigger`` it reads from
   ``start`` on the driver and ends the batch at the end of the first whole packs holding that many
-  messages (a pack is one tick's release and holds whole transactions, so it is never cut).
+  messages (a pack is one tick's release and holds whole transactions, so it is never cut).  An
+  idle pchannel runs no micro-batches: the node stores a TimeTick only after data, so the latest
+  position stands still while nothing is written, and ``latestOffset`` returns ``start``.
 * **Partitions**: one Spark partition per vchannel when ``vchannel`` lists several, each read by its
   own consumer over the batch's range (a vchannel's order and its transactions stay in one task);
   the whole pchannel (no ``vchannel``) is one partition, because message ids interleave the

@@ -188,3 +188,28 @@ def test_a_batch_boundary_while_a_transaction_is_open_never_splits_it(sspark: An
     assert before == [f"m{i}".encode() for i in range(6)]
     assert sorted(after) == sorted([f"t{i}".encode() for i in range(4)] + [b"m6", b"m7"])
     assert read(startingOffsets=at, vchannel="v0") == [f"t{i}".encode() for i in range(4)] + [b"m6"]
+
+
+def test_an_idle_query_runs_no_stream_of_empty_batches(sspark: Any, node: ServerThread, tmp_path: Path) -> None:
+    """Ticks alone do not move the position an idle pchannel reports (a TimeTick is stored only after
+    data), so triggers find nothing new and run no batch: counted over many triggers, each reported
+    as a no-data progress event."""
+    with Client(node.address) as client:
+        client.create_channels(["p1"])
+    sink = Batches()
+    sspark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "0")
+    try:
+        query = _stream(sspark, node.address, tmp_path / "ck", sink, startingOffsets="earliest")
+    finally:
+        sspark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
+    try:
+        _produce(node.address, 0, 2)
+        wait(query, lambda: len(sink.all_rows()) >= 2, "the two messages")
+        seen = len(query.recentProgress)
+        wait(query, lambda: len(query.recentProgress) >= min(seen + 30, 100), "30 more triggers")
+    finally:
+        query.stop()
+    empty = [b for b, rows in sink.by_id.items() if not rows]
+    # At most the one a TimeTick stored right after the data can cause (none was seen), never one
+    # per trigger.
+    assert len(empty) <= 1, f"empty micro-batches {empty} over {len(query.recentProgress)} triggers"
