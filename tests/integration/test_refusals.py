@@ -126,7 +126,7 @@ def test_the_refusal_log_is_rate_limited_per_rpc_and_code_and_says_how_many_it_l
 
 def test_the_dashboard_refusal_panel_queries_the_refusal_counter() -> None:
     panels = json.loads(DASHBOARD.read_text())["panels"]
-    (panel,) = [p for p in panels if "refus" in p["title"].lower()]
+    (panel,) = [p for p in panels if p["title"] == "Refused requests by RPC and error code"]
     (target,) = panel["targets"]
     assert "streamingnode_refusals_total{" in target["expr"] and "by (rpc, code)" in target["expr"]
     assert "{{rpc}}" in target["legendFormat"] and "{{code}}" in target["legendFormat"]
