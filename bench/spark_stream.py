@@ -6,7 +6,7 @@ against ``spark.read.parquet`` of the same rows, and produce-to-row latency at a
 
 The node runs in its own process (``python -m streamingnode serve``, as bench/produce_consume.py
 starts it), so neither the SDK consumer nor Spark's driver shares its GIL.  Untimed: ``--messages``
-DATA messages of ``--size`` random bytes are produced to pchannel ``p`` (vchannels ``v0`` and ``v1``,
+DATA messages of ``--size`` random bytes (each its own) are produced to pchannel ``p`` (vchannels ``v0`` and ``v1``,
 alternating), and the same rows, shaped as the source's plain schema (``id``, ``vchannel``, ``type``,
 ``timetick``, ``time``, ``properties``, ``payload``), are written with pyarrow to one Parquet file
 (zstd), standing for "the same data flushed" (the flusher writes only collections).  Spark is local
@@ -68,9 +68,10 @@ TRIGGER_S = 1.0
 
 def _produce(addr: str, n: int, size: int, parquet: Path) -> None:
     """``n`` messages through the SDK, and the same rows (with their ids and timeticks) to Parquet."""
-    payload = os.urandom(size)
+    # Distinct random payloads: one repeated payload would let zstd shrink the Parquet file to nothing.
+    payloads = [os.urandom(size) for _ in range(n)]
     with Client(addr) as client, client.producer(PCHANNEL) as producer:
-        futures = [producer.send_nowait(f"v{i % 2}", payload) for i in range(n)]
+        futures = [producer.send_nowait(f"v{i % 2}", payloads[i]) for i in range(n)]
         producer.flush()
         results = [f.result() for f in futures]
     ms = [clock.physical_ms(r.timetick) * 1000 for r in results]
@@ -81,7 +82,7 @@ def _produce(addr: str, n: int, size: int, parquet: Path) -> None:
         "timetick": pa.array([r.timetick for r in results], pa.int64()),
         "time": pa.array(ms, pa.timestamp("us", tz="UTC")),
         "properties": pa.array([[] for _ in range(n)], pa.map_(pa.string(), pa.string())),
-        "payload": pa.array([payload] * n, pa.binary()),
+        "payload": pa.array(payloads, pa.binary()),
     })
     pq.write_table(table, parquet, compression="zstd")
 
