@@ -145,6 +145,10 @@ def _stream_rate(spark: Any, addr: str, n: int, checkpoint: str, vchannels: str 
         elapsed = time.perf_counter() - t0
     finally:
         query.stop()
+    # Where a data batch's time went (Spark's own phases): printed, not tabulated.
+    for progress in query.recentProgress:
+        if "addBatch" in progress.durationMs:
+            print(f"  batch {progress.batchId}: {progress.durationMs}", file=sys.stderr)
     if counts.rows != n:
         raise RuntimeError(f"counted {counts.rows} rows, expected {n}")
     return n / elapsed
