@@ -62,7 +62,7 @@ def _union(out: Path) -> list[list[object]]:
 def test_a_sigkilled_driver_restarts_from_its_checkpoint_exactly_once(node: ServerThread, tmp_path: Path) -> None:
     with Client(node.address) as client:
         client.create_channels(["p1"])
-    _produce(node.address, 0, 200)
+    _produce(node.address, 0, 160)
     out, checkpoint, log = tmp_path / "out", tmp_path / "checkpoint", tmp_path / "driver.log"
     out.mkdir()
     driver = Driver(node.address, checkpoint, out, log)
@@ -75,22 +75,22 @@ def test_a_sigkilled_driver_restarts_from_its_checkpoint_exactly_once(node: Serv
     finally:
         driver.kill()
     assert driver.proc.returncode == -signal.SIGKILL
-    assert len(_union(out)) < 200, "killed mid-way: more was still to come"
-    _produce(node.address, 200, 40)  # written while the driver is down
+    assert len(_union(out)) < 160, "killed mid-way: more was still to come"
+    _produce(node.address, 160, 40)  # written while the driver is down
     driver = Driver(node.address, checkpoint, out, log)
     try:
         def everything() -> bool:
             driver.check_alive(log)
-            return len(_union(out)) >= 240
+            return len(_union(out)) >= 200
 
-        until_sync(everything, "all 240 messages in the batch files", timeout=120)
+        until_sync(everything, "all 200 messages in the batch files", timeout=120)
         (out / "STOP").touch()
         driver.proc.wait(timeout=60)
         assert driver.proc.returncode == 0, log.read_text()[-3000:]
     finally:
         driver.kill()
     rows = _union(out)
-    assert sorted(str(p) for _, p, _ in rows) == sorted(f"m{i}" for i in range(240))
+    assert sorted(str(p) for _, p, _ in rows) == sorted(f"m{i}" for i in range(200))
     for v in ("v0", "v1"):
         got = [int(str(p)[1:]) for vc, p, _ in rows if vc == v]
         assert got == sorted(got), f"order of {v}"
