@@ -1,0 +1,303 @@
+"""Durable produce while many consumer groups commit positions on the same pchannel.
+
+    .venv/bin/python bench/groups.py [--count N] [--groups 1000] [--interval 1.0] [--runs 3]
+
+Every run starts one node (``produce_consume``'s ``_node``: its own process, a fresh data directory)
+with pchannels ``quiet`` and ``busy``, then measures durable produce through the SDK exactly as
+``produce_consume`` does (``--count`` messages of ``--size`` bytes, ``send_nowait`` with a window,
+then ``flush``), once on each:
+
+* **0 groups**: on ``quiet``; no group exists, nothing commits.
+* **N groups**: on ``busy``, while a driver process (this script with ``--driver``) commits for
+  ``--groups`` consumer groups of ``busy``, each every ``--interval`` seconds (phases spread at
+  random, so about groups / interval commits per second in all), each waiting for its answer before
+  the next.  The commits carry increasing positions (with their timetick: nothing to look up).
+  ``--via seek`` (the default) commits with SeekConsumerGroup, one unary call each, so that what is
+  measured is the commit path alone (the call, the group record stored durably on the WAL's writer
+  thread).  ``--via consume`` holds a Consume stream open per group (on a vchannel nobody writes, so
+  nothing is delivered) and commits with in-band ConsumeAcks, as consumers do; it then measures the
+  cost of 1,000 open readers too, which issue 21's fan-out work (``bench/fanout.py``) is about.
+
+Which of the two goes first alternates between runs, against drift on a noisy host.  Reported: the
+median produce msgs/s of each, their ratio (target >= 0.9), the acks the driver completed during the
+produce and their latency (p50 / p99 pooled over runs).  Benchmarks are not tests: they assert nothing
+about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import Run, prepare_process, repeat, tmpdir, verdict  # noqa: I001
+import produce_consume as pc
+
+import grpc
+
+from streamingnode import convert
+from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from wal.message import Position
+
+RATIO_TARGET = 0.9
+PCHANNELS = "quiet,busy"
+IDLE_VCHANNEL = "nobody-writes-here"
+STREAMS_PER_CHANNEL = 100  # gRPC connections of the driver: HTTP/2 streams per connection stay modest
+
+
+# --- the driver (its own process) ------------------------------------------------------------------
+class _Driver:
+    def __init__(self, addr: str, pchannel: str, groups: int, interval: float, via: str) -> None:
+        self.addr, self.pchannel, self.groups, self.interval, self.via = addr, pchannel, groups, interval, via
+        self.latencies: list[float] = []
+        self.errors = 0
+        self.packs = 0
+        self.stop = asyncio.Event()
+        self.opened = 0
+        self.every_open = asyncio.Event()
+
+    async def run(self) -> None:
+        # A local subchannel pool: channels to one address otherwise share one connection, and the node
+        # caps the streams of a connection.
+        options = [*pc.CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+        channels = [grpc.aio.insecure_channel(self.addr, options=options)
+                    for _ in range((self.groups + STREAMS_PER_CHANNEL - 1) // STREAMS_PER_CHANNEL)]
+        try:
+            stubs = [sgrpc.StreamingNodeStub(c) for c in channels]
+            names = [f"g{i:05d}" for i in range(self.groups)]
+            for i in range(0, len(names), 100):
+                await asyncio.gather(*(stubs[0].CreateConsumerGroup(
+                    spb.CreateConsumerGroupRequest(pchannel=self.pchannel, group=n)) for n in names[i:i + 100]))
+            all_open = asyncio.Event()
+            group = self._group if self.via == "consume" else self._seeker
+            tasks = [asyncio.create_task(group(stubs[i // STREAMS_PER_CHANNEL], n, all_open))
+                     for i, n in enumerate(names)]
+            opening = asyncio.ensure_future(self.every_open.wait())
+            done, _ = await asyncio.wait([opening, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            if opening not in done:  # a stream failed to open: say why instead of waiting forever
+                opening.cancel()
+                for t in tasks:
+                    t.cancel()
+                failed = next(t for t in done if t.exception() is not None)
+                raise RuntimeError(f"a group's stream failed: {failed.exception()!r}")
+            all_open.set()
+            print("ready", flush=True)
+            await self.stop.wait()
+            await asyncio.gather(*tasks)
+        finally:
+            for c in channels:
+                await c.close()
+
+    async def _seeker(self, stub: sgrpc.StreamingNodeStub, group: str, all_open: asyncio.Event) -> None:
+        self.opened += 1
+        if self.opened == self.groups:
+            self.every_open.set()
+        await all_open.wait()
+        loop = asyncio.get_running_loop()
+        due = loop.time() + random.uniform(0, self.interval)
+        k = 0
+        while not self.stop.is_set():
+            try:
+                await asyncio.wait_for(self.stop.wait(), max(due - loop.time(), 0))
+                break
+            except TimeoutError:
+                pass
+            due += self.interval
+            k += 1
+            pos = convert.position_to_pb(Position(self.pchannel, k, k))
+            t0 = time.perf_counter()
+            try:
+                await stub.SeekConsumerGroup(spb.SeekConsumerGroupRequest(
+                    pchannel=self.pchannel, group=group, vchannel=IDLE_VCHANNEL, position=pos))
+            except grpc.aio.AioRpcError:
+                self.errors += 1
+            else:
+                self.latencies.append(time.perf_counter() - t0)
+
+    async def _group(self, stub: sgrpc.StreamingNodeStub, group: str, all_open: asyncio.Event) -> None:
+        call = stub.Consume()
+        await call.write(spb.ConsumeRequest(open=spb.ConsumeOpen(
+            pchannel=self.pchannel, vchannel=IDLE_VCHANNEL, consumer_group=group)))
+        first = await call.read()
+        if first is grpc.aio.EOF or first.WhichOneof("response") != "opened":
+            raise RuntimeError(f"consume open failed: {first}")
+        self.opened += 1
+        if self.opened == self.groups:
+            self.every_open.set()
+        await all_open.wait()
+        loop = asyncio.get_running_loop()
+        due = loop.time() + random.uniform(0, self.interval)  # spread the phases
+        k = 0
+        while not self.stop.is_set():
+            try:
+                await asyncio.wait_for(self.stop.wait(), max(due - loop.time(), 0))
+                break
+            except TimeoutError:
+                pass
+            due += self.interval
+            k += 1
+            ack = spb.ConsumeAck(positions=[convert.position_to_pb(Position(self.pchannel, k, k), IDLE_VCHANNEL)])
+            t0 = time.perf_counter()
+            await call.write(spb.ConsumeRequest(ack=ack))
+            while True:
+                resp = await call.read()
+                if resp is grpc.aio.EOF:
+                    raise RuntimeError(f"consume stream of {group} ended: {await call.code()}")
+                kind = resp.WhichOneof("response")
+                if kind == "acked":
+                    self.latencies.append(time.perf_counter() - t0)
+                    break
+                if kind == "error":
+                    self.errors += 1
+                    break
+                self.packs += 1
+        await call.write(spb.ConsumeRequest(close=spb.ConsumeClose()))
+        await call.done_writing()
+        while await call.read() is not grpc.aio.EOF:  # until the node ends the stream (after 'closed')
+            pass
+
+    def mark(self) -> None:
+        """Print what happened since the previous mark (one JSON line) and start over."""
+        lat = self.latencies
+        print(json.dumps({"acks": len(lat), "errors": self.errors, "packs": self.packs,
+                          "p50_ms": pc._pct(lat, 0.5) if lat else 0.0, "p99_ms": pc._pct(lat, 0.99) if lat else 0.0,
+                          "samples": lat}), flush=True)
+        self.latencies, self.errors, self.packs = [], 0, 0
+
+
+def _drive(args: argparse.Namespace) -> int:
+    async def main() -> None:
+        driver = _Driver(args.driver, "busy", args.groups, args.interval, args.via)
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGUSR1, driver.mark)
+        loop.add_signal_handler(signal.SIGTERM, driver.stop.set)
+        await driver.run()
+
+    asyncio.run(main())
+    return 0
+
+
+# --- the runs ----------------------------------------------------------------------------------------
+class _DriverProc:
+    def __init__(self, addr: str, args: argparse.Namespace) -> None:
+        env = dict(os.environ, GRPC_VERBOSITY="ERROR", PYTHONPATH=str(pc.ROOT))
+        argv = [pc.PYTHON, __file__, "--driver", addr, "--groups", str(args.groups), "--interval", str(args.interval),
+                "--via", args.via]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env, cwd=str(pc.ROOT), text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if line.strip() != "ready":
+            self.proc.kill()
+            raise RuntimeError(f"the group driver did not start: {line!r}")
+
+    def mark(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        self.proc.send_signal(signal.SIGUSR1)
+        out: dict[str, Any] = json.loads(self.proc.stdout.readline())
+        return out
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def _one_run(args: argparse.Namespace, root: str, index: int, lat: list[float]) -> Run:
+    sdk = pc._sdk()
+    r: Run = {}
+    with pc._node(tmpdir(root, "node"), tmpdir(root, "logs"), PCHANNELS) as node:
+        addr = node.match.group(1)
+
+        def produce(pchannel: str, key: str) -> None:
+            coro = pc._produce_sdk(sdk, addr, pchannel, args.count, args.size, args.linger, args.max_batch_bytes,
+                                   args.sdk_window)
+            r[key] = pc._timed(node, args.count, r, key, coro)
+
+        order = ["none", "groups"] if index % 2 == 0 else ["groups", "none"]
+        for kind in order:
+            if kind == "none":
+                produce("quiet", "produce_none")
+                continue
+            driver = _DriverProc(addr, args)
+            try:
+                time.sleep(args.interval)  # every group has acked about once: the steady rate
+                driver.mark()
+                t0 = time.perf_counter()
+                produce("busy", "produce_groups")
+                seconds = time.perf_counter() - t0
+                during = driver.mark()
+            finally:
+                driver.stop()
+            r["acks_per_s"] = during["acks"] / seconds
+            r["ack_errors"] = during["errors"]
+            r["packs"] = during["packs"]
+            lat += during["samples"]
+    r["ratio"] = r["produce_groups"] / r["produce_none"]
+    return r
+
+
+def _pcts(lat: list[float]) -> str:
+    return f"{pc._pct(lat, 0.5):.1f} / {pc._pct(lat, 0.99):.1f} ms" if lat else "no commits"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--count", type=int, default=200_000, help="messages per produce (default 200,000)")
+    p.add_argument("--size", type=int, default=1024, help="payload bytes (default 1024)")
+    p.add_argument("--groups", type=int, default=1000, help="consumer groups committing (default 1,000)")
+    p.add_argument("--interval", type=float, default=1.0,
+                   help="seconds between two acks of one group (default 1.0: groups/interval commits/s)")
+    p.add_argument("--via", choices=("seek", "consume"), default="seek",
+                   help="how groups commit: SeekConsumerGroup calls (default) or acks on open Consume streams")
+    p.add_argument("--runs", type=int, default=3, help="runs; throughput is the median (default 3)")
+    p.add_argument("--linger", type=float, default=0.005, help="SDK producer linger, seconds (default 0.005)")
+    p.add_argument("--max-batch-bytes", type=int, default=1 << 20, help="SDK producer max_batch_bytes (default 1 MiB)")
+    p.add_argument("--sdk-window", type=int, default=8000,
+                   help="SDK producer: unanswered send_nowait futures before waiting for the oldest (default 8000)")
+    p.add_argument("--dir", default=None, help="parent of the temporary directories (default: system temp)")
+    p.add_argument("--driver", metavar="ADDR", help=argparse.SUPPRESS)  # the ack driver's own process
+    args = p.parse_args(argv)
+    if min(args.count, args.size, args.groups, args.runs) < 1 or args.interval <= 0:
+        p.error("every size and count must be >= 1 and --interval > 0")
+    if args.driver:
+        return _drive(args)
+    prepare_process()
+    lat: list[float] = []
+
+    def describe(r: Run) -> str:
+        return (f"produce msgs/s: 0 groups {r['produce_none']:,.0f}, {args.groups} groups {r['produce_groups']:,.0f} "
+                f"(ratio {r['ratio']:.2f}); acks {r['acks_per_s']:,.0f}/s, errors {r['ack_errors']:.0f}")
+
+    runs = repeat(args, "groups", lambda a, root, i: _one_run(a, root, i, lat), describe)
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    ratio = med["produce_groups"] / med["produce_none"]
+    print(f"durable produce, SDK, {args.count:,} x {args.size} B, medians of {len(runs)} runs; "
+          f"{args.groups} groups committing every {args.interval} s via {args.via}")
+    print("| groups committing | produce msgs/s | node CPU µs/msg | acks/s during produce | ack p50 / p99 |")
+    print("|---|---:|---:|---:|---|")
+    print(f"| 0 | {med['produce_none']:,.0f} | {med['produce_none_srv_us']:.1f} | - | - |")
+    print(f"| {args.groups} | {med['produce_groups']:,.0f} | {med['produce_groups_srv_us']:.1f} | "
+          f"{med['acks_per_s']:,.0f} | {_pcts(lat)} |")
+    per_run = ", ".join(f"{r['ratio']:.2f}" for r in runs)
+    print(f"produce with {args.groups} groups / without: {verdict(ratio, RATIO_TARGET)} (per-run ratios {per_run})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
