@@ -24,12 +24,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[ServerThread]:
-    srv = ServerThread(node_config(tmp_path / "data"))
-    srv.start()
-    try:
+    with ServerThread(node_config(tmp_path / "data")) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture
