@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -99,22 +100,27 @@ class _Driver:
             for c in channels:
                 await c.close()
 
-    async def _seeker(self, stub: sgrpc.StreamingNodeStub, group: str, all_open: asyncio.Event) -> None:
-        self.opened += 1
-        if self.opened == self.groups:
-            self.every_open.set()
-        await all_open.wait()
+    async def _beats(self) -> AsyncIterator[int]:
+        """1, 2, ... once per ``interval`` (each caller's phase drawn at random) until ``stop``."""
         loop = asyncio.get_running_loop()
         due = loop.time() + random.uniform(0, self.interval)
         k = 0
         while not self.stop.is_set():
             try:
                 await asyncio.wait_for(self.stop.wait(), max(due - loop.time(), 0))
-                break
+                return
             except TimeoutError:
                 pass
             due += self.interval
             k += 1
+            yield k
+
+    async def _seeker(self, stub: sgrpc.StreamingNodeStub, group: str, all_open: asyncio.Event) -> None:
+        self.opened += 1
+        if self.opened == self.groups:
+            self.every_open.set()
+        await all_open.wait()
+        async for k in self._beats():
             pos = convert.position_to_pb(Position(self.pchannel, k, k))
             t0 = time.perf_counter()
             try:
@@ -136,17 +142,7 @@ class _Driver:
         if self.opened == self.groups:
             self.every_open.set()
         await all_open.wait()
-        loop = asyncio.get_running_loop()
-        due = loop.time() + random.uniform(0, self.interval)  # spread the phases
-        k = 0
-        while not self.stop.is_set():
-            try:
-                await asyncio.wait_for(self.stop.wait(), max(due - loop.time(), 0))
-                break
-            except TimeoutError:
-                pass
-            due += self.interval
-            k += 1
+        async for k in self._beats():
             ack = spb.ConsumeAck(positions=[convert.position_to_pb(Position(self.pchannel, k, k), IDLE_VCHANNEL)])
             t0 = time.perf_counter()
             await call.write(spb.ConsumeRequest(ack=ack))
