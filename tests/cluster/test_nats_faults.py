@@ -207,3 +207,16 @@ async def test_stream_leader_killed_five_times_during_produce_loses_nothing(
             f"{len(acked)} acknowledged, {len(wanted & set(read))} read; missing {sorted(wanted - set(read))[:5]}")
         assert set(read) <= wanted | set(unknown)
     assert len(resumed_after) == KILLS
+
+
+async def test_the_cluster_buckets_are_replicated_like_the_log(natsc: NatsCluster, node: NodeProcess) -> None:
+    # On an R3 log the nodes and leases buckets must be R3 too: one server holding them alone would take
+    # every lease renewal down with it (a timing-free check of what the leader kills above exercise).
+    nc = await nats.connect(natsc.urls, connect_timeout=2, error_cb=_quiet)
+    try:
+        js = nc.jetstream(timeout=5)
+        for bucket in ("nodes", "leases"):
+            info = await js.stream_info(f"KV_{PREFIX}_{bucket}")
+            assert info.config.num_replicas == 3, f"bucket {PREFIX}_{bucket} has {info.config.num_replicas} replica(s)"
+    finally:
+        await nc.close()
