@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 
 from flusher import _layout
 from flusher._layout import CompactionRecord, DeliveryKey
-from flusher.commit import fsync_dir, make_dirs
+from flusher.commit import StagingFencedError, fsync_dir, make_dirs
 from wal.clock import compose
 from wal.crashpoints import CrashPoints
 
@@ -295,28 +295,39 @@ def _merged(tables: list[pa.Table], meta: dict[bytes, bytes], first: DeliveryKey
     return t.replace_schema_metadata(out)
 
 
-def _write_record(root: Path, collection: str, rec: CompactionRecord) -> None:
+def _write_record(root: Path, collection: str, rec: CompactionRecord, staging: Path | None) -> None:
+    """Commit ``rec``: the pass's one visible step.  With ``staging`` (a flusher's directory of its
+    term, see ``flusher.commit``) the temporary is written there, so a pass of a term whose staging
+    directory a newer flusher removed fails here (StagingFencedError) and changes nothing readers see."""
     d = root / _layout.compactions_dir(collection)
     make_dirs(d)
     name = _layout.record_name(rec.generation)
-    tmp = d / f".{name}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(rec.to_json())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, d / name)
+    tmp = d / f".{name}.tmp" if staging is None else staging / f".{os.getpid()}-{collection}-{name}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(rec.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, d / name)
+    except FileNotFoundError as exc:
+        if staging is not None and not staging.is_dir():
+            raise StagingFencedError(f"{d / name}: compaction record not committed: its staging directory "
+                                     f"{staging.name} was removed by a newer term's flusher") from exc
+        raise
     fsync_dir(d)
 
 
 def compact_collection(root: Path | str, collection: str, config: CompactionConfig | None = None, *,
                        now_ms: int | None = None, busy: Iterable[str] = (), drop_deletes: bool = True,
-                       progress: Callable[[str], None] | None = None) -> CompactionResult:
+                       progress: Callable[[str], None] | None = None,
+                       staging: Path | None = None) -> CompactionResult:
     """One pass over ``collection`` under ``root`` (see the module docstring).
 
     ``busy``: directories (relative to the root) with rows still buffered by a flusher; their files
     are left alone, and when any belongs to this collection no delete entry is dropped (a buffered
     row may be older than it).  ``drop_deletes=False`` keeps every delete entry (offline, where rows
-    not yet flushed may be older than an entry)."""
+    not yet flushed may be older than an entry).  ``staging``: the calling flusher's staging directory
+    (``_write_record``); None offline."""
     cfg = config or CompactionConfig()
     base = Path(root)
     say = progress or (lambda _msg: None)
@@ -460,7 +471,7 @@ def compact_collection(root: Path | str, collection: str, config: CompactionConf
         fsync_dir(out_dir)
     crash_point("output")
     rec = CompactionRecord(generation, horizon, tuple(inputs), tuple(outputs), flushed)
-    _write_record(base, collection, rec)
+    _write_record(base, collection, rec, staging)
     crash_point("record")
     say(f"{collection}: committed generation {generation} (horizon {horizon})")
     recover(base, collection, cfg.grace_seconds)

@@ -625,8 +625,11 @@ class Flusher:
         names = [collection] if collection is not None else await self._in_thread(_compact.collections, self._root)
         results = []
         for name in names:
-            r = await self._in_thread(functools.partial(_compact.compact_collection, self._root, name, cfg,
-                                                        busy=busy, progress=progress))
+            try:
+                r = await self._in_thread(functools.partial(_compact.compact_collection, self._root, name, cfg,
+                                                            busy=busy, progress=progress, staging=self._staging))
+            except StagingFencedError as exc:
+                raise self._fenced(exc) from exc
             self._compactions.add(r)
             if r.generation is not None:
                 log.info("compacted", pchannel=self._wal.pchannel, collection=name, generation=r.generation,

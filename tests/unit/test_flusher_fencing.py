@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from flusher import Flusher, FlusherConfig, commit
+from flusher import Flusher, FlusherConfig, _layout, commit
 from interceptors.streaming import open_streaming_wal
 from tests.flushed import data_files, pks
+from tests.unit.test_compact import EAGER, _small_files
 from tests.unit.test_flusher import FAST, SCHEMA, open_stream, rows
 from tests.waiting import until
 from wal import ChannelFencedError, WALManager, bodies
@@ -83,6 +84,29 @@ async def test_a_flusher_of_an_older_term_refuses_to_start_beside_a_newer_one(
     with pytest.raises(ChannelFencedError, match="newer term"):
         await old.start()  # it must not remove the newer term's staging directory
     assert (tmp_path / f".staging-{new_wal.wal.term}").is_dir()
+    await new.aclose()
+    await new_wal.aclose()
+    await old_wal.aclose()
+
+
+async def test_a_compaction_of_an_older_term_commits_nothing_after_a_newer_term_started(
+        manager: WALManager, tmp_path: Path) -> None:
+    # A compaction pass runs on the flusher's thread and commits with its record: an owner paused during
+    # a pass must not land that record (and so swap files under readers) once the next owner started.
+    old_wal = await open_stream(manager)
+    old = Flusher(old_wal, tmp_path, FlusherConfig(compaction=EAGER))
+    await old.start()
+    await _small_files(old_wal, old, 4)
+    before = _layout.visible_files(tmp_path, "c")
+    new_wal = await open_streaming_wal(manager, "p", FAST)
+    await new_wal.ready()
+    new = Flusher(new_wal, tmp_path, FlusherConfig())
+    await new.start()  # removes the old term's staging directory
+    with pytest.raises(ChannelFencedError, match="newer term"):
+        await old.compact()
+    assert _layout.visible_files(tmp_path, "c") == before
+    assert _layout.read_records(tmp_path, "c") == []
+    await old.aclose()
     await new.aclose()
     await new_wal.aclose()
     await old_wal.aclose()
