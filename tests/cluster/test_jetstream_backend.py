@@ -41,6 +41,19 @@ def _open(opened: list[JetStreamBackend], cluster: NatsCluster, prefix: str, rep
     return b
 
 
+def _open_when_answering(opened: list[JetStreamBackend], cluster: NatsCluster, prefix: str,
+                         replicas: int) -> JetStreamBackend:
+    """``_open`` once the cluster answers: after a server restart its JetStream may still be electing
+    (a meta or bucket leader) for seconds on a loaded machine, and opening asks for stream info."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return _open(opened, cluster, prefix, replicas)
+        except UnavailableError:
+            if time.monotonic() > deadline:
+                raise
+
+
 def _group(key: int, first: int, n: int = 2, ts: int | None = None) -> WriteGroup:
     """A block of ``n`` messages with ids from ``first`` and timestamps 10 * id + 1, one tick at its end."""
     base = 10 * first if ts is None else ts
@@ -123,7 +136,7 @@ def test_writes_survive_a_sigkilled_server_of_an_r3_cluster(tmp_path_factory: py
             write(2 * k)
         cluster.start(int(leader[1:]))
         asyncio.run(cluster.ready())
-        reader = _open(opened, cluster, "k", replicas=3)
+        reader = _open_when_answering(opened, cluster, "k", replicas=3)
         assert _ids(reader.read_blocks(key, 0, 1 << 30)) == list(range(80))
         assert acked == [2 * k for k in range(40)]
         # The outage was seen: publishes were asked again (an election) or writes refused (retriable).
