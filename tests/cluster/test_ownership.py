@@ -227,7 +227,7 @@ async def test_a_call_on_another_nodes_pchannel_fails_fast_with_not_owner_naming
 def test_a_node_stopped_gracefully_hands_its_pchannels_to_the_others(cluster: dict[str, ServerThread]) -> None:
     gone = "n1"
     cluster.pop(gone).stop()
-    until_sync(lambda: _settled(cluster), "the stopped node's pchannels served by the others", timeout=10)
+    until_sync(lambda: _settled(cluster), "the stopped node's pchannels served by the others", timeout=30)
     seen = asyncio.run(_describe(cluster["n2"].address))
     assert {a for a, _ in seen.values()} <= {cluster["n2"].address, cluster["n3"].address}
 
@@ -238,7 +238,7 @@ def test_a_joining_node_takes_the_pchannels_hashing_gives_it(
     before = placement(PCHANNELS, cluster)
     cluster["n4"] = _start(natsc, tmp_path, prefix, "n4")
     after = placement(PCHANNELS, cluster)
-    until_sync(lambda: _settled(cluster), "the joining node serving its share", timeout=15)
+    until_sync(lambda: _settled(cluster), "the joining node serving its share", timeout=30)
     moved = {p for p in PCHANNELS if before[p] != after[p]}
     assert moved, "hashing gave n4 nothing; pick other node ids"
     assert _held(cluster["n4"]) == moved
