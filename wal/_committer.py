@@ -130,6 +130,8 @@ class GroupCommitter:
         """Writes put back after an UNAVAILABLE answer (for tests and metrics)."""
         self._unavailable_since: float | None = None
         self._hold_delay = _HOLD_FIRST_DELAY
+        self._held = 0
+        """How many requests at the front of the queue are a held write, to be taken exactly."""
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="wal-group-commit")
@@ -264,15 +266,24 @@ class GroupCommitter:
     def _take(self) -> list[_Request]:
         """Pop up to max_commit_bytes of requests (at least one) and hand out their ids."""
         queue = self._queue
-        total = 0
-        n = 0
-        while n < len(queue) and (n == 0 or total + queue[n].nbytes <= self._max_commit_bytes):
-            total += queue[n].nbytes
-            n += 1
+        held, self._held = self._held, 0
+        if held:
+            # A held write (``_hold``) goes out again exactly as it was: the same requests, so the same
+            # ids and blocks.  A backend that could not tell whether the refused attempt landed
+            # (JetStream, after a lost answer) recognises a stored block by its bytes; merged with
+            # newer appends it would look like another writer's.  A caller that gave up meanwhile is
+            # written too, for the same reason (its append's fate was unknown to it anyway).
+            n = min(held, len(queue))
+        else:
+            total = 0
+            n = 0
+            while n < len(queue) and (n == 0 or total + queue[n].nbytes <= self._max_commit_bytes):
+                total += queue[n].nbytes
+                n += 1
         taken, self._queue = queue[:n], queue[n:]
         reqs: list[_Request] = []
         for req in taken:
-            if req.future.done():  # the caller was cancelled before the write: skip it entirely
+            if req.future.done() and not held:  # the caller was cancelled before the write: skip it
                 continue
             wal = req.wal
             err = wal._write_refusal()
@@ -306,6 +317,7 @@ class GroupCommitter:
             self._hold_delay = min(self._hold_delay * 2, _HOLD_MAX_DELAY)
         _give_back(reqs)
         self._queue[:0] = reqs
+        self._held = len(reqs)
         self.held_writes += 1
         log.warning("wal write held: the backend is unavailable for now; written again in order",
                     requests=len(reqs), retry_in_seconds=self._hold_delay, error=str(exc)[:300])
