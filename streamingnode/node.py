@@ -447,19 +447,24 @@ class Node:
             return await self._create_shared(names, num, owner)
         async with self._admin:
             names = await self._names_to_create(names, num)
-            created: list[str] = []
-            try:
-                for name in names:
-                    await self.manager.create_channel(name, owner.properties())
-                    created.append(name)
-                    await self._open(name, new=True)
-            except BaseException:
-                # All or nothing: a channel created before the failure is removed again.
-                for name in created:
-                    await self._destroy(name)
-                raise
+            await self._create_all(names, owner, open_here=True)
         log.info("channels created", channels=names, role=owner.role)
         return names
+
+    async def _create_all(self, names: list[str], owner: Owner, *, open_here: bool) -> None:
+        """Create ``names`` (and open each here when ``open_here``), all or nothing: a channel created
+        before a failure is removed again.  Called holding ``_admin``."""
+        created: list[str] = []
+        try:
+            for name in names:
+                await self.manager.create_channel(name, owner.properties())
+                created.append(name)
+                if open_here:
+                    await self._open(name, new=True)
+        except BaseException:
+            for name in created:
+                await (self._destroy(name) if open_here else self.manager.destroy_channel(name))
+            raise
 
     async def _names_to_create(self, names: list[str], num: int) -> list[str]:
         """``names``, or ``num`` fresh ``pchannel_<i>`` names when none are given; ChannelExistError
@@ -497,15 +502,7 @@ class Node:
         the ownership loop of the node placement prefers takes it (maybe this one)."""
         async with self._admin:
             names = await self._names_to_create(names, num)
-            created: list[str] = []
-            try:
-                for name in names:
-                    await self.manager.create_channel(name, owner.properties())
-                    created.append(name)
-            except BaseException:
-                for name in created:
-                    await self.manager.destroy_channel(name)
-                raise
+            await self._create_all(names, owner, open_here=False)
         # Outside the lock: when this node is the one preferred, its loop's open takes the lock.
         await self._await_owners(names)
         log.info("channels created in the shared log", channels=names, role=owner.role)
