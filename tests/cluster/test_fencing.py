@@ -27,7 +27,7 @@ from tests.natscluster import NatsCluster
 from tests.node_process import NodeProcess
 from tests.waiting import until
 from wal.backends.jetstream import JetStreamBackend, encode_key
-from wal.errors import ErrorCode
+from wal.errors import ErrorCode, StreamingError
 from wal.message import MessageType
 
 pytestmark = pytest.mark.integration
@@ -139,6 +139,19 @@ async def test_a_paused_owner_woken_after_a_takeover_stores_nothing_and_stops_se
             os.kill(pair.a.proc.pid, signal.SIGSTOP)
             try:
                 await until(lambda: owned_by(b), "node b to take the pchannel over", timeout=30)
+
+                async def b_serves() -> bool:
+                    # b names itself owner once it holds the lease, before its open (recovery) claimed
+                    # the WAL's term: only then is a fenced.  An append through b proves the open done.
+                    try:
+                        async with AsyncClient(b, timeout=5, reconnect_timeout=2) as at_b, \
+                                at_b.producer(p) as producer:
+                            await producer.send("probe", b"b serves")
+                    except StreamingError:
+                        return False
+                    return True
+
+                await until(b_serves, "node b to serve the pchannel (its open fenced a)", timeout=30)
                 checkpoint = await asyncio.to_thread(_checkpoint_revision, pair.url, pair.prefix, p)
                 parquet = _files(pair.parquet)
                 # Sent to the stopped owner after the takeover: pending in its socket until it wakes.
