@@ -72,6 +72,12 @@ class NodeConfig:
     consume_max_pack_bytes: int = 2 << 20
     """Upper bound on one ConsumeResponse's pack: a larger pack (a transaction, never split into packs)
     goes over consecutive responses (MsgPack.continued), each within this and the consumer's limit."""
+    consume_cache_bytes: int = 32 << 20
+    """Bytes of encoded ConsumeResponses kept for sharing: consumers of one vchannel at the same
+    position with the same options get the same bytes, encoded once (0: every consumer encodes its own)."""
+    consume_buffer_bytes: int = 4 << 20
+    """Most bytes the node holds encoded for one consumer and not yet taken by it: past this it reads
+    nothing more for that consumer until it reads, so a consumer that stalls costs at most this."""
     txn_keepalive_ms: int = 60_000
     """Idle time after which a transaction expires, when BeginTxn asks for the node default."""
     txn_max_messages: int = 100_000
