@@ -36,6 +36,10 @@ with the node under ``python -m cProfile -o <--profile-out>``, and prints the no
 (from /proc) and its top functions.  cProfile sees only the node's main thread (the event loop: gRPC,
 protobuf, the interceptor chain); the RocksDB writer and reader threads are profiled by
 ``bench/wal_append.py --profile {append,scan}``.
+``--single`` instead measures only single-message produce: per run, ``--latency-count`` SDK sends
+with linger 0 against a fresh node, and as many ``await js.publish`` against JetStream with
+``sync_interval: always`` (which goes first alternates); each side's server CPU per message, and
+the per-run ratio of the p50s.
 Benchmarks are not tests: they assert nothing about speed.
 """
 
@@ -557,6 +561,51 @@ def _one_run(args: argparse.Namespace, root: str, index: int, lat: dict[str, lis
     return r
 
 
+# --- single message only ---------------------------------------------------------------------------
+def _single_run(args: argparse.Namespace, root: str, index: int, lat: dict[str, list[float]]) -> Run:
+    """One node (the comparison's channel set) and one sync-always JetStream, single-message sends."""
+    r: Run = {}
+    m, size, sdk = args.latency_count, args.size, _sdk()
+
+    def ours() -> None:
+        with _node(tmpdir(root, "node"), tmpdir(root, "logs"), "bench,sdk,lat,dlv,lat_sdk,dlv_sdk") as node:
+            samples = _timed(node, m, r, "lat_sdk", _latency_sdk(sdk, node.match.group(1), "lat_sdk", m, size))
+        lat["produce_sdk"] += samples
+        r["p50_sdk"] = _pct(samples, 0.5)
+
+    def theirs() -> None:
+        with _nats(tmpdir(root, "nats"), tmpdir(root, "nats-logs"), sync_always=True) as server:
+            url = "nats://" + server.match.group(1)
+            samples = _timed(server, m, r, "lat_nats_sync", _nats_latency(url, m, size))
+        lat["produce_nats_sync"] += samples
+        r["p50_nats_sync"] = _pct(samples, 0.5)
+
+    for side in (ours, theirs) if index % 2 == 0 else (theirs, ours):
+        side()
+    r["p50_ratio"] = r["p50_sdk"] / r["p50_nats_sync"]
+    return r
+
+
+def _single_report(args: argparse.Namespace, runs: list[Run], lat: dict[str, list[float]]) -> None:
+    med = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
+    print(f"\nsingle-message produce, {args.size} B, {args.latency_count:,} sends x {len(runs)} runs "
+          f"(percentiles pool every run; CPU is the median of runs)")
+    rows = (("ours SDK (linger 0)", "produce_sdk", "lat_sdk"), ("JetStream sync always", "produce_nats_sync",
+                                                                "lat_nats_sync"))
+    print(f"{'what':<22} | {'p50 ms':>7} | {'p99 ms':>7} | {'max ms':>7} | {'srv CPU µs/msg':>14} | "
+          f"{'cli CPU µs/msg':>14} | p50 each run")
+    for label, key, cpu in rows:
+        s = lat[key]
+        each = ", ".join(f"{run['p50_' + key.removeprefix('produce_')]:.3f}" for run in runs)
+        print(f"{label:<22} | {_pct(s, 0.50):>7.3f} | {_pct(s, 0.99):>7.3f} | {max(s) * 1e3:>7.2f} | "
+              f"{med[cpu + '_srv_us']:>14.1f} | {med[cpu + '_cli_us']:>14.1f} | {each}")
+    p50, p99, cpu = _pct(lat["produce_sdk"], 0.5), _pct(lat["produce_sdk"], 0.99), med["lat_sdk_srv_us"]
+    print(f"targets: p50 {p50:.3f} ms (<= 0.5): {_mark(p50 <= 0.5)}; p99 {p99:.3f} ms (<= 1.0): "
+          f"{_mark(p99 <= 1.0)}; node CPU {cpu:.0f} µs/msg (<= 250): {_mark(cpu <= 250)}; "
+          f"p50 / JetStream's {med['p50_ratio']:.2f} (median of per-run ratios, <= 1.2): "
+          f"{_mark(med['p50_ratio'] <= 1.2)}")
+
+
 # --- report ----------------------------------------------------------------------------------------
 def _pct(samples: list[float], q: float) -> float:
     s = sorted(samples)
@@ -723,6 +772,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-server", choices=("produce", "consume", "latency"),
                    help="instead of the comparison: one produce, catch-up consume or single-message produce "
                    "latency run with the node under cProfile")
+    p.add_argument("--single", action="store_true",
+                   help="instead of the comparison: single-message produce only, SDK (linger 0) against "
+                   "JetStream sync always, --latency-count sends per run")
     p.add_argument("--profile-out", default="/tmp/streamingnode-node.prof", help="where the node's profile goes")
     args = p.parse_args(argv)
     if args.nats_count is None:
@@ -740,6 +792,15 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.profile_server:
         _profile(args, args.profile_server, os.path.abspath(args.profile_out))
+        return 0
+
+    if args.single:
+        if _sdk() is None:
+            p.error("--single needs the client SDK")
+        runs = repeat(args, "single-message", lambda a, root, i: _single_run(a, root, i, lat),
+                      lambda r: f"p50 ours {r['p50_sdk']:.3f} ms, JetStream {r['p50_nats_sync']:.3f} ms, "
+                                f"node CPU {r['lat_sdk_srv_us']:.0f} µs/msg")
+        _single_report(args, runs, lat)
         return 0
 
     def describe(r: Run) -> str:
