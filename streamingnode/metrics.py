@@ -193,6 +193,19 @@ class NodeMetrics:
             "consume_bytes", "Payload bytes delivered to Consume streams.", ["pchannel"], namespace=ns, registry=r)
         self.consume_packs = Counter(
             "consume_packs", "MsgPacks delivered to Consume streams.", ["pchannel"], namespace=ns, registry=r)
+        # The fan-out of Consume streams (server.fanout), node-wide: one cache and one budget serve all.
+        self.consume_cache_hits = Counter(
+            "consume_cache_hits", "Consume packs sent from the shared cache of encoded responses.",
+            namespace=ns, registry=r)
+        self.consume_cache_misses = Counter(
+            "consume_cache_misses", "Consume packs encoded because the shared cache did not have them.",
+            namespace=ns, registry=r)
+        self.consume_cache_bytes = Gauge(
+            "consume_cache_bytes", "Bytes in the shared cache of encoded Consume responses (at most "
+            "consume_cache_bytes).", namespace=ns, registry=r)
+        self.consume_held_bytes = Gauge(
+            "consume_held_bytes", "Bytes the node holds for Consume streams, not yet taken by their clients "
+            "(at most consume_buffer_bytes per stream).", namespace=ns, registry=r)
         # Node-wide, not per pchannel: the caps they watch (max_streams, max_streams_per_connection)
         # count a stream before it names its channel.
         self.open_streams = Gauge(

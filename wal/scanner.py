@@ -106,6 +106,8 @@ class Scanner:
         self._position = Position(wal.pchannel, self._fetch_id, self._last_tick)
         self.tailing = False
         """True while reading from the tail buffer rather than storage."""
+        self.caught_up = False
+        """True once this scanner has waited for a commit: it has read everything there was once."""
         self._read_ahead: tuple[MessageID, asyncio.Future[list[tuple[MessageID, bytes, bool]]]] | None = None
         self._marks: list[int] | None = None  # for a batch from storage: see decode_block
         self._mark_i = 0
@@ -144,58 +146,82 @@ class Scanner:
             self._fetch_id = self._cursor = await self._wal._seek_time(self._start_time)
             self._position = self._position._replace(message_id=self._fetch_id)
             self._start_time = None
+        while True:
+            pack = self._scan()
+            if pack is not None:
+                return pack
+            if not self._refill_from_memory():
+                await self._refill()
+
+    def poll(self) -> MsgPack | None:
+        """The next pack if it can be made from what is already in memory (the batch, the tail
+        buffer, a not-persisted tick) without waiting; None otherwise (then iterate to wait).
+
+        A consumer behind by several ticks takes them in one go this way (see the Consume stream's
+        merging), and nothing here ever awaits: it runs only after the first ``__anext__``.
+        """
+        if self._closed or self._start_time is not None:
+            return None
+        while True:
+            pack = self._scan()
+            if pack is not None:
+                return pack
+            if not self._refill_from_memory():
+                return None
+
+    def _scan(self) -> MsgPack | None:
+        """Process the current batch up to the first pack it releases; None once the batch is used up."""
         vch = self._vchannel
         types = self._types
         min_ts = self._min_ts
         run = self._run
         # Plain runs between marks (see decode_block) can be taken as slices when nothing filters them.
         sliceable = vch is None and types is None
-        while True:
-            batch = self._batch
-            pos = self._batch_pos
-            n = len(batch)
-            marks = self._marks if sliceable else None
-            while pos < n:
-                if marks is not None:
-                    mi = self._mark_i
-                    while mi < len(marks) and marks[mi] < pos:
-                        mi += 1
-                    self._mark_i = mi
-                    nxt = marks[mi] if mi < len(marks) and marks[mi] < n else n
-                    if nxt > pos:
-                        first_ts = batch[pos]._timetick
-                        if first_ts >= min_ts and (not run or run[-1]._timetick <= first_ts):
-                            run.extend(batch[pos:nxt])
-                            pos = nxt
-                            continue
-                msg = batch[pos]
-                pos += 1
-                t = msg._type
-                if t is _TIME_TICK:
-                    self._batch_pos = pos
-                    if msg._id is not None:
-                        self._cursor = msg._id + 1
-                    pack = self._release(msg._timetick)
-                    if pack is not None:
-                        return pack
-                    run = self._run
-                    continue
-                if vch is not None and msg._vchannel not in (vch, BROADCAST_VCHANNEL):
-                    continue
-                if msg._txn is not None or t in _TXN_FRAMING:
-                    self._on_txn(msg)
-                    continue
-                ts = msg._timetick
-                if ts < min_ts or (types is not None and t not in types and not t.is_system):
-                    continue
-                if not run or run[-1]._timetick <= ts:
-                    run.append(msg)
-                else:
-                    heapq.heappush(self._heap, (ts, cast(MessageID, msg._id), msg))
-            self._batch_pos = pos
-            if n:
-                self._cursor = self._fetch_id
-            await self._refill()
+        batch = self._batch
+        pos = self._batch_pos
+        n = len(batch)
+        marks = self._marks if sliceable else None
+        while pos < n:
+            if marks is not None:
+                mi = self._mark_i
+                while mi < len(marks) and marks[mi] < pos:
+                    mi += 1
+                self._mark_i = mi
+                nxt = marks[mi] if mi < len(marks) and marks[mi] < n else n
+                if nxt > pos:
+                    first_ts = batch[pos]._timetick
+                    if first_ts >= min_ts and (not run or run[-1]._timetick <= first_ts):
+                        run.extend(batch[pos:nxt])
+                        pos = nxt
+                        continue
+            msg = batch[pos]
+            pos += 1
+            t = msg._type
+            if t is _TIME_TICK:
+                self._batch_pos = pos
+                if msg._id is not None:
+                    self._cursor = msg._id + 1
+                pack = self._release(msg._timetick)
+                if pack is not None:
+                    return pack
+                run = self._run
+                continue
+            if vch is not None and msg._vchannel not in (vch, BROADCAST_VCHANNEL):
+                continue
+            if msg._txn is not None or t in _TXN_FRAMING:
+                self._on_txn(msg)
+                continue
+            ts = msg._timetick
+            if ts < min_ts or (types is not None and t not in types and not t.is_system):
+                continue
+            if not run or run[-1]._timetick <= ts:
+                run.append(msg)
+            else:
+                heapq.heappush(self._heap, (ts, cast(MessageID, msg._id), msg))
+        self._batch_pos = pos
+        if n:
+            self._cursor = self._fetch_id
+        return None
 
     def _on_txn(self, msg: Message) -> None:
         txn = msg._txn
@@ -273,36 +299,52 @@ class Scanner:
             rid = min(rid, *(t.begin_id for t in self._txns.values()))
         return rid
 
+    def _refill_from_memory(self) -> bool:
+        """Load the next batch from the tail buffer, or the not-persisted tick; False if neither has it."""
+        wal = self._wal
+        nid = self._fetch_id
+        if nid < wal.next_id:
+            got = wal._tail.read(nid, _TAIL_READ)
+            if not got:
+                return False
+            self.tailing = True
+            self._marks = None
+            self._mark_i = 0
+            self._batch = got
+            self._batch_pos = 0
+            self._fetch_id = nid + len(got)
+            return True
+        volatile = wal._volatile_tick
+        if volatile is not None and volatile[0] == nid and volatile[1]._timetick > self._last_tick:
+            # Caught up exactly to where the not-persisted tick was made: it may release.
+            self._marks = None
+            self._batch = [volatile[1]]
+            self._batch_pos = 0
+            return True
+        return False
+
     async def _refill(self) -> None:
         """Load the next batch: from the tail buffer when it has it, else from storage, else wait."""
         wal = self._wal
         while True:
             if self._closed:
                 raise StopAsyncIteration
+            if self._refill_from_memory():
+                return
             nid = self._fetch_id
             if nid < wal.next_id:
-                got = wal._tail.read(nid, _TAIL_READ)
+                self.tailing = False
                 self._marks = None
                 self._mark_i = 0
-                if got:
-                    self.tailing = True
-                else:
-                    self.tailing = False
-                    got = await self._read_storage(nid)
+                got = await self._read_storage(nid)
                 self._batch = got
                 self._batch_pos = 0
                 self._fetch_id = nid + len(got)
                 return
-            volatile = wal._volatile_tick
-            if volatile is not None and volatile[0] == nid and volatile[1]._timetick > self._last_tick:
-                # Caught up exactly to where the not-persisted tick was made: it may release.
-                self._marks = None
-                self._batch = [volatile[1]]
-                self._batch_pos = 0
-                return
             err = wal._write_refusal() or wal._read_refusal()
             if err is not None:
                 raise err
+            self.caught_up = True
             await wal._wait_change(self.lazy)
 
     async def _read_storage(self, nid: MessageID) -> list[Message]:

@@ -6,7 +6,12 @@ delivery units (``wal.packs``), so a transaction always arrives whole; a unit st
 transaction) goes over consecutive responses marked ``MsgPack.continued``, which the client joins.
 Every response fits the client's receive limit (``ConsumeOpen.max_response_bytes``, 4 MiB unless it
 says more); a single message that cannot ends the stream with MESSAGE_TOO_LARGE.  Packs are encoded
-straight to bytes (``convert``).  Acks commit the group's position and are answered in-band, so a failed ack
+straight to bytes (``convert``), once for all readers at the same position with the same options
+(the shared cache of ``fanout``); a reader behind by several ticks gets them merged into one pack,
+up to its limits.  Responses go out within a node-wide budget per event-loop turn, so appends are
+never starved however many readers wake on a commit; and each response is at most half of
+``consume_buffer_bytes`` (the node's bytes and gRPC's copy of the one in flight), which bounds what
+a client that stops reading costs.  Acks commit the group's position and are answered in-band, so a failed ack
 leaves the stream open.  When the node drains, the stream ends with ON_SHUTDOWN at once.
 """
 
@@ -14,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import grpc
@@ -25,6 +30,7 @@ from streamingnode.groups import check_group_name
 from streamingnode.metrics import ChannelMetrics
 from streamingnode.node import Channel, Node
 from streamingnode.server.errors import refused, require
+from streamingnode.server.fanout import Fanout, Responses, fanout_of, pack_key
 from streamingnode.status import to_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
 from wal.errors import InvalidArgumentError, MessageTooLargeError, OnShutdownError, StreamingError
@@ -32,7 +38,7 @@ from wal.lifecycle import cancel_and_wait
 from wal.names import VCHANNEL
 from wal.options import DeliverFilter, DeliverPolicy, ReadOption
 from wal.packs import MESSAGE_OVERHEAD, continued_runs, split_pack
-from wal.scanner import MsgPack
+from wal.scanner import MsgPack, Scanner
 
 log = structlog.get_logger(__name__)
 
@@ -59,7 +65,15 @@ class ConsumeStream:
         self.receive_limit = DEFAULT_RESPONSE_BYTES
         """The largest response the client can receive (ConsumeOpen.max_response_bytes)."""
         self.max_bytes = node.config.consume_max_pack_bytes
-        """What one response may hold: the node's consume_max_pack_bytes within receive_limit."""
+        """What one response may hold: the node's consume_max_pack_bytes within receive_limit and half
+        of consume_buffer_bytes."""
+        self.fanout: Fanout = fanout_of(node)
+        self.held_bytes = 0
+        """Bytes held for this client and not yet taken by it: the response being written, counted
+        twice (the node's bytes and gRPC's copy).  At most consume_buffer_bytes, except for a single
+        message larger than half of it, which goes alone."""
+        self.held_peak = 0
+        """The most ``held_bytes`` has been."""
 
     async def _write(self, response: spb.ConsumeResponse | bytes) -> None:
         # Shielded: a write cancelled half-way would leave gRPC's send operation pending, and the next
@@ -76,7 +90,13 @@ class ConsumeStream:
 
     async def _locked_write(self, response: spb.ConsumeResponse | bytes) -> None:
         async with self.write_lock:
-            await self.context.write(response)
+            held = 2 * len(response) if isinstance(response, bytes) else 0
+            self.held_bytes += held
+            self.held_peak = max(self.held_peak, self.held_bytes)
+            try:
+                await self.context.write(response)
+            finally:
+                self.held_bytes -= held
 
     async def run(self) -> None:
         ctx = self.context
@@ -99,8 +119,19 @@ class ConsumeStream:
                 filters = (*filters, DeliverFilter.timetick_gt(committed.timetick))
         limit = opened.max_pack_messages or self.node.config.consume_max_pack_messages
         self.receive_limit = opened.max_response_bytes or DEFAULT_RESPONSE_BYTES
-        self.max_bytes = min(self.node.config.consume_max_pack_bytes, self.receive_limit)
-        scanner = channel.stream.read(ReadOption(vchannel or None, policy, filters))
+        config = self.node.config
+        # A response in flight exists twice (ours and gRPC's copy): half the cap each.
+        half_cap = max(config.consume_buffer_bytes // 2, 1)
+        self.max_bytes = min(config.consume_max_pack_bytes, self.receive_limit, half_cap)
+        option = ReadOption(vchannel or None, policy, filters)
+        scanner = channel.stream.read(option)
+        # What decides a response's bytes besides the pack itself (see fanout.pack_key).
+        types = option.message_types()
+        prefix: tuple[Hashable, ...] = (
+            channel.stream.pchannel, channel.stream.term, id(channel.stream), vchannel, bool(opened.columns), limit,
+            self.max_bytes, self.receive_limit, None if types is None else tuple(sorted(t.value for t in types)))
+        min_ts, inclusive = option.min_timetick()
+        min_ts += 0 if inclusive else 1
         structlog.contextvars.bind_contextvars(pchannel=channel.stream.pchannel, term=channel.stream.term,
                                                consumer_id=self.consumer_id)
         metrics = self.node.metrics.channel(channel.stream.pchannel)
@@ -112,7 +143,9 @@ class ConsumeStream:
                 consumer_id=self.consumer_id, term=channel.stream.term)))
             loop = asyncio.get_running_loop()
             encode = convert.consume_columns_response if opened.columns else convert.consume_pack_response
-            sender = loop.create_task(self._send_packs(scanner, vchannel, limit, metrics, encode))
+            self.fanout.streams[self.consumer_id] = self
+            sender = loop.create_task(self._send_packs(
+                scanner, vchannel, limit, metrics, encode=encode, prefix=prefix, min_ts=min_ts))
             receiver = loop.create_task(self._receive(channel, group, vchannel))
             # A tailing read never ends by itself: when the node drains, end it at once with ON_SHUTDOWN
             # (clients reconnect and resume) rather than hold the shutdown for the whole grace period.
@@ -136,36 +169,94 @@ class ConsumeStream:
             await self._write(spb.ConsumeResponse(closed=spb.ConsumeClosed()))
         finally:
             log.debug("consume stream closed")
+            self.fanout.streams.pop(self.consumer_id, None)
             if metrics is not None:
                 metrics.consumer_streams.dec()
             await scanner.aclose()
 
     async def _send_packs(
-        self, scanner: Any, vchannel: str, limit: int, metrics: ChannelMetrics | None,
-        encode: Callable[[MsgPack, str, bool], bytes],
+        self, scanner: Scanner, vchannel: str, limit: int, metrics: ChannelMetrics | None, *,
+        encode: Callable[[MsgPack, str, bool], bytes], prefix: tuple[Hashable, ...], min_ts: int,
     ) -> None:
         max_bytes = self.max_bytes
         tracing = self.node.tracing
-        async for pack in scanner:
+        # Spans are per consumer and per part: a traced node encodes for each consumer.
+        cache = self.fanout.cache if tracing is None else None
+        turns = self.fanout.turns
+        pending: MsgPack | None = None
+        while True:
+            if pending is None:
+                try:
+                    pack = await anext(scanner)
+                except StopAsyncIteration:
+                    return
+            else:
+                pack = pending
+            # The turn first, then whatever else is ready joins the pack: a reader kept waiting by a
+            # busy loop sends more per response, and so fewer responses.
+            await turns.take()
+            pack, pending = _merge(pack, scanner, limit, max_bytes)
+            if cache is not None:
+                key = pack_key(prefix, pack, min_ts)
+                responses = cache.get(key)
+                if responses is None:
+                    responses, error = self._encode(pack, vchannel, limit, encode)
+                    if error is None:
+                        cache.put(key, responses)  # before writing: the others need not wait for this client
+                    for k, (datas, n, nbytes) in enumerate(responses):
+                        for data in datas:
+                            await self._write(data)
+                        # A part cut short by the error was not delivered whole: not counted.
+                        if metrics is not None and (error is None or k < len(responses) - 1):
+                            metrics.observe_pack(n, nbytes)
+                    if error is not None:
+                        raise error
+                    continue
+                for datas, n, nbytes in responses:
+                    for data in datas:
+                        await self._write(data)
+                    if metrics is not None:
+                        metrics.observe_pack(n, nbytes)
+                continue
             for part, nbytes in split_pack(pack, limit, max_bytes):
-                # Written as bytes: encoded fragment by fragment, which upb does faster than one big tree.
                 if tracing is not None and part.messages:  # a span per pack with messages, linked to producers
                     with tracing.consume_span(part.start_position.pchannel, vchannel, part.messages):
-                        await self._send_part(part, nbytes, vchannel, encode)
+                        for data in self._part_responses(part, nbytes, vchannel, encode):
+                            await self._write(data)
                 else:
-                    await self._send_part(part, nbytes, vchannel, encode)
+                    for data in self._part_responses(part, nbytes, vchannel, encode):
+                        await self._write(data)
                 if metrics is not None:
                     metrics.observe_pack(len(part.messages), nbytes)
 
-    async def _send_part(
+    def _encode(
+        self, pack: MsgPack, vchannel: str, limit: int, encode: Callable[[MsgPack, str, bool], bytes],
+    ) -> tuple[Responses, MessageTooLargeError | None]:
+        """The responses ``pack`` goes out as, part by part; on a message too large for this client,
+        those before it (the last part's only in part) and the error, to raise once they are sent."""
+        out = []
+        for part, nbytes in split_pack(pack, limit, self.max_bytes):
+            datas: list[bytes] = []
+            try:
+                for data in self._part_responses(part, nbytes, vchannel, encode):
+                    datas.append(data)
+            except MessageTooLargeError as exc:
+                out.append((tuple(datas), len(part.messages), nbytes))
+                return tuple(out), exc
+            out.append((tuple(datas), len(part.messages), nbytes))
+        return tuple(out), None
+
+    def _part_responses(
         self, part: MsgPack, nbytes: int, vchannel: str, encode: Callable[[MsgPack, str, bool], bytes],
-    ) -> None:
+    ) -> Iterator[bytes]:
+        """The responses ``part`` goes out as, one at a time: one, or consecutive ``continued`` ones for
+        a unit larger than one response.  Raises MESSAGE_TOO_LARGE at a single message over the limit."""
         max_bytes, receive_limit = self.max_bytes, self.receive_limit
         n = len(part.messages)
         if n < 2 or nbytes + MESSAGE_OVERHEAD * n <= max_bytes:  # the common case: one response
             data = encode(part, vchannel, False)
             if len(data) <= receive_limit or not n:  # an empty pack is only a header: never refused
-                await self._write(data)
+                yield data
                 return
             if n < 2:
                 raise _too_large(part, len(data), receive_limit)
@@ -178,7 +269,7 @@ class ConsumeStream:
             data = encode(piece, vchannel, not last)
             if len(data) > receive_limit:  # a single message: runs fit max_bytes otherwise
                 raise _too_large(piece, len(data), receive_limit)
-            await self._write(data)
+            yield data
 
     async def _receive(self, channel: Channel, group: str | None, vchannel: str) -> None:
         while True:
@@ -203,6 +294,47 @@ class ConsumeStream:
                 await self._write(spb.ConsumeResponse(error=to_error_detail(exc)))
             else:
                 await self._write(spb.ConsumeResponse(acked=spb.ConsumeAcked(positions=request.ack.positions)))
+
+
+def _merge(pack: MsgPack, scanner: Scanner, limit: int, max_bytes: int) -> tuple[MsgPack, MsgPack | None]:
+    """``pack`` of a read that has caught up once, joined with the packs that follow it already in
+    memory while together they stay within ``limit`` messages and ``max_bytes`` (as ``split_pack``
+    counts): a reader that fell behind by several ticks takes them in one response, so a busy node
+    writes fewer, larger responses.  Returns the pack and the one polled that did not fit (deliver it
+    next), if any.
+
+    Consecutive packs join into one: the first's start, the last's end, the messages in order (as if
+    the ticks between had not been there).
+    """
+    if not scanner.caught_up:
+        # A catch-up read gets its packs one per tick, as they were made.
+        return pack, None
+    msgs = pack.messages
+    n = len(msgs)
+    size = sum(map(len, [m._payload for m in msgs])) + MESSAGE_OVERHEAD * n
+    if n >= limit or size >= max_bytes:
+        return pack, None
+    joined: list[MsgPack] = []
+    following = None
+    while True:
+        nxt = scanner.poll()
+        if nxt is None:
+            break
+        k = len(nxt.messages)
+        more = sum(map(len, [m._payload for m in nxt.messages])) + MESSAGE_OVERHEAD * k
+        if n + k > limit or size + more > max_bytes:
+            following = nxt
+            break
+        joined.append(nxt)
+        n += k
+        size += more
+    if not joined:
+        return pack, following
+    messages = list(msgs)
+    for p in joined:
+        messages.extend(p.messages)
+    last = joined[-1]
+    return MsgPack(pack.begin_ts, last.end_ts, messages, pack.start_position, last.end_position), following
 
 
 def _retrieve(task: asyncio.Future[None]) -> None:

@@ -1,0 +1,328 @@
+"""Fan-out: durable produce while many consumers tail the same vchannel.
+
+    .venv/bin/python bench/fanout.py [--consumers 0,10,100,500] [--count 50000] [--runs 3]
+
+The node runs in its own process.  For each consumer count N, in a fresh data directory: N Consume
+streams (DeliverPolicy.latest, one vchannel) are opened from ``--procs`` separate processes, each
+with a raw grpc.aio stream whose responses are not deserialized (the worker counts bytes only: the
+node is what is measured); once all are open, ``--count`` DATA messages of ``--size`` bytes are
+produced durably through the SDK (``send_nowait``, ``--linger``), each message's ack latency timed
+from ``send_nowait`` to its future's completion.  Reported per N: produce msgs/s, ack p50/p99, total
+messages the node delivered per second while the producer ran (the node's ``consume_messages``
+counter, read from its /metrics before and after), and the node's peak RSS.
+
+``--stalled N`` adds a case of N consumers that open their stream and never read: its RSS is compared
+with 500 MB + N x the per-consumer cap (``consume_buffer_bytes``).  ``--node-flag`` passes extra serve
+flags (e.g. ``--consume-cache-bytes=0`` for the per-consumer encoding baseline).
+``--profile OUT`` records the node under py-spy for the largest N (a flame graph, or collapsed stacks
+if OUT ends in .txt).
+Benchmarks are not tests: they assert nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import prepare_process, tmpdir  # noqa: I001
+
+import grpc
+
+from produce_consume import CHANNEL_OPTIONS, PYTHON, ROOT, VCHANNEL, _node, _sdk
+
+PCHANNEL = "fan"
+PRODUCE_RATIO_TARGET = 0.5  # with 100 consumers, of the 0-consumer rate
+ACK_P99_TARGET_MS = 50.0
+DELIVERY_TARGET = 500_000  # msgs/s in total
+
+
+# --- the consumer processes --------------------------------------------------------------------------
+async def _worker(addr: str, n: int, stall: bool) -> None:
+    """``n`` tailing streams; prints "ready" once all are open, then counts bytes until stdin closes."""
+    from streamingnode.v1 import streaming_pb2 as spb  # noqa: PLC0415
+
+    open_req = spb.ConsumeRequest(open=spb.ConsumeOpen(
+        pchannel=PCHANNEL, vchannel=VCHANNEL, policy={"latest": {}})).SerializeToString()
+    received = [0]
+    async with grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS) as channel:
+        # No deserializer: responses arrive as bytes, nothing is parsed.
+        method = channel.stream_stream("/streamingnode.v1.StreamingNode/Consume")
+        calls = []
+        for _ in range(n):
+            call = method()
+            await call.write(open_req)
+            await call.read()  # 'opened'
+            calls.append(call)
+
+        async def drain(call: Any) -> None:
+            while True:
+                data = await call.read()
+                if data is grpc.aio.EOF:
+                    return
+                received[0] += len(data)
+
+        tasks = [] if stall else [asyncio.ensure_future(drain(c)) for c in calls]
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes it
+        for t in tasks:
+            t.cancel()
+        for c in calls:
+            c.cancel()
+    print(f"bytes {received[0]}", flush=True)
+
+
+async def _probe(addr: str) -> None:
+    """One message at a time (linger 0), each awaited, until stdin closes: what an append waits for
+    behind the node's other work, without the bulk producer's client-side queue.  Prints the samples."""
+    sdk = _sdk()
+    client = sdk.AsyncClient(addr)
+    lat: list[float] = []
+    stop = asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    try:
+        producer = client.producer(PCHANNEL, linger=0)
+        print("ready", flush=True)
+        while not stop.done():
+            t0 = time.perf_counter()
+            await producer.send(VCHANNEL, b"p" * 64)
+            lat.append(time.perf_counter() - t0)
+            await asyncio.sleep(0.002)
+        await producer.aclose()
+    finally:
+        await client.aclose()
+    print("lat " + " ".join(f"{x:.6f}" for x in lat), flush=True)
+
+
+class _Probe:
+    def __init__(self, addr: str) -> None:
+        env = dict(os.environ, GRPC_VERBOSITY="ERROR", PYTHONPATH=str(ROOT))
+        self.proc = subprocess.Popen([PYTHON, __file__, "--probe", addr], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env=env, cwd=str(ROOT))
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("probe failed to start")
+
+    def stop(self) -> list[float]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        out = self.proc.stdout.read()
+        self.proc.wait(60)
+        self.proc.stdout.close()
+        found = re.search(r"lat (.*)", out)
+        return sorted(float(x) for x in found.group(1).split()) if found else []
+
+
+class _Consumers:
+    """``total`` streams spread over ``procs`` worker processes."""
+
+    def __init__(self, addr: str, total: int, procs: int, stall: bool) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        procs = max(1, min(procs, total))
+        env = dict(os.environ, GRPC_VERBOSITY="ERROR", PYTHONPATH=str(ROOT))
+        for i in range(procs if total else 0):
+            n = total // procs + (1 if i < total % procs else 0)
+            self.procs.append(subprocess.Popen(
+                [PYTHON, __file__, "--worker", addr, str(n), "stall" if stall else "read"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(ROOT)))
+        for p in self.procs:
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            if line.strip() != "ready":
+                raise RuntimeError(f"consumer worker failed: {line!r}")
+
+    def stop(self) -> int:
+        got = 0
+        for p in self.procs:
+            assert p.stdin is not None and p.stdout is not None
+            p.stdin.close()  # the worker's signal to stop
+            out = p.stdout.read()
+            p.wait(60)
+            p.stdout.close()
+            found = re.search(r"bytes (\d+)", out)
+            got += int(found.group(1)) if found else 0
+        return got
+
+
+# --- the node side -----------------------------------------------------------------------------------
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _delivered(metrics_url: str) -> float:
+    with urllib.request.urlopen(metrics_url, timeout=30) as resp:
+        text = resp.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("streamingnode_consume_messages_total{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def _produce(sdk: Any, addr: str, n: int, size: int, linger: float, window: int) -> tuple[float, list[float]]:
+    client = sdk.AsyncClient(addr)
+    lat: list[float] = []
+    try:
+        producer = client.producer(PCHANNEL, linger=linger)
+        payload = os.urandom(size)
+        outstanding: collections.deque[asyncio.Future[Any]] = collections.deque()
+        perf = time.perf_counter
+
+        def timed(t0: float) -> Any:
+            return lambda _f: lat.append(perf() - t0)
+
+        t0 = perf()
+        for _ in range(n):
+            fut = producer.send_nowait(VCHANNEL, payload)
+            fut.add_done_callback(timed(perf()))
+            outstanding.append(fut)
+            if len(outstanding) >= window:
+                await outstanding.popleft()
+        await producer.flush()
+        for f in outstanding:
+            f.result()
+        elapsed = perf() - t0
+        await producer.aclose()
+    finally:
+        await client.aclose()
+    return n / elapsed, lat
+
+
+def _one(args: argparse.Namespace, root: str, consumers: int, stall: bool) -> dict[str, float]:
+    data_dir, logs = tmpdir(root, "node"), tmpdir(root, "logs")
+    extra = tuple(args.node_flag)
+    out: dict[str, float] = {}
+    with _node(data_dir, logs, PCHANNEL, extra=extra) as node:
+        addr = node.match.group(1)
+        metrics_url = re.search(r"metrics (http://\S+)\)", Path(node.log_path).read_text())
+        assert metrics_url is not None
+        url = metrics_url.group(1)
+        peak = [_rss_mb(node.proc.pid)]
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.1):
+                peak[0] = max(peak[0], _rss_mb(node.proc.pid))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        spy = None
+        if args.profile and consumers == max(args.consumers) and not stall:
+            spy = subprocess.Popen([str(Path(PYTHON).parent / "py-spy"), "record", "-o", args.profile, "-r", "50",
+                                    "--format", "raw" if args.profile.endswith(".txt") else "flamegraph",
+                                    "-p", str(node.proc.pid), "--nonblocking"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        group = _Consumers(addr, consumers, args.procs, stall)
+        probe = _Probe(addr)
+        try:
+            before = _delivered(url)
+            t0 = time.perf_counter()
+            rate, lat = asyncio.run(_produce(_sdk(), addr, args.count, args.size, args.linger, args.window))
+            elapsed = time.perf_counter() - t0
+            after = _delivered(url)
+            peak[0] = max(peak[0], _rss_mb(node.proc.pid))
+        finally:
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    spy.wait(60)
+            probe_lat = probe.stop()
+            group.stop()
+            done.set()
+            sampler.join()
+        lat.sort()
+        out = {"produce": rate, "p50_ms": lat[len(lat) // 2] * 1e3, "p99_ms": lat[int(len(lat) * 0.99)] * 1e3,
+               "delivered": (after - before) / elapsed, "rss_mb": peak[0],
+               "probe_p50_ms": _pct(probe_lat, 0.5) * 1e3, "probe_p99_ms": _pct(probe_lat, 0.99) * 1e3}
+    shutil.rmtree(data_dir, ignore_errors=True)
+    return out
+
+
+def _pct(sorted_samples: list[float], q: float) -> float:
+    if not sorted_samples:
+        return float("nan")
+    return sorted_samples[min(int(len(sorted_samples) * q), len(sorted_samples) - 1)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--consumers", default="0,10,100,500", help="tailing consumer counts (default 0,10,100,500)")
+    p.add_argument("--stalled", type=int, default=500, help="consumers that never read, one more case (0: none)")
+    p.add_argument("--count", type=int, default=50_000, help="messages produced per case (default 50,000)")
+    p.add_argument("--size", type=int, default=1024, help="payload bytes (default 1024)")
+    p.add_argument("--runs", type=int, default=3, help="runs; each figure is the median (default 3)")
+    p.add_argument("--procs", type=int, default=4, help="consumer worker processes (default 4)")
+    p.add_argument("--linger", type=float, default=0.005, help="SDK producer linger, seconds (default 0.005)")
+    p.add_argument("--window", type=int, default=8000, help="unanswered sends before waiting (default 8000)")
+    p.add_argument("--cap-mb", type=float, default=4.0, help="the node's consume_buffer_bytes, MiB (default 4)")
+    p.add_argument("--node-flag", action="append", default=[], help="extra serve flag (repeatable)")
+    p.add_argument("--profile", default=None, help="py-spy flame graph of the node at the largest N (SVG path)")
+    p.add_argument("--dir", default=None, help="parent of the temporary directories")
+    args = p.parse_args(argv)
+    args.consumers = [int(x) for x in args.consumers.split(",") if x]
+    prepare_process()
+    root = tempfile.mkdtemp(prefix="fanout-", dir=args.dir)
+    cases = [(n, False) for n in args.consumers] + ([(args.stalled, True)] if args.stalled else [])
+    results: dict[tuple[int, bool], list[dict[str, float]]] = {c: [] for c in cases}
+    try:
+        for i in range(args.runs):
+            for case in cases:
+                r = _one(args, root, *case)
+                results[case].append(r)
+                print(f"run {i + 1}/{args.runs} {case[0]} {'stalled' if case[1] else 'tailing'}: "
+                      + ", ".join(f"{k} {v:,.1f}" for k, v in r.items()), file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    def med(case: tuple[int, bool], key: str) -> float:
+        return statistics.median(r[key] for r in results[case])
+
+    print(f"fan-out: {args.count:,} x {args.size} B durable SDK produce, medians of {args.runs} runs")
+    print(f"{'consumers':>12} {'produce/s':>10} {'ack p50':>8} {'ack p99':>8} {'probe p50':>9} {'probe p99':>9} "
+          f"{'delivered/s':>12} {'RSS MB':>7}")
+    for case in cases:
+        label = f"{case[0]}{' stalled' if case[1] else ''}"
+        print(f"{label:>12} {med(case, 'produce'):>10,.0f} {med(case, 'p50_ms'):>6.1f}ms {med(case, 'p99_ms'):>6.1f}ms "
+              f"{med(case, 'probe_p50_ms'):>7.2f}ms {med(case, 'probe_p99_ms'):>7.2f}ms "
+              f"{med(case, 'delivered'):>12,.0f} {med(case, 'rss_mb'):>7.0f}")
+    base = (0, False)
+    hundred = (100, False)
+    if base in results and hundred in results:
+        ratio = med(hundred, "produce") / med(base, "produce")
+        print(f"100 consumers: produce {ratio:.2f} of 0 (target >= {PRODUCE_RATIO_TARGET}), ack p99 "
+              f"{med(hundred, 'p99_ms'):.1f} ms, probe p99 {med(hundred, 'probe_p99_ms'):.1f} ms (target <= "
+              f"{ACK_P99_TARGET_MS:.0f}), delivered "
+              f"{med(hundred, 'delivered'):,.0f}/s (target >= {DELIVERY_TARGET:,})")
+    if args.stalled:
+        bound = 500 + args.stalled * args.cap_mb
+        print(f"{args.stalled} stalled consumers: RSS {med((args.stalled, True), 'rss_mb'):.0f} MB "
+              f"(bound 500 MB + {args.stalled} x {args.cap_mb:g} MiB = {bound:,.0f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--probe":
+        asyncio.run(_probe(sys.argv[2]))
+        sys.exit(0)
+    if len(sys.argv) == 5 and sys.argv[1] == "--worker":
+        asyncio.run(_worker(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "stall"))
+        sys.exit(0)
+    sys.exit(main())

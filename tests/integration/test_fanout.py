@@ -1,0 +1,196 @@
+"""Fan-out through a real node: many consumers share encoded responses byte for byte, and one that
+stops reading costs at most its cap while the producer and the other consumers go on."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from streamingnode.server import ServerThread
+from streamingnode.server.fanout import fanout_of
+from streamingnode.v1 import common_pb2 as pb
+from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from tests.integration.conftest import node_config
+from tests.integration.rpc_helpers import data, produce
+from tests.waiting import until
+
+pytestmark = pytest.mark.integration
+
+CONSUME = "/streamingnode.v1.StreamingNode/Consume"
+CAP = 256 << 10
+
+
+@pytest.fixture
+def small_cap(tmp_path: Path) -> Iterator[ServerThread]:
+    srv = ServerThread(node_config(tmp_path / "data", consume_buffer_bytes=CAP))
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _sample(node: Any, name: str) -> float:
+    value = node.metrics.registry.get_sample_value(f"streamingnode_{name}")
+    assert value is not None, name
+    return float(value)
+
+
+def _ids(response: bytes) -> tuple[list[int], bool]:
+    """The message ids of a pack response and whether it is continued; ([], False) for other answers."""
+    r = spb.ConsumeResponse.FromString(response)
+    if r.WhichOneof("response") != "pack":
+        return [], False
+    p = r.pack
+    return [int.from_bytes(m.id.id, "big") for m in p.messages] + list(p.columns.ids), p.continued
+
+
+async def _raw_read(channel: grpc.aio.Channel, open_: spb.ConsumeOpen, last_id: int) -> list[bytes]:
+    """The pack responses' bytes, undecoded by gRPC, up to the one that completes the pack holding
+    ``last_id``."""
+    call = channel.stream_stream(CONSUME)()
+    await call.write(spb.ConsumeRequest(open=open_).SerializeToString())
+    out: list[bytes] = []
+    seen = False
+    try:
+        async with asyncio.timeout(30):
+            while True:
+                raw = await call.read()
+                assert raw is not grpc.aio.EOF
+                ids, continued = _ids(raw)
+                if spb.ConsumeResponse.FromString(raw).WhichOneof("response") != "pack":
+                    continue
+                out.append(raw)
+                seen = seen or last_id in ids
+                if seen and not continued:
+                    return out
+    finally:
+        call.cancel()
+
+
+def _opens() -> list[spb.ConsumeOpen]:
+    """Options that each change the bytes: the form, the vchannel, the limits, a type filter."""
+    only_data = pb.DeliverFilter(message_types=pb.MessageTypeSet(types=[pb.MESSAGE_TYPE_DATA]))
+    out = []
+    for columns in (False, True):
+        out += [
+            spb.ConsumeOpen(pchannel="p", columns=columns),
+            spb.ConsumeOpen(pchannel="p", vchannel="v1", columns=columns),
+            spb.ConsumeOpen(pchannel="p", vchannel="v2", columns=columns, filters=[only_data]),
+            # Small limits: packs split into parts, the big transaction over continued responses.
+            spb.ConsumeOpen(pchannel="p", vchannel="v1", columns=columns, max_pack_messages=7,
+                            max_response_bytes=8 << 10),
+            spb.ConsumeOpen(pchannel="p", columns=columns, max_pack_messages=3),
+        ]
+    return out
+
+
+async def test_shared_responses_are_byte_for_byte_what_each_consumer_would_be_sent_alone(
+    server_thread: ServerThread,
+) -> None:
+    node = server_thread.node
+    async with grpc.aio.insecure_channel(server_thread.address) as channel:
+        stub = sgrpc.StreamingNodeStub(channel)
+        await stub.CreateChannels(spb.CreateChannelsRequest(channel_names=["p"]))
+        await produce(stub, "p", [
+            [data("v1", b"a", k="1"), data("v2", b"b"), data("", b"broadcast"), data("v1", b"c")],
+            [data("v2", b"d", x="y", z="")] + [data("v1", bytes([i]) * 100) for i in range(40)],
+        ])
+        big = await stub.BeginTxn(spb.BeginTxnRequest(pchannel="p", vchannel="v1", keepalive_ms=30_000))
+        dropped = await stub.BeginTxn(spb.BeginTxnRequest(pchannel="p", vchannel="v2"))
+        await produce(stub, "p", [[data("v1", bytes([i]) * 1024, i=str(i)) for i in range(24)]],
+                      txn=pb.TxnContext(txn_id=big.txn_id))
+        await produce(stub, "p", [[data("v2", b"gone")]], txn=pb.TxnContext(txn_id=dropped.txn_id))
+        await produce(stub, "p", [[data("v2", b"between")], [data("v1", b"x" * 3000) for _ in range(5)]])
+        await stub.CommitTxn(spb.CommitTxnRequest(pchannel="p", vchannel="v1", txn_id=big.txn_id))
+        await stub.RollbackTxn(spb.RollbackTxnRequest(pchannel="p", vchannel="v2", txn_id=dropped.txn_id))
+        _, (last,) = await produce(stub, "p", [[data("", b"last")]])
+        last_id = int.from_bytes(last.appended.results[0].id.id, "big")
+
+        # A persisted tick after the last message releases everything the same way for every read
+        # (a not-persisted one is seen only by readers at the head at the time).
+        async def ticked() -> bool:
+            (d,) = (await stub.DescribeChannels(spb.DescribeChannelsRequest(channel_names=["p"]))).descriptions
+            return int.from_bytes(d.last_id.id, "big") > last_id
+
+        await until(ticked, "a persisted tick after the last message")
+
+        fan = fanout_of(node)
+        cache = fan.cache
+        assert cache is not None
+        fan.cache = None  # each reference read encodes for itself
+        try:
+            alone = [await _raw_read(channel, o, last_id) for o in _opens()]
+        finally:
+            fan.cache = cache
+        assert any(len(a) > 3 for a in alone)
+        assert any(spb.ConsumeResponse.FromString(r).pack.continued for a in alone for r in a)
+
+        hits, misses = _sample(node, "consume_cache_hits_total"), _sample(node, "consume_cache_misses_total")
+        # Several consumers per option set, all at once: the first to reach a pack encodes it.
+        reads = [_raw_read(channel, o, last_id) for o in _opens() for _ in range(4)]
+        shared = await asyncio.gather(*reads)
+        for i, got in enumerate(shared):
+            assert got == alone[i // 4], f"consumer {i} (options {i // 4}) was sent other bytes"
+        # Each pack is encoded once (a miss) and sent three more times (hits).
+        hits = _sample(node, "consume_cache_hits_total") - hits
+        misses = _sample(node, "consume_cache_misses_total") - misses
+        assert misses >= len(alone)
+        assert hits >= 2 * misses
+
+
+async def test_a_consumer_that_stops_reading_holds_at_most_its_cap_and_blocks_nobody(
+    small_cap: ServerThread,
+) -> None:
+    node = small_cap.node
+    async with grpc.aio.insecure_channel(small_cap.address) as channel:
+        stub = sgrpc.StreamingNodeStub(channel)
+        await stub.CreateChannels(spb.CreateChannelsRequest(channel_names=["p"]))
+        fan = fanout_of(node)
+        # Never reads after 'opened'.
+        stalled = channel.stream_stream(CONSUME)()
+        await stalled.write(spb.ConsumeRequest(open=spb.ConsumeOpen(pchannel="p", policy={"latest": {}}))
+                            .SerializeToString())
+        stalled_id = spb.ConsumeResponse.FromString(await stalled.read()).opened.consumer_id
+        reader = stub.Consume()
+        await reader.write(spb.ConsumeRequest(open=spb.ConsumeOpen(pchannel="p", policy={"latest": {}})))
+        assert (await reader.read()).WhichOneof("response") == "opened"
+        received = 0
+
+        async def read_all(n: int) -> None:
+            nonlocal received
+            while received < n:
+                resp = await reader.read()
+                assert resp is not grpc.aio.EOF
+                received += len(resp.pack.messages)
+
+        payload = b"z" * 1024
+        batches = 0
+        total = 0
+        try:
+            # Appends go on and the other consumer gets everything, while the stalled one's stream is
+            # full (its held bytes above 0: a write waiting for the client); 64 MiB at most.
+            while batches < 32 or not fan.streams[stalled_id].held_bytes:
+                assert batches < 1024, "the stalled consumer never filled its stream"
+                await produce(stub, "p", [[data("v", payload) for _ in range(64)]])
+                batches += 1
+                total += 64
+                await read_all(total)
+            held = fan.streams[stalled_id]
+            assert _sample(node, "consume_held_bytes") >= held.held_bytes > 0
+            for _ in range(16):  # stalled, it still blocks nothing
+                await produce(stub, "p", [[data("v", payload) for _ in range(64)]])
+                total += 64
+                await read_all(total)
+            # Each response within half the cap: what the node holds (the write in flight, twice) never
+            # went over it.  (gRPC accepts more once the client's window grows: held may drop to 0.)
+            assert 0 < held.held_peak <= CAP
+        finally:
+            stalled.cancel()
+            reader.cancel()
