@@ -78,6 +78,16 @@ class NodeConfig:
     consume_buffer_bytes: int = 4 << 20
     """Most bytes the node holds encoded for one consumer and not yet taken by it: past this it reads
     nothing more for that consumer until it reads, so a consumer that stalls costs at most this."""
+    tail_buffer_bytes: int = 16 << 20
+    """Per pchannel: the newest messages kept in memory for tailing consumers (counted as encoded
+    bytes; Python adds ~15% for 1 KiB messages).  A consumer further behind reads storage instead:
+    this bounds memory, not delivery.  0: every read goes to storage."""
+    rocksdb_write_buffer_bytes: int = 16 << 20
+    """Per node: one RocksDB memtable; at most two exist (one taking writes, one being flushed).
+    Each flush writes one table file of about this size.  At least 1 MiB."""
+    rocksdb_block_cache_bytes: int = 8 << 20
+    """Per node: RocksDB's cache of blocks read from table files, which also holds the tables' index
+    and filter blocks.  0: no cache (every read of a table goes to the file)."""
     txn_keepalive_ms: int = 60_000
     """Idle time after which a transaction expires, when BeginTxn asks for the node default."""
     txn_max_messages: int = 100_000
@@ -186,6 +196,13 @@ class NodeConfig:
             raise InvalidArgumentError("tls_cert and tls_key go together: give both or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise InvalidArgumentError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+        if self.tail_buffer_bytes < 0 or self.rocksdb_block_cache_bytes < 0:
+            name = "tail_buffer_bytes" if self.tail_buffer_bytes < 0 else "rocksdb_block_cache_bytes"
+            raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)!r}", field=name)
+        if self.rocksdb_write_buffer_bytes < 1 << 20:
+            raise InvalidArgumentError(
+                f"rocksdb_write_buffer_bytes must be >= 1 MiB (1048576), got {self.rocksdb_write_buffer_bytes!r}",
+                field="rocksdb_write_buffer_bytes")
         if self.storage_min_free_bytes < 0:
             raise InvalidArgumentError(f"storage_min_free_bytes must be >= 0, got {self.storage_min_free_bytes!r}")
         if (self.compaction_interval_seconds < 0 or self.compaction_target_bytes <= 0 or self.compaction_min_files < 1

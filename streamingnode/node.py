@@ -180,9 +180,13 @@ class Node:
 
             backend = await asyncio.to_thread(JetStreamBackend, config.cluster_nats, prefix=config.cluster_prefix,
                                               replicas=config.nats_replicas)
-            manager = await WALManager.start(backend, durability=config.wal_durability)
+            manager = await WALManager.start(backend, durability=config.wal_durability,
+                                             tail_buffer_bytes=config.tail_buffer_bytes)
         else:
-            manager = await WALManager.start_rocksdb(config.data_dir, durability=config.wal_durability)
+            manager = await WALManager.start_rocksdb(
+                config.data_dir, durability=config.wal_durability, tail_buffer_bytes=config.tail_buffer_bytes,
+                write_buffer_bytes=config.rocksdb_write_buffer_bytes,
+                block_cache_bytes=config.rocksdb_block_cache_bytes)
         return cls(manager, config, tracing)
 
     async def open_all(self) -> None:

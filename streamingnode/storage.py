@@ -16,8 +16,8 @@ them has less than ``NodeConfig.storage_min_free_bytes`` free (the low-water mar
 How stale a reading may be: the node writes at most ~120 MB/s here (bench/RESULTS.md: 120k durable
 1 KiB messages/s), so in half a second a producer eats ~60 MB of the margin before the next reading
 sees it.  The default mark, 256 MiB, covers that four times over, and also what the node writes in
-one piece below the mark: a RocksDB memtable flush (64 MiB write buffer) and a Parquet file
-(``flush_max_bytes``, 64 MiB), each possibly twice while compacting or replacing.
+one piece below the mark: a RocksDB memtable flush (``rocksdb_write_buffer_bytes``, 16 MiB) and a
+Parquet file (``flush_max_bytes``, 64 MiB), each possibly twice while compacting or replacing.
 
 A disk filled anyway (another process) is caught where the write fails: the journal cuts the failed
 record off and RocksDB is reopened once space returns (``wal/backends/rocks.py``); the append fails

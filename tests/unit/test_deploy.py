@@ -443,30 +443,26 @@ def test_dockerignore_matching() -> None:
 
 
 MIB = 1 << 20
-# What the formula in statefulset.yaml and README "Metrics, dashboard and deployment" adds up, besides
-# the settings: the interpreter with gRPC, pyarrow and RocksDB loaded and idle, and RocksDB's block cache.
+# What the formula in statefulset.yaml and README "Memory" adds up, besides the settings: the
+# interpreter with gRPC, pyarrow and RocksDB loaded and idle, and what the allocator keeps of memory
+# freed under load (bench/RESULTS.md, the soak).
 RUNTIME_BYTES = 256 * MIB
-ROCKSDB_BLOCK_CACHE_BYTES = 32 * MIB
 
 
 def memory_budget(config: NodeConfig, pchannels: int, consume_streams: int) -> int:
     """The most memory a node holds by its settings (the manifest's comment and README say the same)."""
-    import inspect  # noqa: PLC0415
+    from wal.backends.rocks import MAX_WRITE_BUFFERS  # noqa: PLC0415
 
-    from wal.manager import WALManager  # noqa: PLC0415
-
-    rocks = (REPO / "wal" / "backends" / "rocks.py").read_text()
-    (memtable,) = re.findall(r"set_write_buffer_size\((\d+) << (\d+)\)", rocks)
-    # Up to two memtables of the one database: the one taking writes and one being flushed.
-    memtables = 2 * (int(memtable[0]) << int(memtable[1]))
-    tail = inspect.signature(WALManager.__init__).parameters["tail_buffer_bytes"].default
-    # Each pchannel: its WAL's tail buffer, its flusher's buffers, and the file being written from them.
-    per_pchannel = tail + config.flush_memory_cap_bytes + config.flush_max_bytes
-    # A produce request being received and one being decoded; two packs per consumer (sent and built).
-    requests = 2 * config.max_request_bytes
-    consumers = consume_streams * 2 * config.consume_max_pack_bytes
-    return (RUNTIME_BYTES + memtables + ROCKSDB_BLOCK_CACHE_BYTES + pchannels * per_pchannel + requests
-            + consumers)
+    # The one database: its memtables (the one taking writes and one being flushed) and its block cache.
+    rocksdb = MAX_WRITE_BUFFERS * config.rocksdb_write_buffer_bytes + config.rocksdb_block_cache_bytes
+    # Each pchannel: its WAL's tail buffer (+1/8: the messages' Python objects), its flusher's buffers,
+    # and the file being written from them.
+    per_pchannel = (config.tail_buffer_bytes * 9 // 8 + config.flush_memory_cap_bytes + config.flush_max_bytes)
+    # A produce request being received and one being decoded; the shared cache of encoded packs.
+    shared = 2 * config.max_request_bytes + config.consume_cache_bytes
+    # Each consumer: what the node holds encoded for it and the pack being built.
+    per_consumer = config.consume_buffer_bytes + config.consume_max_pack_bytes
+    return RUNTIME_BYTES + rocksdb + shared + pchannels * per_pchannel + consume_streams * per_consumer
 
 
 def quantity_bytes(text: str) -> int:
@@ -493,6 +489,7 @@ def test_the_memory_limit_covers_what_the_settings_let_the_node_hold(monkeypatch
     manifest = (DEPLOY / "kubernetes" / "statefulset.yaml").read_text()
     readme = (REPO / "README.md").read_text()
     for text in (manifest, readme):
-        for term in ("flush_memory_cap_bytes", "flush_max_bytes", "tail buffer", "max_request_bytes",
-                     "consume_max_pack_bytes", "memtable"):
+        for term in ("flush_memory_cap_bytes", "flush_max_bytes", "tail_buffer_bytes", "max_request_bytes",
+                     "consume_max_pack_bytes", "consume_buffer_bytes", "consume_cache_bytes",
+                     "rocksdb_write_buffer_bytes", "rocksdb_block_cache_bytes", "memtable"):
             assert term in text, f"{term} missing from the memory formula"

@@ -68,6 +68,17 @@ _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 # After a full disk stopped RocksDB, at most one attempt per this many seconds to reopen it.
 _REOPEN_EVERY_SECONDS = 1.0
 
+DEFAULT_WRITE_BUFFER_BYTES = 16 << 20
+"""One memtable's size.  A flush writes it as one table file: 16 MiB keeps the memtables small next
+to a pchannel's other memory while a flush still writes ~15k 1 KiB messages at once."""
+MIN_WRITE_BUFFER_BYTES = 1 << 20
+MAX_WRITE_BUFFERS = 2
+"""Memtables at most: the one taking writes and the one being flushed (RocksDB's minimum)."""
+DEFAULT_BLOCK_CACHE_BYTES = 8 << 20
+"""Blocks read back from table files, and every table's index and filter blocks.  Readers mostly
+tail from memory (the WAL's tail buffer) or read each block once while catching up, so a small cache
+loses little."""
+
 log = structlog.get_logger(__name__)
 
 
@@ -151,7 +162,14 @@ class RocksBackend(Backend):
     def __init__(
         self, path: str | os.PathLike[str], sync_method: SyncMethod = SyncMethod.JOURNAL, *,
         journal_rotate_bytes: int = 64 << 20, verify_checksums: bool = True,
+        write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES, block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
     ) -> None:
+        if write_buffer_bytes < MIN_WRITE_BUFFER_BYTES:
+            raise InvalidArgumentError(f"the RocksDB write buffer must be >= {MIN_WRITE_BUFFER_BYTES} bytes, got "
+                                       f"{write_buffer_bytes!r}", field="rocksdb_write_buffer_bytes")
+        if block_cache_bytes < 0:
+            raise InvalidArgumentError(f"the RocksDB block cache must be >= 0 bytes, got {block_cache_bytes!r}",
+                                       field="rocksdb_block_cache_bytes")
         self.path = os.fspath(path)
         self._sync_method = sync_method
         self.split_sync = sync_method is not SyncMethod.WRITE_SYNC
@@ -181,7 +199,22 @@ class RocksBackend(Backend):
         # a torn tail record is dropped, never surfaced.
         opts.set_wal_recovery_mode(rocksdict.DBRecoveryMode.point_in_time())
         opts.increase_parallelism(2)
-        opts.set_write_buffer_size(64 << 20)
+        # Memory (README "Memory"): at most MAX_WRITE_BUFFERS memtables of write_buffer_bytes each (one
+        # taking writes, one being flushed), and one block cache that also holds the tables' index and
+        # filter blocks, so that the SST files' readers are inside its bound rather than beside it.
+        opts.set_write_buffer_size(write_buffer_bytes)
+        opts.set_max_write_buffer_number(MAX_WRITE_BUFFERS)
+        table = rocksdict.BlockBasedOptions()
+        if block_cache_bytes:
+            self._cache: Any = rocksdict.Cache(block_cache_bytes)  # must outlive the database (and its reopen)
+            table.set_block_cache(self._cache)
+            table.set_cache_index_and_filter_blocks(True)
+        else:  # no cache: each table reader keeps its index and filter blocks (RocksDB needs them)
+            self._cache = None
+            table.disable_cache()
+        opts.set_block_based_table_factory(table)
+        self.write_buffer_bytes = write_buffer_bytes
+        self.block_cache_bytes = block_cache_bytes
         self._opts = opts
         # Every read checks RocksDB's block checksums (its default, made explicit; off only to measure
         # what it costs, bench/wal_append.py): a damaged table block then fails the read, naming its

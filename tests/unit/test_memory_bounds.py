@@ -1,0 +1,149 @@
+"""The memory settings (README "Memory") bound what they claim, and reach what they bound.
+
+- RocksDB: the write buffer, the number of memtables and the block cache (which also holds the
+  tables' index and filter blocks) are what the backend was given, read back from RocksDB itself
+  (its properties and the OPTIONS file it writes); the memtables stay within two write buffers
+  however much is written.
+- The WAL's tail buffer stays within its bytes however much is appended.
+- NodeConfig's settings reach the backend and the manager the node starts, and bad values are refused
+  naming the setting.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from streamingnode.config import NodeConfig, load_config
+from streamingnode.node import Node
+from tests.factories import ins, tick
+from wal import WALManager
+from wal.backends import MemoryBackend
+from wal.backends.rocks import (
+    DEFAULT_BLOCK_CACHE_BYTES,
+    DEFAULT_WRITE_BUFFER_BYTES,
+    MAX_WRITE_BUFFERS,
+    RocksBackend,
+)
+from wal.errors import InvalidArgumentError
+from wal.manager import DEFAULT_TAIL_BUFFER_BYTES
+
+MiB = 1 << 20
+
+
+def _options_file(path: Path) -> dict[str, str]:
+    """The newest OPTIONS file RocksDB wrote in ``path``: what it actually runs with."""
+    newest = max(path.glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1]))
+    return dict(re.findall(r"^\s*([a-z_]+)=(.*)$", newest.read_text(), flags=re.MULTILINE))
+
+
+def test_rocksdb_runs_with_the_write_buffer_and_block_cache_it_was_given(tmp_path: Path) -> None:
+    backend = RocksBackend(tmp_path / "db", write_buffer_bytes=3 * MiB, block_cache_bytes=5 * MiB)
+    try:
+        assert backend._db.property_int_value("rocksdb.block-cache-capacity") == 5 * MiB
+        options = _options_file(tmp_path / "db")
+        assert int(options["write_buffer_size"]) == 3 * MiB
+        assert int(options["max_write_buffer_number"]) == MAX_WRITE_BUFFERS == 2
+        # Index and filter blocks are counted in the cache, not held beside it by every table reader.
+        assert options["cache_index_and_filter_blocks"] == "true"
+    finally:
+        backend.close()
+
+
+def test_rocksdb_defaults_are_small(tmp_path: Path) -> None:
+    """RocksDB's own defaults here were two 64 MiB memtables and a 32 MiB cache: 160 MiB for a log
+    that keeps tens of MB; the defaults are now 2 x 16 MiB and 8 MiB."""
+    backend = RocksBackend(tmp_path / "db")
+    try:
+        assert backend._db.property_int_value("rocksdb.block-cache-capacity") == DEFAULT_BLOCK_CACHE_BYTES == 8 * MiB
+        assert int(_options_file(tmp_path / "db")["write_buffer_size"]) == DEFAULT_WRITE_BUFFER_BYTES == 16 * MiB
+    finally:
+        backend.close()
+
+
+def test_a_block_cache_of_zero_turns_the_cache_off(tmp_path: Path) -> None:
+    backend = RocksBackend(tmp_path / "db", block_cache_bytes=0)
+    try:
+        assert _options_file(tmp_path / "db")["no_block_cache"] == "true"
+    finally:
+        backend.close()
+
+
+async def test_memtables_stay_within_two_write_buffers_however_much_is_written(tmp_path: Path) -> None:
+    backend = RocksBackend(tmp_path / "db", write_buffer_bytes=1 * MiB)
+    manager = await WALManager.start(backend, tail_buffer_bytes=0)
+    try:
+        await manager.create_channel("p")
+        wal = await manager.open("p")
+        peak = 0
+        payload = b"x" * 4000
+        for k in range(40):  # 40 x 100 x 4 KB = 16 MB through a 1 MiB write buffer
+            await wal.append_batch([ins("v", 1000 * k + i + 1, payload) for i in range(100)] + [tick(1000 * k + 999)])
+            peak = max(peak, backend._db.property_int_value("rocksdb.size-all-mem-tables"))
+        # RocksDB counts a memtable's arena blocks, so a full one may be a little over its size.
+        assert 0 < peak <= MAX_WRITE_BUFFERS * MiB * 1.25, f"memtables held {peak} bytes"
+    finally:
+        await manager.aclose()
+
+
+def test_bad_rocksdb_memory_settings_are_refused_naming_them(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="write buffer") as caught:
+        RocksBackend(tmp_path / "a", write_buffer_bytes=1024)
+    assert caught.value.fields["field"] == "rocksdb_write_buffer_bytes"
+    with pytest.raises(InvalidArgumentError, match="block cache") as caught:
+        RocksBackend(tmp_path / "b", block_cache_bytes=-1)
+    assert caught.value.fields["field"] == "rocksdb_block_cache_bytes"
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+async def test_the_tail_buffer_stays_within_its_bytes() -> None:
+    manager = await WALManager.start(MemoryBackend(), tail_buffer_bytes=64 * 1024)
+    try:
+        await manager.create_channel("p")
+        wal = await manager.open("p")
+        for k in range(200):  # 200 x 10 x 1 KiB: 30 times the budget
+            await wal.append_batch([ins("v", 100 * k + i + 1, b"y" * 1024) for i in range(10)] + [tick(100 * k + 99)])
+            assert wal._tail._bytes <= 64 * 1024
+        assert 0 < len(wal._tail._messages) < 64 and wal._tail.base > 1000
+    finally:
+        await manager.aclose()
+
+
+async def test_the_tail_buffer_default_is_the_nodes_default() -> None:
+    manager = await WALManager.start(MemoryBackend())
+    try:
+        assert manager.tail_buffer_bytes == DEFAULT_TAIL_BUFFER_BYTES == NodeConfig().tail_buffer_bytes == 16 * MiB
+    finally:
+        await manager.aclose()
+    assert NodeConfig().rocksdb_write_buffer_bytes == DEFAULT_WRITE_BUFFER_BYTES
+    assert NodeConfig().rocksdb_block_cache_bytes == DEFAULT_BLOCK_CACHE_BYTES
+
+
+async def test_the_nodes_memory_settings_reach_the_backend_and_the_wals(tmp_path: Path) -> None:
+    config = load_config(env={"STREAMINGNODE_TAIL_BUFFER_BYTES": str(3 * MiB)}, overrides={
+        "data_dir": str(tmp_path / "data"), "rocksdb_write_buffer_bytes": 2 * MiB,
+        "rocksdb_block_cache_bytes": 6 * MiB, "flusher": False, "channels": "p"})
+    node = await Node.start(config)
+    try:
+        backend = node.manager.backend
+        assert isinstance(backend, RocksBackend)
+        assert backend._db.property_int_value("rocksdb.block-cache-capacity") == 6 * MiB
+        assert int(_options_file(tmp_path / "data")["write_buffer_size"]) == 2 * MiB
+        await node.open_all()
+        wal = node.channel("p").stream.wal
+        assert wal._tail._max_bytes == node.manager.tail_buffer_bytes == 3 * MiB
+    finally:
+        await node.aclose()
+
+
+@pytest.mark.parametrize(("setting", "value", "words"), [
+    ("tail_buffer_bytes", -1, "tail_buffer_bytes must be >= 0"),
+    ("rocksdb_block_cache_bytes", -1, "rocksdb_block_cache_bytes must be >= 0"),
+    ("rocksdb_write_buffer_bytes", 65536, "rocksdb_write_buffer_bytes must be >= 1 MiB"),
+])
+def test_bad_memory_settings_are_refused_naming_the_setting(setting: str, value: int, words: str) -> None:
+    with pytest.raises(InvalidArgumentError, match=words) as caught:
+        NodeConfig(**{setting: value})
+    assert caught.value.fields["field"] == setting
