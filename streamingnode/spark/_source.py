@@ -20,7 +20,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
-from streamingnode.spark import _range, _rows
+from streamingnode.spark import _columns, _range, _rows
 from streamingnode.spark._options import (
     EARLIEST,
     LATEST,
@@ -180,14 +180,18 @@ class _Reads:
         types = self._opts.types
         if self._info is not None:
             types = (int(MessageType.INSERT), int(MessageType.UPSERT), int(MessageType.DELETE))
-        with self._opts.conn.client() as client:
-            messages = _range.read_range(client, start, end, vchannel, types, timeout=self._opts.conn.timeout)
-            if self._info is None:
-                yield from _rows.plain_batches(messages, self._arrow)
-            else:
-                decoder = _rows.CollectionDecoder(self._info.name, self._info.schema, self._info.primary_key,
-                                                  self._arrow)
-                yield from decoder.batches(messages)
+        packs = _columns.read_packs(self._opts.conn, start, end, vchannel, types)
+        if self._info is None:
+            for pack in packs:
+                batch = _columns.plain_batch(pack, end.timetick, self._arrow)
+                if batch is not None:
+                    yield batch
+        else:
+            decoder = _rows.CollectionDecoder(self._info.name, self._info.schema, self._info.primary_key,
+                                              self._arrow)
+            yield from decoder.batches((m, visible) for pack in packs
+                                       for m, visible in _range.visible_messages(_columns.pack_messages(pack))
+                                       if visible <= end.timetick)
 
 
 class StreamReader(_Reads, DataSourceStreamReader):
