@@ -149,6 +149,15 @@ class StreamingWAL:
             await self._roll_back_too_large(exc)
             raise
 
+    def start_append(self, messages: list[Message]) -> asyncio.Future[list[AppendResult]] | None:
+        """``WALAdaptor.start_append`` for a batch without transactions (None otherwise, or while
+        recovering: use ``append_batch``, which rolls back a transaction grown too large before
+        answering).  Refusals raise here; await the future through ``asyncio.shield``."""
+        for m in messages:
+            if m._txn is not None:
+                return None
+        return self.adaptor.start_append(messages)
+
     async def _roll_back_too_large(self, exc: TxnTooLargeError) -> None:
         """The txn step failed a transaction that grew over its bound: write its RollbackTxn before the
         caller hears of it, so readers forget it at once (it can never commit now)."""

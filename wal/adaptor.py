@@ -85,43 +85,67 @@ class WALAdaptor:
         half could leave a timestamp allocated but unwritten behind a barrier.  The caller then does not
         know the outcome; idempotent producers (producer id + sequence) make the retry safe.
         """
+        ready = self._ready_task
+        if ready is not None and not ready.done() and messages:
+            err = self._refusal()
+            if err is not None:
+                raise err
+            # Waiting for recovery is not being in the chain: a caller cancelled here appends nothing.
+            async with asyncio.timeout_at(deadline):
+                await asyncio.shield(ready)
+        inner = self.start_append(messages, deadline=deadline)
+        if inner is None:  # refused an instant ago: the state decides the error
+            raise self._refusal() or OnShutdownError(
+                f"WAL of pchannel {self.pchannel!r} is not started", channel=self.pchannel)
+        return await asyncio.shield(inner)
+
+    def start_append(
+        self, messages: Sequence[Message], *, deadline: float | None = None
+    ) -> asyncio.Future[list[AppendResult]] | None:
+        """Hand ``messages`` to the chain at once and return the chain's own future of their results,
+        or None while the chain is not ready yet (use ``append_batch``, which waits).
+
+        The lean path of a caller that already runs in its own task (a produce stream): no task and
+        no shield of the adaptor's own around the chain.  Refusals (closing, fenced, bad messages)
+        raise here.  The future must never be cancelled (the batch would be cut in half): await it
+        through ``asyncio.shield``, or only once it is done.
+        """
         err = self._refusal()
         if err is not None:
             raise err
         batch = list(messages)
-        if not batch:
-            return []
         for m in batch:
             if not isinstance(m, Message):
                 raise InvalidArgumentError(f"expected Message, got {type(m).__name__}")
             if m._id is not None:  # the slot, not the property: this runs once per message
                 raise InvalidArgumentError(f"message {m._id} was already appended", message_id=m._id)
+        if not batch:
+            done: asyncio.Future[list[AppendResult]] = asyncio.get_running_loop().create_future()
+            done.set_result([])
+            return done
         ready = self._ready_task
         if ready is None:
             raise OnShutdownError(f"WAL of pchannel {self.pchannel!r} is not started", channel=self.pchannel)
+        if not ready.done():
+            return None
+        ready.result()  # a failed recovery fails every append, with its cause
+        # The chain's task copies the context now: the deadline is seen by the redo step inside it.
         token = append_deadline.set(deadline)
         try:
-            if not ready.done():
-                async with asyncio.timeout_at(deadline):
-                    await asyncio.shield(ready)
-            ready.result()  # a failed recovery fails every append, with its cause
-            err = self._refusal()  # the state may have changed while waiting
-            if err is not None:
-                raise err
             inner = asyncio.ensure_future(self._chain(batch))
-            self._running.add(inner)
-            inner.add_done_callback(self._batch_done)
-            observer = self.observer
-            if observer is not None:
-                # Observed when the batch ends, not when the caller returns: a caller that was
-                # cancelled still has its batch run to the end, and that end is what happened.
-                t0 = time.perf_counter()
-                inner.add_done_callback(
-                    lambda f: observer(batch, time.perf_counter() - t0,
-                                       asyncio.CancelledError() if f.cancelled() else f.exception()))
-            return await asyncio.shield(inner)
         finally:
             append_deadline.reset(token)
+        self._running.add(inner)
+        inner.add_done_callback(self._batch_done)
+        observer = self.observer
+        if observer is not None:
+            # Observed when the batch ends, not when the caller returns: a caller that was
+            # cancelled still has its batch run to the end, and that end is what happened.
+            t0 = time.perf_counter()
+            inner.add_done_callback(
+                lambda f: observer(batch, time.perf_counter() - t0,
+                                   asyncio.CancelledError() if f.cancelled() else f.exception()))
+        return inner
 
     def _batch_done(self, fut: asyncio.Future[list[AppendResult]]) -> None:
         self._running.discard(fut)

@@ -349,17 +349,34 @@ class Producer:
         ``"fail"`` raises ``ResourceExhaustedError``).  ``timeout`` (seconds, None: none) bounds the
         whole call; when it passes while the message is still only waiting for room, it was not
         accepted (TimeoutError); once accepted, the message stays queued even if the wait times out."""
+        if timeout is None:  # no timeout object to make and enter: the usual call
+            return await self._send(vchannel, payload, properties, type)
         async with asyncio.timeout(timeout):
-            size = len(payload) + len(vchannel) + sum(len(k) + len(v) for k, v in (properties or {}).items())
-            while self._state is _State.RUNNING and (
-                    (self._connected and len(self._sealed) >= self._max_in_flight)
-                    or (self._buffered and self._buffered + size > self.buffer_bytes)):
-                if not (self._connected and len(self._sealed) >= self._max_in_flight) and self._on_full == "fail":
-                    raise self._full(size)
-                self._space.clear()
-                await self._space.wait()
-            fut = self.send_nowait(vchannel, payload, properties=properties, type=type)
-            return await asyncio.shield(fut)
+            return await self._send(vchannel, payload, properties, type)
+
+    async def _send(
+        self, vchannel: str, payload: bytes, properties: dict[str, str] | None, type: MessageType
+    ) -> AppendResult:
+        size = len(payload) + len(vchannel)
+        if properties:
+            size += sum(len(k) + len(v) for k, v in properties.items())
+        while self._state is _State.RUNNING and (
+                (self._connected and len(self._sealed) >= self._max_in_flight)
+                or (self._buffered and self._buffered + size > self.buffer_bytes)):
+            if not (self._connected and len(self._sealed) >= self._max_in_flight) and self._on_full == "fail":
+                raise self._full(size)
+            self._space.clear()
+            await self._space.wait()
+        # A lone message at linger 0 (nothing open, queued or in flight: no company to wait for, and
+        # nothing it could overtake) goes out now, not one loop turn later.  Messages sent while it is
+        # in flight still gather for that turn and share a batch.
+        lone = self._linger == 0 and not (self._open_futures or self._sealed or self._in_flight)
+        fut = self.send_nowait(vchannel, payload, properties=properties, type=type)
+        if lone:
+            self._seal()
+        # Awaited directly, not through a shield: the future is this call's alone, and a cancelled
+        # wait leaves the message in its batch (``_resolve`` and the failure paths skip done futures).
+        return await fut
 
     def _full(self, size: int) -> ResourceExhaustedError:
         return ResourceExhaustedError(
