@@ -12,6 +12,13 @@ order, each after its own sync returned, and at most ``_MAX_IN_FLIGHT`` commits 
 failed sync is fatal: the written-but-unsynced data may or may not survive, so nothing later is
 acknowledged and the WAL must be reopened (as databases treat a failed fsync).
 
+A backend that pipelines its own writes (``Backend.pipelined``: JetStream, whose store is a network
+round trip) is given each commit with ``start_write`` and acknowledged once that commit's own store is
+confirmed, so commit N+1 is encoded and queued while N's round trip runs.  There a failure is not
+fatal: it is one pchannel's, whose appends of that commit and of every later commit in flight fail
+and get their ids back (the backend sends none of those later writes), while the other pchannels'
+appends are acknowledged.
+
 A lone small append (nothing else queued, no sync in flight, nothing else on the writer thread) gains
 nothing from either thread: it is written and synced on the event loop itself, as long as such writes
 stay fast (a moving average of
@@ -61,6 +68,9 @@ _INLINE_MAX_SECONDS = 0.0005
 _HOLD_UNAVAILABLE_SECONDS = 10.0
 _HOLD_FIRST_DELAY = 0.02
 _HOLD_MAX_DELAY = 1.0
+# A pipelined backend bounds each store's waits itself (JetStream: a retry window per block); past
+# this the backend is taken to have stopped answering at all.
+_STORE_TIMEOUT_SECONDS = 120.0
 
 
 class _Request:
@@ -72,6 +82,17 @@ class _Request:
         self.nbytes = nbytes
         self.future = future
         self.first_id: MessageID = 0
+
+
+class _InFlight:
+    """A pipelined write whose store is not confirmed yet: its requests and commits, both pruned of
+    the pchannels whose store failed (``_fail_stored``)."""
+
+    __slots__ = ("commits", "reqs")
+
+    def __init__(self, reqs: list[_Request], commits: list[_Commit]) -> None:
+        self.reqs = reqs
+        self.commits = commits
 
 
 class _Commit:
@@ -132,6 +153,12 @@ class GroupCommitter:
         self._hold_delay = _HOLD_FIRST_DELAY
         self._held = 0
         """How many requests at the front of the queue are a held write, to be taken exactly."""
+        self._pipelined = backend.pipelined
+        self._in_flight: list[_InFlight] = []
+        """Pipelined writes started and not yet acknowledged or failed, oldest first."""
+        self.store_timeout = _STORE_TIMEOUT_SECONDS
+        """How long a pipelined write may wait for its store's answer before its appends fail (a
+        backend bounds its own waits; this is the net for one that stopped answering at all)."""
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="wal-group-commit")
@@ -201,6 +228,14 @@ class GroupCommitter:
                     commits = self._write_lone(reqs)
                 elif lone:
                     commits = await loop.run_in_executor(self._executor, self._write_lone, reqs)
+                elif self._pipelined:
+                    commits, stored = await loop.run_in_executor(self._executor, self._start, reqs)
+                    self._unavailable_since = None
+                    self.commits += 1
+                    entry = _InFlight(reqs, commits)
+                    self._in_flight.append(entry)
+                    self._last_ack = loop.create_task(self._ack_after_store(stored, self._last_ack, entry))
+                    continue
                 else:
                     commits = await loop.run_in_executor(self._executor, self._write, reqs, self._durable and not split)
             except _Poisoned as exc:
@@ -245,6 +280,61 @@ class GroupCommitter:
             self._ack(reqs, commits)
         finally:
             self._slots.release()
+
+    async def _ack_after_store(
+        self, stored: concurrent.futures.Future[dict[int, BaseException]], previous: asyncio.Task[None] | None,
+        entry: _InFlight,
+    ) -> None:
+        """Acknowledge a pipelined write once its store is confirmed, in commit order; fail the
+        appends of the pchannels whose store failed (see the module docstring)."""
+        try:
+            if previous is not None:
+                await asyncio.wait([previous])  # acknowledge in commit order
+            failed: dict[int, BaseException]
+            try:
+                failed = await asyncio.wait_for(asyncio.wrap_future(stored), self.store_timeout)
+            except Exception as exc:  # noqa: BLE001  (the store as a whole failed, for every pchannel of it)
+                err: BaseException = exc
+                if isinstance(exc, TimeoutError):
+                    err = UnrecoverableError(f"the WAL backend did not answer a write in {self.store_timeout:.0f} s")
+                failed = {c.wal._channel_key: err for c in entry.commits}
+            if self._fatal is not None:
+                failed = {c.wal._channel_key: self._fatal for c in entry.commits}
+            if failed:
+                self._fail_stored(entry, failed)
+            self._in_flight.remove(entry)
+            self._ack(entry.reqs, entry.commits)
+        except asyncio.CancelledError:
+            if entry in self._in_flight:
+                self._in_flight.remove(entry)
+            self._fail(entry.reqs, asyncio.CancelledError())
+            raise
+        finally:
+            self._slots.release()
+
+    def _fail_stored(self, entry: _InFlight, failed: dict[int, BaseException]) -> None:
+        """Fail the appends of ``entry`` whose pchannel's store failed, and those of the same
+        pchannels in every later write in flight: the backend sends none of those (each would follow
+        a block that is not stored), and their ids are handed back now, once, from the oldest, before
+        any new write of those pchannels takes ids.  A pchannel already pruned from ``entry`` (as a
+        consequence of an earlier failure) is skipped: a write of it started after that one was handed
+        its ids back again, and stands on its own."""
+        keys = {r.wal._channel_key for r in entry.reqs if r.wal._channel_key in failed}
+        for later in self._in_flight[self._in_flight.index(entry):]:
+            bad = [r for r in later.reqs if r.wal._channel_key in keys]
+            if not bad:
+                continue
+            later.reqs = [r for r in later.reqs if r.wal._channel_key not in keys]
+            later.commits = [c for c in later.commits if c.wal._channel_key not in keys]
+            if later is entry:
+                _give_back(bad)
+            else:
+                for r in bad:  # ids after the ones handed back above: nothing to give back again
+                    for m in r.messages:
+                        m._id = None
+            for r in bad:
+                if not r.future.done():
+                    r.future.set_exception(_store_error(failed[r.wal._channel_key], r.wal.pchannel))
 
     def _ack(self, reqs: list[_Request], commits: list[_Commit]) -> None:
         try:
@@ -349,6 +439,13 @@ class GroupCommitter:
                 req.future.set_exception(err)
         self._queue[:0] = again
 
+    def _start(
+        self, reqs: list[_Request],
+    ) -> tuple[list[_Commit], concurrent.futures.Future[dict[int, BaseException]]]:
+        """Seal and encode one batch and start its write (pipelined backends), on the writer thread."""
+        commits, groups = self._encode_checked(reqs)
+        return commits, self._backend.start_write(groups)
+
     def _write_lone(self, reqs: list[_Request]) -> list[_Commit]:
         """Write and sync a lone append; keep the moving average of how long that takes."""
         started = time.perf_counter()
@@ -359,6 +456,12 @@ class GroupCommitter:
     def _write(self, reqs: list[_Request], durable: bool) -> list[_Commit]:
         """Seal, encode and write one batch for every request: on the writer thread, or on the loop
         for a lone append (never both at once: the committer awaits each write before the next)."""
+        commits, groups = self._encode_checked(reqs)
+        self._backend.write(groups, durable)
+        return commits
+
+    def _encode_checked(self, reqs: list[_Request]) -> tuple[list[_Commit], list[WriteGroup]]:
+        """``_encode``, with a request that cannot be encoded failing alone (``_Poisoned``)."""
         written_max_ts = {id(req.wal): (req.wal, req.wal._written_max_ts) for req in reqs}
         try:
             commits, groups = self._encode(reqs)
@@ -371,8 +474,7 @@ class GroupCommitter:
             if not errors:
                 raise
             raise _Poisoned(errors) from exc
-        self._backend.write(groups, durable)
-        return commits
+        return commits, groups
 
     def _encode(self, reqs: list[_Request]) -> tuple[list[_Commit], list[WriteGroup]]:
         """Seal and encode: the commits for the tail buffer and the groups to write."""
@@ -413,6 +515,17 @@ class GroupCommitter:
         ]
         c.ticked = bool(ticks)
         return WriteGroup(c.wal._channel_key, c.first_id, encode_block(c.messages), ticks, c.max_timetick)
+
+
+def _store_error(exc: BaseException, pchannel: str) -> StreamingError:
+    """What an append whose pipelined store failed fails with."""
+    if not isinstance(exc, StreamingError):
+        return UnrecoverableError(f"WAL write failed: {exc!r}", channel=pchannel)
+    if exc.code is ErrorCode.UNAVAILABLE:
+        # The backend already asked again for as long as its window allows (a NATS election): the
+        # redo step must not retry these appends one by one, out of order with the rest of the write.
+        exc.fields.setdefault("held_seconds", 0.0)
+    return exc
 
 
 def _give_back(reqs: list[_Request]) -> None:

@@ -15,6 +15,7 @@ Lifetimes: a backend outlives every WAL opened on it (backend ⊃ WAL ⊃ Scanne
 from __future__ import annotations
 
 import abc
+import concurrent.futures
 import enum
 from dataclasses import dataclass, field
 
@@ -85,6 +86,10 @@ class Backend(abc.ABC):
     """True when ``write(durable=False)`` followed by ``sync()`` is as durable as a durable write and
     ``sync`` lets other Python threads run: the committer then pipelines writes and syncs."""
 
+    pipelined: bool = False
+    """True when the backend takes ``start_write``: the committer then sends a write before the
+    previous one is stored, and acknowledges each once its own store is confirmed."""
+
     # --- channels --------------------------------------------------------------------------------
     @abc.abstractmethod
     def create_channel(self, name: str, properties: dict[str, str]) -> ChannelInfo:
@@ -110,6 +115,18 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def write(self, groups: list[WriteGroup], durable: bool) -> None:
         """Write every group atomically; with ``durable``, return only once they are on stable storage."""
+
+    def start_write(self, groups: list[WriteGroup]) -> concurrent.futures.Future[dict[int, BaseException]]:
+        """Send ``groups`` (only when ``pipelined``) and return at once; the future resolves once every
+        group is stored or known failed, to the failures by channel key (empty: all stored).
+
+        Writes are stored in the order they were started, each channel's groups all or none, and a
+        channel's group is only ever stored right after the one before it: once a write of a channel
+        failed, every write of it already started after that one fails too, until one starts again
+        from the end of what is stored (the ids the WAL handed back).  A write stored although its
+        future failed (its confirmation was lost) is found by the next write of that channel: stored
+        as the same blocks it is kept, else that write fails UNRECOVERABLE (reopen the WAL)."""
+        raise NotImplementedError(f"{type(self).__name__} does not pipeline writes")
 
     @abc.abstractmethod
     def read_blocks(

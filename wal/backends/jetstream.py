@@ -200,6 +200,9 @@ class _Chan:
     claim_rev: int = 0  # the revision of this backend's term claim in the meta bucket (0: none)
     last_tick: TickEntry | None = None
     doubt: _Doubt | None = None
+    next_id: int = 0  # the id after the last block known stored (the writer's view)
+    failed: BaseException | None = None  # why the last write failed, until one is stored again
+    queue_tail: asyncio.Future[None] | None = None  # the newest started write (``start_write``)
     # The id -> sequence index: sequences in order, with their first ids and largest timeticks.
     seqs: list[int] = field(default_factory=list)
     firsts: list[int] = field(default_factory=list)
@@ -228,6 +231,7 @@ class JetStreamBackend(Backend):
     request to a dead stream leader is asked again of the new one soon after it is elected)."""
 
     split_sync = False
+    pipelined = True
 
     def __init__(self, servers: str | list[str], *, prefix: str = "sn", replicas: int = 1,
                  timeout: float = 5.0, attempt_timeout: float = 1.0) -> None:
@@ -567,6 +571,7 @@ class JetStreamBackend(Backend):
                 raise
             ch = self._chans.get(key) or _Chan(key, name)
             ch.term, ch.last_seq, ch.last_tick, ch.doubt = info.term, int(ack.seq), last_tick, None
+            ch.next_id, ch.failed = info.next_id, None
             ch.claim_rev = claim_rev
             ch.learn(int(ack.seq), info.next_id)
             self._chans[key] = ch
@@ -634,7 +639,7 @@ class JetStreamBackend(Backend):
             self._call(self._write(groups), what="writing to the WAL",
                        overall=self.timeout * (3 + 2 * len(groups)))
 
-    async def _write(self, groups: list[WriteGroup]) -> None:
+    def _by_key(self, groups: list[WriteGroup]) -> dict[int, list[WriteGroup]]:
         by_key: dict[int, list[WriteGroup]] = {}
         for g in groups:
             ch = self._chans.get(g.channel_key)
@@ -642,6 +647,10 @@ class JetStreamBackend(Backend):
                 raise UnrecoverableError(f"write to pchannel key {g.channel_key} that this backend did not open",
                                          channel_key=g.channel_key)
             by_key.setdefault(g.channel_key, []).append(g)
+        return by_key
+
+    async def _write(self, groups: list[WriteGroup]) -> None:
+        by_key = self._by_key(groups)
         starts = {k: self._chans[k].last_seq for k in by_key}
         results = await asyncio.gather(*(self._publish_chain(self._chans[k], gs) for k, gs in by_key.items()),
                                        return_exceptions=True)
@@ -654,7 +663,7 @@ class JetStreamBackend(Backend):
             if not isinstance(r, BaseException) and ch.doubt is None:
                 base = starts[k]
                 assert base is not None
-                ch.doubt = _Doubt(base, gs)
+                ch.doubt, ch.next_id = _Doubt(base, gs), gs[0].first_id
         fenced = [e for e in errors if isinstance(e, ChannelFencedError)]
         raise fenced[0] if fenced else errors[0]
 
@@ -711,6 +720,7 @@ class JetStreamBackend(Backend):
             ch.doubt = _Doubt(ch.last_seq, pending)
             raise
         ch.last_seq, ch.last_tick = int(ack.seq), last_tick
+        ch.next_id, ch.failed = g.first_id + block_count(g.block), None
         ch.learn(int(ack.seq), g.first_id)
 
     async def _settle(self, ch: _Chan, groups: list[WriteGroup]) -> list[WriteGroup]:
@@ -743,7 +753,56 @@ class JetStreamBackend(Backend):
         for g in groups[:stored]:
             if g.ticks:
                 ch.last_tick = g.ticks[-1]
+            ch.next_id = g.first_id + block_count(g.block)
         return groups[stored:]
+
+    # --- pipelined writes (``start_write``) ------------------------------------------------------------
+    def start_write(self, groups: list[WriteGroup]) -> concurrent.futures.Future[dict[int, BaseException]]:
+        if self._closed:
+            raise OnShutdownError(f"JetStream WAL backend {self.path} is closed", path=self.path)
+        return asyncio.run_coroutine_threadsafe(self._start_write(groups), self._loop)
+
+    async def _start_write(self, groups: list[WriteGroup]) -> dict[int, BaseException]:
+        """Queue each channel's groups behind that channel's previous write (this runs on the loop in
+        the order writes were started, and queues before its first await) and wait for them all."""
+        tasks: dict[int, asyncio.Future[None]] = {}
+        for key, gs in self._by_key(groups).items():
+            ch = self._chans[key]
+            ch.queue_tail = tasks[key] = asyncio.ensure_future(self._queued(ch, gs, ch.queue_tail))
+        results = await asyncio.gather(*tasks.values(), return_exceptions=True)
+        return {k: r for k, r in zip(tasks, results, strict=True) if isinstance(r, BaseException)}
+
+    async def _queued(self, ch: _Chan, groups: list[WriteGroup], previous: asyncio.Future[None] | None) -> None:
+        """Publish ``groups`` once the channel's previous write is settled, if they follow what is stored.
+
+        So the block of the next commit is encoded and queued while this one's round trip runs, and
+        sent the moment it is acknowledged, each still expecting its predecessor's sequence (the
+        fence).  A write that does not start at the end of what is stored follows a failed one whose
+        ids the WAL hands back: it is not sent (it fails as that one did).
+        """
+        if previous is not None and not previous.done():
+            await asyncio.wait([previous])
+        if groups[0].first_id != ch.next_id:
+            raise self._out_of_step(ch, groups[0].first_id)
+        try:
+            # Each block may take a retry window (_window) when an election stalls it, as in ``write``.
+            await self._guard(asyncio.wait_for(self._publish_chain(ch, groups),
+                                               self.timeout * (3 + 2 * len(groups))), "writing to the WAL")
+        except BaseException as exc:
+            ch.failed = exc
+            raise
+
+    def _out_of_step(self, ch: _Chan, first_id: int) -> StreamingError:
+        prior = ch.failed
+        if isinstance(prior, ChannelFencedError):
+            return self._fenced(ch)
+        if prior is not None:
+            return UnavailableError(
+                f"pchannel {ch.name!r}: the write before this one failed, so this one (from id {first_id}) "
+                f"was not sent: {str(prior)[:300]}", channel=ch.name, path=self.path)
+        return UnrecoverableError(
+            f"pchannel {ch.name!r}: a write from id {first_id} does not follow the end of the stream "
+            f"(id {ch.next_id}); reopen the WAL", channel=ch.name, term=ch.term)
 
     def read_blocks(
         self, channel_key: int, from_id: MessageID, max_bytes: int
