@@ -58,13 +58,20 @@ Every publish waits for its acknowledgement (the servers run with ``sync_interva
 ``durable`` changes nothing, ``sync`` has nothing to do and ``split_sync`` is False.  Blocks up to the
 servers' ``max_payload`` (raise it to 8 MB: the committer writes blocks of about 1 MiB).
 
+Pipelining (``start_write``; ``pipelined`` is True).  The committer starts the next commit's write
+while the previous one's acknowledgement is pending: each pchannel's writes queue behind one another
+on the backend's loop, and each is published the moment its predecessor is acknowledged, with the
+sequence that one got as its expected last sequence, so fencing is unchanged.  What overlaps is the
+node's own work (taking the next appends, encoding ~1 MiB, two thread hand-offs: about a third of a
+block's time, profiled) with the round trip.  A queued write that does not start at the id after the
+last stored block is never sent: it follows a write that failed (it fails the same way, and the WAL
+hands both back) or ids out of step with the stream (UNRECOVERABLE).
+
 Threading.  The contract is synchronous and called from the WAL's writer and reader threads; nats-py is
 asyncio.  The backend owns an event loop in a thread of its own, and every call runs a coroutine there
 and waits for it with a timeout: a NATS that does not answer is UNAVAILABLE (retriable), never a hang
 (nats-py futures may never complete when the server answers an error).  All state is touched on that
-loop only, so it needs no lock.  Profiled on R3 (bench/RESULTS.md), the node's threads mostly wait:
-each commit is one ~1 MiB block awaited before the next is encoded, so its round trip and the thread
-hand-offs, not the CPU, bound throughput; metadata puts are a handful per run, off the hot path.
+loop only, so it needs no lock.  Metadata puts are a handful per run, off the hot path.
 
 ``backup`` is refused: a directory copy would not open as a JetStream backend, and a JetStream stream
 is backed up by NATS itself (``nats stream backup``), already replicated besides.
