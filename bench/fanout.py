@@ -9,7 +9,10 @@ node is what is measured); once all are open, ``--count`` DATA messages of ``--s
 produced durably through the SDK (``send_nowait``, ``--linger``), each message's ack latency timed
 from ``send_nowait`` to its future's completion.  Reported per N: produce msgs/s, ack p50/p99, total
 messages the node delivered per second while the producer ran (the node's ``consume_messages``
-counter, read from its /metrics before and after), and the node's peak RSS.
+counter, read from its /metrics before and after), the node's peak RSS and its CPU per produced
+message.  A probe process beside them sends one message at a time (linger 0, every 2 ms) and times
+each ack: the bulk producer's ack times include its own queue of ``--window`` unanswered sends
+(Little's law: window / rate), the probe's show what an append waits for behind delivery work.
 
 ``--stalled N`` adds a case of N consumers that open their stream and never read: its RSS is compared
 with 500 MB + N x the per-consumer cap (``consume_buffer_bytes``).  ``--node-flag`` passes extra serve
@@ -44,7 +47,7 @@ from _harness import prepare_process, tmpdir  # noqa: I001
 
 import grpc
 
-from produce_consume import CHANNEL_OPTIONS, PYTHON, ROOT, VCHANNEL, _node, _sdk
+from produce_consume import CHANNEL_OPTIONS, PYTHON, ROOT, VCHANNEL, _cpu_seconds, _node, _sdk
 
 PCHANNEL = "fan"
 PRODUCE_RATIO_TARGET = 0.5  # with 100 consumers, of the 0-consumer rate
@@ -234,9 +237,11 @@ def _one(args: argparse.Namespace, root: str, consumers: int, stall: bool) -> di
         probe = _Probe(addr)
         try:
             before = _delivered(url)
+            cpu0 = _cpu_seconds(node.proc.pid)
             t0 = time.perf_counter()
             rate, lat = asyncio.run(_produce(_sdk(), addr, args.count, args.size, args.linger, args.window))
             elapsed = time.perf_counter() - t0
+            cpu = _cpu_seconds(node.proc.pid) - cpu0
             after = _delivered(url)
             peak[0] = max(peak[0], _rss_mb(node.proc.pid))
         finally:
@@ -251,6 +256,7 @@ def _one(args: argparse.Namespace, root: str, consumers: int, stall: bool) -> di
         lat.sort()
         out = {"produce": rate, "p50_ms": lat[len(lat) // 2] * 1e3, "p99_ms": lat[int(len(lat) * 0.99)] * 1e3,
                "delivered": (after - before) / elapsed, "rss_mb": peak[0],
+               "node_cpu_us": cpu / args.count * 1e6,
                "probe_p50_ms": _pct(probe_lat, 0.5) * 1e3, "probe_p99_ms": _pct(probe_lat, 0.99) * 1e3}
     shutil.rmtree(data_dir, ignore_errors=True)
     return out
@@ -297,12 +303,12 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"fan-out: {args.count:,} x {args.size} B durable SDK produce, medians of {args.runs} runs")
     print(f"{'consumers':>12} {'produce/s':>10} {'ack p50':>8} {'ack p99':>8} {'probe p50':>9} {'probe p99':>9} "
-          f"{'delivered/s':>12} {'RSS MB':>7}")
+          f"{'delivered/s':>12} {'RSS MB':>7} {'node CPU/msg':>12}")
     for case in cases:
         label = f"{case[0]}{' stalled' if case[1] else ''}"
         print(f"{label:>12} {med(case, 'produce'):>10,.0f} {med(case, 'p50_ms'):>6.1f}ms {med(case, 'p99_ms'):>6.1f}ms "
               f"{med(case, 'probe_p50_ms'):>7.2f}ms {med(case, 'probe_p99_ms'):>7.2f}ms "
-              f"{med(case, 'delivered'):>12,.0f} {med(case, 'rss_mb'):>7.0f}")
+              f"{med(case, 'delivered'):>12,.0f} {med(case, 'rss_mb'):>7.0f} {med(case, 'node_cpu_us'):>10.1f}µs")
     base = (0, False)
     hundred = (100, False)
     if base in results and hundred in results:

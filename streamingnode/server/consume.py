@@ -30,11 +30,12 @@ from streamingnode.groups import check_group_name
 from streamingnode.metrics import ChannelMetrics
 from streamingnode.node import Channel, Node
 from streamingnode.server.errors import refused, require
-from streamingnode.server.fanout import Fanout, Responses, fanout_of, pack_key
+from streamingnode.server.fanout import Fanout, Responses, fanout_of, pack_check, pack_key
 from streamingnode.status import to_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
 from wal.errors import InvalidArgumentError, MessageTooLargeError, OnShutdownError, StreamingError
 from wal.lifecycle import cancel_and_wait
+from wal.message import Position
 from wal.names import VCHANNEL
 from wal.options import DeliverFilter, DeliverPolicy, ReadOption
 from wal.packs import MESSAGE_OVERHEAD, continued_runs, split_pack
@@ -195,14 +196,21 @@ class ConsumeStream:
             # The turn first, then whatever else is ready joins the pack: a reader kept waiting by a
             # busy loop sends more per response, and so fewer responses.
             await turns.take()
-            pack, pending = _merge(pack, scanner, limit, max_bytes)
             if cache is not None:
+                # The first reader to send from a position decides how far its response goes; the
+                # others at that position join the same packs, so that they can share its bytes.
                 key = pack_key(prefix, pack, min_ts)
-                responses = cache.get(key)
-                if responses is None:
+                entry = cache.get(key)
+                pack, pending = _merge(pack, scanner, limit, max_bytes, entry[0].end_position if entry else None)
+                check = pack_check(pack)
+                if entry is not None and entry[0] == check:
+                    cache.hit()
+                    responses = entry[1]
+                else:
+                    cache.miss()
                     responses, error = self._encode(pack, vchannel, limit, encode)
                     if error is None:
-                        cache.put(key, responses)  # before writing: the others need not wait for this client
+                        cache.put(key, check, responses)  # before writing: the others need not wait for this client
                     for k, (datas, n, nbytes) in enumerate(responses):
                         for data in datas:
                             await self._write(data)
@@ -218,6 +226,7 @@ class ConsumeStream:
                     if metrics is not None:
                         metrics.observe_pack(n, nbytes)
                 continue
+            pack, pending = _merge(pack, scanner, limit, max_bytes)
             for part, nbytes in split_pack(pack, limit, max_bytes):
                 if tracing is not None and part.messages:  # a span per pack with messages, linked to producers
                     with tracing.consume_span(part.start_position.pchannel, vchannel, part.messages):
@@ -296,7 +305,9 @@ class ConsumeStream:
                 await self._write(spb.ConsumeResponse(acked=spb.ConsumeAcked(positions=request.ack.positions)))
 
 
-def _merge(pack: MsgPack, scanner: Scanner, limit: int, max_bytes: int) -> tuple[MsgPack, MsgPack | None]:
+def _merge(
+    pack: MsgPack, scanner: Scanner, limit: int, max_bytes: int, until: Position | None = None,
+) -> tuple[MsgPack, MsgPack | None]:
     """``pack`` of a read that has caught up once, joined with the packs that follow it already in
     memory while together they stay within ``limit`` messages and ``max_bytes`` (as ``split_pack``
     counts): a reader that fell behind by several ticks takes them in one response, so a busy node
@@ -304,15 +315,16 @@ def _merge(pack: MsgPack, scanner: Scanner, limit: int, max_bytes: int) -> tuple
     next), if any.
 
     Consecutive packs join into one: the first's start, the last's end, the messages in order (as if
-    the ticks between had not been there).
+    the ticks between had not been there).  ``until``: join up to the pack that ends there and no
+    further (where another reader's response from the same start ended; any read may follow it).
     """
-    if not scanner.caught_up:
+    if until is None and not scanner.caught_up:
         # A catch-up read gets its packs one per tick, as they were made.
         return pack, None
     msgs = pack.messages
     n = len(msgs)
     size = sum(map(len, [m._payload for m in msgs])) + MESSAGE_OVERHEAD * n
-    if n >= limit or size >= max_bytes:
+    if n >= limit or size >= max_bytes or pack.end_position == until:
         return pack, None
     joined: list[MsgPack] = []
     following = None
@@ -328,6 +340,8 @@ def _merge(pack: MsgPack, scanner: Scanner, limit: int, max_bytes: int) -> tuple
         joined.append(nxt)
         n += k
         size += more
+        if nxt.end_position == until:
+            break
     if not joined:
         return pack, following
     messages = list(msgs)

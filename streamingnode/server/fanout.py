@@ -15,7 +15,9 @@ import asyncio
 import weakref
 from collections import OrderedDict
 from collections.abc import Hashable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+from wal.message import Position
 
 if TYPE_CHECKING:
     from streamingnode.metrics import NodeMetrics
@@ -43,57 +45,74 @@ class HeldBytes(Protocol):
 
 
 def pack_key(prefix: tuple[Hashable, ...], pack: MsgPack, min_ts: int) -> tuple[Hashable, ...]:
-    """The cache key of ``pack`` read with the options ``prefix`` stands for (pchannel, term,
-    vchannel, columns, the size limits, the type filter).
+    """The cache key of a response starting where ``pack`` starts, read with the options ``prefix``
+    stands for (pchannel, term, vchannel, columns, the size limits, the type filter).
 
-    A scanner's pack is decided by where it starts (its start position) and the options: two readers
-    at one position deliver the same messages (the rule of ``Position``).  The time filter matters
-    only until the scanner passes it: a pack that begins below ``min_ts`` is keyed with it.  The
-    end, the count and the first and last ids are in the key too: cheap, and two packs that differ
-    anywhere would differ there first.
+    From one start position, readers with the same options are handed the same packs (the rule of
+    ``Position``); how many of them one response joins is the first reader's choice, recorded in
+    the entry's ``pack_check`` for the others to follow.  The time filter matters only until the
+    scanner has passed it: a pack that begins below ``min_ts`` is keyed with it.
     """
+    return (*prefix, min_ts if pack.begin_ts < min_ts else 0, pack.start_position)
+
+
+class PackCheck(NamedTuple):
+    """What must match for a cached response to be a pack's: where it ends, its count and its first
+    and last ids (cheap, and two packs from one start that differ would differ there)."""
+
+    begin_ts: int
+    end_ts: int
+    end_position: Position
+    count: int
+    first: int | None
+    last: int | None
+
+
+def pack_check(pack: MsgPack) -> PackCheck:
     msgs = pack.messages
     first = msgs[0]._id if msgs else None
     last = msgs[-1]._id if msgs else None
-    return (*prefix, min_ts if pack.begin_ts < min_ts else 0, pack.begin_ts, pack.end_ts, pack.start_position,
-            pack.end_position, len(msgs), first, last)
+    return PackCheck(pack.begin_ts, pack.end_ts, pack.end_position, len(msgs), first, last)
 
 
 class EncodedPacks:
-    """A byte-bounded LRU cache of encoded responses (see the module's docstring)."""
+    """A byte-bounded LRU cache of encoded responses (see the module's docstring), by ``pack_key``,
+    each with its ``pack_check``."""
 
     def __init__(self, max_bytes: int, metrics: NodeMetrics | None = None) -> None:
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._entries: OrderedDict[tuple[Hashable, ...], tuple[Responses, int]] = OrderedDict()
+        self._entries: OrderedDict[tuple[Hashable, ...], tuple[PackCheck, Responses, int]] = OrderedDict()
         self._metrics = metrics
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, key: tuple[Hashable, ...]) -> Responses | None:
+    def get(self, key: tuple[Hashable, ...]) -> tuple[PackCheck, Responses] | None:
+        """(check, responses) of the entry at ``key``, if any."""
         entry = self._entries.get(key)
-        m = self._metrics
         if entry is None:
-            if m is not None:
-                m.consume_cache_misses.inc()
             return None
         self._entries.move_to_end(key)
-        if m is not None:
-            m.consume_cache_hits.inc()
-        return entry[0]
+        return entry[0], entry[1]
 
-    def put(self, key: tuple[Hashable, ...], responses: Responses) -> None:
+    def hit(self) -> None:
+        if self._metrics is not None:
+            self._metrics.consume_cache_hits.inc()
+
+    def miss(self) -> None:
+        if self._metrics is not None:
+            self._metrics.consume_cache_misses.inc()
+
+    def put(self, key: tuple[Hashable, ...], check: PackCheck, responses: Responses) -> None:
+        """Keep ``responses`` unless an entry is there already (the first reader's choice stands)."""
         size = sum(len(data) for datas, _, _ in responses for data in datas)
-        if size > self.max_bytes // 4:
+        if size > self.max_bytes // 4 or key in self._entries:
             return  # one entry may not sweep the cache: a big catch-up pack is rarely shared anyway
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self.bytes -= old[1]
-        self._entries[key] = (responses, size)
+        self._entries[key] = (check, responses, size)
         self.bytes += size
         while self.bytes > self.max_bytes:
-            _, (_, dropped) = self._entries.popitem(last=False)
+            _, (_, _, dropped) = self._entries.popitem(last=False)
             self.bytes -= dropped
         if self._metrics is not None:
             self._metrics.consume_cache_bytes.set(self.bytes)
@@ -168,4 +187,14 @@ def fanout_of(node: Node) -> Fanout:
     return found
 
 
-__all__ = ["DELIVERIES_PER_TURN", "DeliveryTurns", "EncodedPacks", "Fanout", "Responses", "fanout_of", "pack_key"]
+__all__ = [
+    "DELIVERIES_PER_TURN",
+    "DeliveryTurns",
+    "EncodedPacks",
+    "Fanout",
+    "PackCheck",
+    "Responses",
+    "fanout_of",
+    "pack_check",
+    "pack_key",
+]

@@ -140,11 +140,12 @@ async def test_shared_responses_are_byte_for_byte_what_each_consumer_would_be_se
         shared = await asyncio.gather(*reads)
         for i, got in enumerate(shared):
             assert got == alone[i // 4], f"consumer {i} (options {i // 4}) was sent other bytes"
-        # Each pack is encoded once (a miss) and sent three more times (hits).
+        # Each option set's packs up to the last message were encoded once (a miss) and sent three more
+        # times (hits); the empty packs after it depend on when each read stopped.
         hits = _sample(node, "consume_cache_hits_total") - hits
         misses = _sample(node, "consume_cache_misses_total") - misses
         assert misses >= len(alone)
-        assert hits >= 2 * misses
+        assert hits >= 3 * len(alone)
 
 
 async def test_a_consumer_that_stops_reading_holds_at_most_its_cap_and_blocks_nobody(

@@ -7,7 +7,7 @@ import asyncio
 from collections import Counter
 
 from streamingnode.server.consume import _merge
-from streamingnode.server.fanout import DeliveryTurns, EncodedPacks
+from streamingnode.server.fanout import DeliveryTurns, EncodedPacks, PackCheck
 from tests.factories import ins, tick
 from wal import WAL, WALManager
 from wal.message import Message, MessageType, Position
@@ -17,15 +17,19 @@ from wal.scanner import MsgPack
 
 def test_the_cache_keeps_at_most_its_bytes_dropping_the_least_recently_used() -> None:
     cache = EncodedPacks(1000)
-    cache.put(("a",), (((b"x" * 200,), 1, 200),))
-    cache.put(("b",), (((b"y" * 200,), 1, 200),))
-    assert cache.get(("a",)) == (((b"x" * 200,), 1, 200),)  # now "b" is the least recently used
+    ca, cb = PackCheck(1, 2, Position("p", 1, 2), 1, 0, 0), PackCheck(2, 3, Position("p", 2, 3), 1, 1, 1)
+    x = (((b"x" * 200,), 1, 200),)
+    cache.put(("a",), ca, x)
+    cache.put(("b",), cb, (((b"y" * 200,), 1, 200),))
+    assert cache.get(("a",)) == (ca, x)  # now "b" is the least recently used
+    cache.put(("a",), cb, (((b"o" * 10,), 1, 10),))  # the first entry stands
+    assert cache.get(("a",)) == (ca, x)
     for k in "cdef":
-        cache.put((k,), (((b"z" * 100, b"z" * 100), 1, 200),))
+        cache.put((k,), cb, (((b"z" * 100, b"z" * 100), 1, 200),))
     assert cache.bytes <= 1000
     assert cache.get(("b",)) is None
     assert cache.get(("a",)) is not None
-    cache.put(("big",), (((b"w" * 251,), 1, 251),))  # over a quarter: not kept, nothing evicted for it
+    cache.put(("big",), cb, (((b"w" * 251,), 1, 251),))  # over a quarter: not kept, nothing evicted for it
     assert cache.get(("big",)) is None
     assert len(cache) == 5 and cache.bytes == 1000
 
@@ -95,9 +99,15 @@ def test_packs_in_memory_join_the_first_within_the_limits() -> None:
     pack, following = _merge(one, _Polled(_packs([1, 1])[1:]), 100, 2 * size - 1)  # type: ignore[arg-type]
     assert len(pack.messages) == 1 and following is not None  # the bytes limit holds too
 
-    # A read that has not caught up yet keeps its packs as they were made.
-    first, *rest = _packs([1, 1])
-    assert _merge(first, _Polled(rest, caught_up=False), 100, 1 << 20) == (first, None)  # type: ignore[arg-type]
+    # A read that has not caught up yet keeps its packs as they were made...
+    first, *rest = _packs([1, 1, 1])
+    assert _merge(first, _Polled(list(rest), caught_up=False), 100, 1 << 20) == (first, None)  # type: ignore[arg-type]
+    # ...unless it follows another's response from the same start: then exactly as far as that went.
+    for caught_up in (False, True):
+        polled = _Polled(list(rest), caught_up=caught_up)
+        pack, following = _merge(first, polled, 100, 1 << 20, rest[0].end_position)  # type: ignore[arg-type]
+        assert [m.message_id for m in pack.messages] == [0, 1] and following is None
+        assert pack.end_position == rest[0].end_position and polled.packs == rest[1:]
 
 
 async def _wal(manager: WALManager) -> WAL:
