@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
 from streamingnode.client import AsyncClient
 from streamingnode.server import ServerThread
+from streamingnode.server.produce import ProduceStream
 from tests.factories import data
 from tests.integration.conftest import node_config
 from tests.waiting import until
@@ -158,3 +160,28 @@ async def test_sends_made_while_one_is_in_flight_still_share_a_batch(client: Asy
         assert producer.batches_written <= 6, producer.batches_written
     ids = [r.message_id for r in results]
     assert ids == sorted(ids) and len(set(ids)) == 60
+
+
+async def test_a_produce_stream_cancelled_while_its_batch_is_in_the_chain_leaves_the_batch_to_finish(
+    manager: WALManager,
+) -> None:
+    adaptor, chain = await _gated(manager)
+    chain.recovered.set()
+    ready = adaptor._ready_task
+    assert ready is not None
+    await until(ready.done, "the chain ready")
+    fut = adaptor.start_append([data("v", b"kept")])
+    assert fut is not None
+    node = SimpleNamespace(config=SimpleNamespace(produce_max_in_flight=4))
+    stream = ProduceStream(node, SimpleNamespace())  # type: ignore[arg-type]
+    await stream.slots.acquire()
+    stream.pending.append((1, fut, True, True))  # as the reader leaves a batch on the lean path
+    stream.wake.set()
+    writer = asyncio.ensure_future(stream._write_results())
+    await until(lambda: len(chain.entered) == 1 and not stream.pending, "the writer waiting on the batch")
+    writer.cancel()  # the call went away: its writer is cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await writer
+    chain.release.set()
+    assert len(await fut) == 1 and not fut.cancelled()  # not cut in half
+    await adaptor.aclose()
