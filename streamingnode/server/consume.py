@@ -315,8 +315,9 @@ def _merge(
     next), if any.
 
     Consecutive packs join into one: the first's start, the last's end, the messages in order (as if
-    the ticks between had not been there).  ``until``: join up to the pack that ends there and no
-    further (where another reader's response from the same start ended; any read may follow it).
+    the ticks between had not been there).  Joining stops at a cut (``_cut``).  ``until``: join up
+    to the pack that ends there and no further (where another reader's response from the same start
+    ended; any read may follow it).
     """
     if until is None and not scanner.caught_up:
         # A catch-up read gets its packs one per tick, as they were made.
@@ -324,7 +325,7 @@ def _merge(
     msgs = pack.messages
     n = len(msgs)
     size = sum(map(len, [m._payload for m in msgs])) + MESSAGE_OVERHEAD * n
-    if n >= limit or size >= max_bytes or pack.end_position == until:
+    if n >= limit or size >= max_bytes or pack.end_position == until or (until is None and _cut(pack)):
         return pack, None
     joined: list[MsgPack] = []
     following = None
@@ -340,7 +341,7 @@ def _merge(
         joined.append(nxt)
         n += k
         size += more
-        if nxt.end_position == until:
+        if nxt.end_position == until or (until is None and _cut(nxt)):
             break
     if not joined:
         return pack, following
@@ -349,6 +350,17 @@ def _merge(
         messages.extend(p.messages)
     last = joined[-1]
     return MsgPack(pack.begin_ts, last.end_ts, messages, pack.start_position, last.end_position), following
+
+
+MERGE_CUT = 4
+"""On average, every this many ticks a pack ends at a *cut* that joining never passes (see ``_cut``)."""
+
+
+def _cut(pack: MsgPack) -> bool:
+    """Whether joining stops after ``pack``: decided by its end tick alone, the same for every reader,
+    so that readers whose responses started at different places (joined more or fewer packs) end one
+    at the same tick again soon, and from there on share responses (``fanout.pack_key``)."""
+    return (pack.end_ts * 0x9E3779B97F4A7C15 >> 32) % MERGE_CUT == 0
 
 
 def _retrieve(task: asyncio.Future[None]) -> None:

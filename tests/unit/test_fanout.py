@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from streamingnode.server.consume import _merge
+import pytest
+
+from streamingnode.server import consume
+from streamingnode.server.consume import _cut, _merge
 from streamingnode.server.fanout import DeliveryTurns, EncodedPacks, PackCheck
 from tests.factories import ins, tick
 from wal import WAL, WALManager
@@ -83,7 +86,8 @@ class _Polled:
         return self.packs.pop(0) if self.packs else None
 
 
-def test_packs_in_memory_join_the_first_within_the_limits() -> None:
+def test_packs_in_memory_join_the_first_within_the_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(consume, "MERGE_CUT", 1 << 100)  # no cuts: the limits alone
     first, *rest = _packs([1, 1, 0, 1, 1, 1])
     polled = _Polled(list(rest))
     pack, following = _merge(first, polled, 4, 1 << 20)  # type: ignore[arg-type]
@@ -108,6 +112,28 @@ def test_packs_in_memory_join_the_first_within_the_limits() -> None:
         pack, following = _merge(first, polled, 100, 1 << 20, rest[0].end_position)  # type: ignore[arg-type]
         assert [m.message_id for m in pack.messages] == [0, 1] and following is None
         assert pack.end_position == rest[0].end_position and polled.packs == rest[1:]
+
+
+def test_readers_that_joined_different_packs_end_a_response_at_the_same_tick_again() -> None:
+    packs = _packs([1] * 200)
+    assert 10 < sum(map(_cut, packs)) < 190
+
+    def responses(start: int, step: int) -> list[Position]:
+        """Where each response ends for a reader from pack ``start`` that joins at most ``step``."""
+        polled = _Polled(list(packs[start + 1:]))
+        pack: MsgPack | None = packs[start]
+        ends = []
+        while pack is not None:
+            pack, following = _merge(pack, polled, step, 1 << 20)  # type: ignore[arg-type]
+            ends.append(pack.end_position)
+            pack = following or polled.poll()
+        return ends
+
+    a, b = responses(0, 100), responses(1, 100)
+    shared = set(a) & set(b)
+    # From the first cut both reach, every cut ends a response of each: they share from there on.
+    assert len(shared) >= 10
+    assert min(shared, key=lambda p: p.timetick).timetick < packs[20].end_ts
 
 
 async def _wal(manager: WALManager) -> WAL:
