@@ -88,6 +88,10 @@ class NodeConfig:
     rocksdb_block_cache_bytes: int = 8 << 20
     """Per node: RocksDB's cache of blocks read from table files, which also holds the tables' index
     and filter blocks.  0: no cache (every read of a table goes to the file)."""
+    malloc_arena_max: int = 2
+    """C allocator (glibc) arenas the node's threads share.  Each arena keeps what was freed in it for
+    its own threads: fewer arenas hold less freed memory (``streamingnode._allocator``).  0: glibc's
+    default (8 per core)."""
     txn_keepalive_ms: int = 60_000
     """Idle time after which a transaction expires, when BeginTxn asks for the node default."""
     txn_max_messages: int = 100_000
@@ -199,6 +203,9 @@ class NodeConfig:
         if self.tail_buffer_bytes < 0 or self.rocksdb_block_cache_bytes < 0:
             name = "tail_buffer_bytes" if self.tail_buffer_bytes < 0 else "rocksdb_block_cache_bytes"
             raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)!r}", field=name)
+        if self.malloc_arena_max < 0:
+            raise InvalidArgumentError(f"malloc_arena_max must be >= 0, got {self.malloc_arena_max!r}",
+                                       field="malloc_arena_max")
         if self.rocksdb_write_buffer_bytes < 1 << 20:
             raise InvalidArgumentError(
                 f"rocksdb_write_buffer_bytes must be >= 1 MiB (1048576), got {self.rocksdb_write_buffer_bytes!r}",

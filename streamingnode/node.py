@@ -41,6 +41,7 @@ from flusher import incarnation
 from flusher.commit import inside
 from flusher.flusher import Flusher, FlusherConfig
 from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from streamingnode._allocator import limit_arenas
 from streamingnode.config import NodeConfig, compaction_config
 from streamingnode.groups import ConsumerGroups
 from streamingnode.metrics import NodeMetrics
@@ -175,6 +176,8 @@ class Node:
     async def start(cls, config: NodeConfig, tracing: Tracing | None = None) -> Node:
         """Open the database; recovery of the channels runs in ``open_all`` (see the server)."""
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        # Before the WAL's and RocksDB's threads exist, so that they share the few arenas.
+        limit_arenas(config.malloc_arena_max)
         if config.shared_log:
             from wal.backends.jetstream import JetStreamBackend  # noqa: PLC0415  (nats-py: cluster extra)
 

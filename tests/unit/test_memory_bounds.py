@@ -5,6 +5,7 @@
   (its properties and the OPTIONS file it writes); the memtables stay within two write buffers
   however much is written.
 - The WAL's tail buffer stays within its bytes however much is appended.
+- The node's threads share ``malloc_arena_max`` C allocator arenas (counted by glibc itself).
 - NodeConfig's settings reach the backend and the manager the node starts, and bad values are refused
   naming the setting.
 """
@@ -12,10 +13,14 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
+import streamingnode.node
 from streamingnode.config import NodeConfig, load_config
 from streamingnode.node import Node
 from tests.factories import ins, tick
@@ -138,7 +143,48 @@ async def test_the_nodes_memory_settings_reach_the_backend_and_the_wals(tmp_path
         await node.aclose()
 
 
+# Eight threads allocate at once (payloads over pymalloc's 512 bytes go to malloc), then glibc prints
+# one "Arena N:" block per arena it made.
+_ARENAS = textwrap.dedent("""
+    import ctypes, sys, threading
+    from streamingnode._allocator import limit_arenas
+    if int(sys.argv[1]):
+        assert limit_arenas(int(sys.argv[1]))
+    held, barrier = [], threading.Barrier(8)
+    def work():
+        barrier.wait()
+        held.append([bytes(4000) for _ in range(100)])
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    ctypes.CDLL("libc.so.6").malloc_stats()
+""")
+
+
+def _arenas(limit: int) -> int:
+    done = subprocess.run([sys.executable, "-c", _ARENAS, str(limit)], capture_output=True, text=True, timeout=60,
+                          check=True, cwd=Path(__file__).resolve().parents[2])
+    return sum(line.startswith("Arena ") for line in done.stderr.splitlines())
+
+
+def test_the_threads_share_at_most_malloc_arena_max_arenas() -> None:
+    assert _arenas(0) > 4  # glibc's default: a new arena per thread, up to 8 per core
+    assert _arenas(2) == 2
+
+
+async def test_the_node_limits_the_arenas_before_its_threads_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    limits: list[int] = []
+    monkeypatch.setattr(streamingnode.node, "limit_arenas", limits.append)
+    assert NodeConfig().malloc_arena_max == 2
+    node = await Node.start(NodeConfig(data_dir=tmp_path / "data", flusher=False, malloc_arena_max=3))
+    await node.aclose()
+    assert limits == [3]
+
+
 @pytest.mark.parametrize(("setting", "value", "words"), [
+    ("malloc_arena_max", -1, "malloc_arena_max must be >= 0"),
     ("tail_buffer_bytes", -1, "tail_buffer_bytes must be >= 0"),
     ("rocksdb_block_cache_bytes", -1, "rocksdb_block_cache_bytes must be >= 0"),
     ("rocksdb_write_buffer_bytes", 65536, "rocksdb_write_buffer_bytes must be >= 1 MiB"),
