@@ -23,6 +23,11 @@ Per run:
   like for like, blocks of the mean size the R3 node wrote in the same run (its messages sent over
   the blocks in its stream), awaited one at a time as the node does.
 
+CPU per message: for the node R3 produce and the like-for-like raw block run, the CPU seconds the node
+process, this process (the client) and the three NATS servers used (``/proc/<pid>/stat``), over the
+messages sent, in µs.  With everything on 2 cores, a path whose CPU per message is C µs cannot pass
+2e6 / C msgs/s: the table says which part costs what.
+
 Once, after the runs: **failover**: two nodes on R3 with ``--lease-seconds`` (short); ``--kills`` times
 the owner of a pchannel is SIGKILLed, and the time from the kill to the next acknowledged send (the
 SDK producer, seeded with both nodes, buffers meanwhile) is measured; the killed node is started again
@@ -65,6 +70,37 @@ FAILOVER_P50_TARGET = 5.0
 _prefixes = itertools.count()
 
 
+# --- CPU accounting ----------------------------------------------------------------------------------
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+class _Cpu:
+    """CPU seconds used by the node (if any), this process and the NATS servers between two samples."""
+
+    def __init__(self, nats: NatsCluster, node_pid: int | None = None) -> None:
+        self._pids = {"nats": [p.pid for p in nats.procs if p is not None],
+                      "node": [node_pid] if node_pid is not None else []}
+        self._start = self._sample()
+
+    def _sample(self) -> dict[str, float]:
+        own = os.times()
+        out = {part: sum(_cpu_seconds(pid) for pid in pids) for part, pids in self._pids.items()}
+        out["client"] = own.user + own.system
+        return out
+
+    def per_message(self, n: int) -> dict[str, float]:
+        """µs of CPU per message of each part since this was made."""
+        end = self._sample()
+        return {part: (end[part] - self._start[part]) * 1e6 / n for part in end}
+
+
 # --- the node --------------------------------------------------------------------------------------
 def _shared_node(nats: NatsCluster, root: Path, node_id: str, prefix: str, replicas: int, lease: float,
                  port: int | None = None) -> NodeProcess:
@@ -94,9 +130,11 @@ async def _produce(seeds: list[str], n: int, size: int, window: int, create: boo
     return n / elapsed
 
 
-def _node_produce(args: argparse.Namespace, nats: NatsCluster, root: Path, replicas: int | None) -> tuple[float, float]:
+def _node_produce(args: argparse.Namespace, nats: NatsCluster, root: Path, replicas: int | None,
+                  cpu: dict[str, float] | None = None) -> tuple[float, float]:
     """Durable produce through one node: on the shared log at ``replicas``, or RocksDB when None.
-    Msgs/s, and the mean messages per JetStream message (block) the node wrote (0 for RocksDB)."""
+    Msgs/s, and the mean messages per JetStream message (block) the node wrote (0 for RocksDB); with
+    ``cpu``, fills it with the µs of CPU per message of the node, the client and the servers."""
     root.mkdir(parents=True)
     prefix = f"b{next(_prefixes)}"
     if replicas is None:
@@ -105,8 +143,12 @@ def _node_produce(args: argparse.Namespace, nats: NatsCluster, root: Path, repli
         node = _shared_node(nats, root, "a", prefix, replicas, 10.0)
     node.start()
     try:
+        assert node.proc is not None
+        meter = _Cpu(nats, node.proc.pid)
         rate = asyncio.run(_produce([node.address], args.count, args.size, args.window, replicas is not None,
                                     args.idempotent))
+        if cpu is not None:
+            cpu.update(meter.per_message(args.count))
     finally:
         node.kill()
     return rate, (asyncio.run(_mean_block(nats, prefix, args.count + 1)) if replicas is not None else 0.0)
@@ -215,12 +257,16 @@ def _one_run(args: argparse.Namespace, nats: NatsCluster, root: str, index: int)
     base = Path(root) / f"run{index}"
     r: Run = {}
     r["node_r1"], _ = _node_produce(args, nats, base / "r1", 1)
-    r["node_r3"], r["node_r3_block"] = _node_produce(args, nats, base / "r3", 3)
+    cpu: dict[str, float] = {}
+    r["node_r3"], r["node_r3_block"] = _node_produce(args, nats, base / "r3", 3, cpu)
+    r.update({f"cpu_r3_{part}": us for part, us in cpu.items()})
     r["node_rocks"], _ = _node_produce(args, nats, base / "rocks", None)
     r["raw_msg_r3"] = asyncio.run(_raw_messages(nats, args.raw_count, args.size, args.window))
     # Like for like: blocks of the size the R3 node actually wrote in this run, one at a time as it does.
+    meter = _Cpu(nats)
     r["raw_block_node"] = asyncio.run(
         _raw_blocks(nats, args.count, args.size, max(round(r["node_r3_block"]), 1), 1))
+    r.update({f"cpu_raw_{part}": us for part, us in meter.per_message(args.count).items() if part != "node"})
     for block in (100, 1000):
         r[f"raw_block{block}"] = asyncio.run(_raw_blocks(nats, args.count, args.size, block, 1))
         r[f"raw_block{block}_pipe"] = asyncio.run(
@@ -240,6 +286,13 @@ LABELS = {
     "raw_block_node": "raw JetStream R3, fenced blocks of the node R3's mean size, 1 in flight",
     "node_r3_block": "(messages per block the node R3 wrote, mean)",
 }
+CPU_LABELS = {
+    "cpu_r3_node": "node R3: the node",
+    "cpu_r3_client": "node R3: the client (SDK)",
+    "cpu_r3_nats": "node R3: the three NATS servers",
+    "cpu_raw_client": "raw blocks of the node's size: the client (nats-py)",
+    "cpu_raw_nats": "raw blocks of the node's size: the three NATS servers",
+}
 
 
 def _report(args: argparse.Namespace, runs: list[Run], failover: list[float]) -> None:
@@ -249,6 +302,15 @@ def _report(args: argparse.Namespace, runs: list[Run], failover: list[float]) ->
     print("| what | median | each run |\n|---|---:|---|")
     for key, label in LABELS.items():
         print(f"| {label} | {med[key]:,.0f} | {' · '.join(f'{r[key]:,.0f}' for r in runs)} |")
+    print("\nCPU per message (µs), medians:\n\n| part | µs | each run |\n|---|---:|---|")
+    for key, label in CPU_LABELS.items():
+        print(f"| {label} | {statistics.median(r[key] for r in runs):.1f} | "
+              f"{' · '.join(f'{r[key]:.1f}' for r in runs)} |")
+    node_cpu = statistics.median(r["cpu_r3_node"] + r["cpu_r3_client"] + r["cpu_r3_nats"] for r in runs)
+    raw_cpu = statistics.median(r["cpu_raw_client"] + r["cpu_raw_nats"] for r in runs)
+    print(f"total: node R3 path {node_cpu:.1f} µs/msg (2 cores: at most {2e6 / node_cpu:,.0f} msgs/s), "
+          f"raw blocks {raw_cpu:.1f} µs/msg (at most {2e6 / raw_cpu:,.0f}); ratio of ceilings "
+          f"{raw_cpu / node_cpu:.2f}")
     r3 = med["node_r3"]
 
     def mark(ok: bool) -> str:
