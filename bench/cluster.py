@@ -28,6 +28,10 @@ process, this process (the client) and the three NATS servers used (``/proc/<pid
 messages sent, in µs.  With everything on 2 cores, a path whose CPU per message is C µs cannot pass
 2e6 / C msgs/s: the table says which part costs what.
 
+With ``--baseline DIR`` (another checkout of this repository, e.g. a ``git worktree`` of an older
+commit), each run also measures the node R3 produce with that checkout's code, right after this one's:
+an A/B of a change on the same machine in the same minute.
+
 Once, after the runs: **failover**: two nodes on R3 with ``--lease-seconds`` (short); ``--kills`` times
 the owner of a pchannel is SIGKILLed, and the time from the kill to the next acknowledged send (the
 SDK producer, seeded with both nodes, buffers meanwhile) is measured; the killed node is started again
@@ -103,10 +107,10 @@ class _Cpu:
 
 # --- the node --------------------------------------------------------------------------------------
 def _shared_node(nats: NatsCluster, root: Path, node_id: str, prefix: str, replicas: int, lease: float,
-                 port: int | None = None) -> NodeProcess:
+                 port: int | None = None, repo: Path | None = None) -> NodeProcess:
     return NodeProcess(root / node_id, port, "--wal", "jetstream", "--nats", nats.url, "--nats-replicas",
                        str(replicas), "--cluster-prefix", prefix, "--node-id", node_id, "--lease-seconds", str(lease),
-                       "--parquet-root", str(root / "parquet"), "--log-level", "warning")
+                       "--parquet-root", str(root / "parquet"), "--log-level", "warning", repo=repo)
 
 
 async def _produce(seeds: list[str], n: int, size: int, window: int, create: bool, idempotent: bool) -> float:
@@ -131,7 +135,7 @@ async def _produce(seeds: list[str], n: int, size: int, window: int, create: boo
 
 
 def _node_produce(args: argparse.Namespace, nats: NatsCluster, root: Path, replicas: int | None,
-                  cpu: dict[str, float] | None = None) -> tuple[float, float]:
+                  cpu: dict[str, float] | None = None, repo: Path | None = None) -> tuple[float, float]:
     """Durable produce through one node: on the shared log at ``replicas``, or RocksDB when None.
     Msgs/s, and the mean messages per JetStream message (block) the node wrote (0 for RocksDB); with
     ``cpu``, fills it with the µs of CPU per message of the node, the client and the servers."""
@@ -140,7 +144,7 @@ def _node_produce(args: argparse.Namespace, nats: NatsCluster, root: Path, repli
     if replicas is None:
         node = NodeProcess(root / "rocks", None, "--channels", PCHANNEL, "--log-level", "warning")
     else:
-        node = _shared_node(nats, root, "a", prefix, replicas, 10.0)
+        node = _shared_node(nats, root, "a", prefix, replicas, 10.0, repo=repo)
     node.start()
     try:
         assert node.proc is not None
@@ -260,6 +264,8 @@ def _one_run(args: argparse.Namespace, nats: NatsCluster, root: str, index: int)
     cpu: dict[str, float] = {}
     r["node_r3"], r["node_r3_block"] = _node_produce(args, nats, base / "r3", 3, cpu)
     r.update({f"cpu_r3_{part}": us for part, us in cpu.items()})
+    if args.baseline is not None:
+        r["node_r3_base"], _ = _node_produce(args, nats, base / "r3base", 3, repo=args.baseline)
     r["node_rocks"], _ = _node_produce(args, nats, base / "rocks", None)
     r["raw_msg_r3"] = asyncio.run(_raw_messages(nats, args.raw_count, args.size, args.window))
     # Like for like: blocks of the size the R3 node actually wrote in this run, one at a time as it does.
@@ -297,6 +303,11 @@ CPU_LABELS = {
 
 def _report(args: argparse.Namespace, runs: list[Run], failover: list[float]) -> None:
     med = {k: statistics.median(r[k] for r in runs) for k in LABELS}
+    if args.baseline is not None:
+        ratios = [r["node_r3"] / r["node_r3_base"] for r in runs]
+        rates = " · ".join(f"{r['node_r3_base']:,.0f}" for r in runs)
+        print(f"\nnode R3, this checkout / {args.baseline}: median {statistics.median(ratios):.2f} "
+              f"(each run: {' · '.join(f'{x:.2f}' for x in ratios)}; baseline msgs/s {rates})")
     print(f"\n{args.count:,} x {args.size} B per produce (raw per-message: {args.raw_count:,}); "
           f"medians of {len(runs)} runs, msgs/s\n")
     print("| what | median | each run |\n|---|---:|---|")
@@ -345,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="node produce with a producer_id (fewer batches in flight: the dedup window bounds them)")
     p.add_argument("--kills", type=int, default=10, help="owner SIGKILLs for the failover time (0: skip; default 10)")
     p.add_argument("--lease-seconds", type=float, default=2.0, help="nodes' lease in the failover part (default 2)")
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="another checkout whose node R3 produce is measured too, in each run (an A/B)")
     p.add_argument("--dir", default=None, help="parent of the temporary directories (default: system temp)")
     args = p.parse_args(argv)
     if min(args.count, args.raw_count, args.size, args.runs, args.window, args.blocks_in_flight) < 1:

@@ -24,8 +24,11 @@ def free_port() -> int:
 class NodeProcess:
     """``serve`` on a fixed port (so a restart keeps the address clients know)."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, *extra: str, env: dict[str, str] | None = None):
+    def __init__(self, data_dir: Path, port: int | None = None, *extra: str, env: dict[str, str] | None = None,
+                 repo: Path | None = None):
         self.data_dir = data_dir
+        self.repo = repo or REPO
+        """The checkout whose code runs (a benchmark may compare another one in the same run)."""
         self.port = port or free_port()
         self.extra = extra
         self.env = env
@@ -42,12 +45,12 @@ class NodeProcess:
     def start(self, timeout: float = 60.0) -> NodeProcess:
         self.kill()  # a previous run of this node: make sure it is gone and its pipes are closed
         env = dict(os.environ if self.env is None else self.env)
-        env["PYTHONPATH"] = str(REPO)
+        env["PYTHONPATH"] = str(self.repo)
         env.setdefault("GRPC_VERBOSITY", "ERROR")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streamingnode", "serve", "--data-dir", str(self.data_dir),
              "--listen", self.address, "--metrics-listen", "127.0.0.1:0", "--tick-interval", "0.05", *self.extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=self.repo,
         )
         # Keep draining stderr (logs) so the child never blocks on a full pipe.
         assert self.proc.stderr is not None
