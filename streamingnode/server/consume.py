@@ -18,6 +18,7 @@ leaves the stream open.  When the node drains, the stream ends with ON_SHUTDOWN 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
@@ -125,7 +126,7 @@ class ConsumeStream:
         half_cap = max(config.consume_buffer_bytes // 2, 1)
         self.max_bytes = min(config.consume_max_pack_bytes, self.receive_limit, half_cap)
         option = ReadOption(vchannel or None, policy, filters)
-        scanner = channel.stream.read(option)
+        self.scanner = channel.stream.read(option)
         # What decides a response's bytes besides the pack itself (see fanout.pack_key).
         types = option.message_types()
         prefix: tuple[Hashable, ...] = (
@@ -146,7 +147,7 @@ class ConsumeStream:
             encode = convert.consume_columns_response if opened.columns else convert.consume_pack_response
             self.fanout.streams[self.consumer_id] = self
             sender = loop.create_task(self._send_packs(
-                scanner, vchannel, limit, metrics, encode=encode, prefix=prefix, min_ts=min_ts))
+                channel, option, limit, metrics, encode=encode, prefix=prefix, min_ts=min_ts))
             receiver = loop.create_task(self._receive(channel, group, vchannel))
             # A tailing read never ends by itself: when the node drains, end it at once with ON_SHUTDOWN
             # (clients reconnect and resume) rather than hold the shutdown for the whole grace period.
@@ -173,19 +174,37 @@ class ConsumeStream:
             self.fanout.streams.pop(self.consumer_id, None)
             if metrics is not None:
                 metrics.consumer_streams.dec()
-            await scanner.aclose()
+            await self.scanner.aclose()
 
     async def _send_packs(
-        self, scanner: Scanner, vchannel: str, limit: int, metrics: ChannelMetrics | None, *,
+        self, channel: Channel, option: ReadOption, limit: int, metrics: ChannelMetrics | None, *,
         encode: Callable[[MsgPack, str, bool], bytes], prefix: tuple[Hashable, ...], min_ts: int,
     ) -> None:
         max_bytes = self.max_bytes
+        vchannel = option.vchannel or ""
         tracing = self.node.tracing
         # Spans are per consumer and per part: a traced node encodes for each consumer.
         cache = self.fanout.cache if tracing is None else None
         turns = self.fanout.turns
         pending: MsgPack | None = None
+        position: Position | None = None  # where the next response starts, once known
+        ahead = False  # position is past the scanner's: sent from the cache without reading
+        joined = False  # has sent from the cache: joins ready packs like the readers it follows
         while True:
+            if cache is not None and position is not None and pending is None:
+                # Another reader has sent from here already: its responses, and no read of our own.
+                entry = cache.get((*prefix, min_ts if position.timetick < min_ts else 0, position))
+                if entry is not None:
+                    await turns.take()
+                    cache.hit()
+                    await self._send_cached(entry[1], metrics)
+                    position, ahead, joined = entry[0].end_position, True, True
+                    continue
+            if ahead:
+                assert position is not None
+                await self._reopen(channel, option, position)
+                ahead = False
+            scanner = self.scanner
             if pending is None:
                 try:
                     pack = await anext(scanner)
@@ -201,30 +220,27 @@ class ConsumeStream:
                 # others at that position join the same packs, so that they can share its bytes.
                 key = pack_key(prefix, pack, min_ts)
                 entry = cache.get(key)
-                pack, pending = _merge(pack, scanner, limit, max_bytes, entry[0].end_position if entry else None)
+                until = entry[0].end_position if entry else None
+                pack, pending = _merge(pack, scanner, limit, max_bytes, until, eager=joined)
+                position = pack.end_position
                 check = pack_check(pack)
                 if entry is not None and entry[0] == check:
                     cache.hit()
-                    responses = entry[1]
-                else:
-                    cache.miss()
-                    responses, error = self._encode(pack, vchannel, limit, encode)
-                    if error is None:
-                        cache.put(key, check, responses)  # before writing: the others need not wait for this client
-                    for k, (datas, n, nbytes) in enumerate(responses):
-                        for data in datas:
-                            await self._write(data)
-                        # A part cut short by the error was not delivered whole: not counted.
-                        if metrics is not None and (error is None or k < len(responses) - 1):
-                            metrics.observe_pack(n, nbytes)
-                    if error is not None:
-                        raise error
+                    joined = True
+                    await self._send_cached(entry[1], metrics)
                     continue
-                for datas, n, nbytes in responses:
+                cache.miss()
+                responses, error = self._encode(pack, vchannel, limit, encode)
+                if error is None:
+                    cache.put(key, check, responses)  # before writing: the others need not wait for this client
+                for k, (datas, n, nbytes) in enumerate(responses):
                     for data in datas:
                         await self._write(data)
-                    if metrics is not None:
+                    # A part cut short by the error was not delivered whole: not counted.
+                    if metrics is not None and (error is None or k < len(responses) - 1):
                         metrics.observe_pack(n, nbytes)
+                if error is not None:
+                    raise error
                 continue
             pack, pending = _merge(pack, scanner, limit, max_bytes)
             for part, nbytes in split_pack(pack, limit, max_bytes):
@@ -237,6 +253,21 @@ class ConsumeStream:
                         await self._write(data)
                 if metrics is not None:
                     metrics.observe_pack(len(part.messages), nbytes)
+
+    async def _send_cached(self, responses: Responses, metrics: ChannelMetrics | None) -> None:
+        for datas, n, nbytes in responses:
+            for data in datas:
+                await self._write(data)
+            if metrics is not None:
+                metrics.observe_pack(n, nbytes)
+
+    async def _reopen(self, channel: Channel, option: ReadOption, position: Position) -> None:
+        """Move the read to ``position`` (past what the scanner has read: the responses up to there
+        came from the cache), by the rule of Position: from its id, only what is after its tick."""
+        await self.scanner.aclose()
+        self.scanner = channel.stream.read(dataclasses.replace(
+            option, deliver_policy=DeliverPolicy.start_from(position.message_id),
+            deliver_filters=(*option.deliver_filters, DeliverFilter.timetick_gt(position.timetick))))
 
     def _encode(
         self, pack: MsgPack, vchannel: str, limit: int, encode: Callable[[MsgPack, str, bool], bytes],
@@ -306,7 +337,8 @@ class ConsumeStream:
 
 
 def _merge(
-    pack: MsgPack, scanner: Scanner, limit: int, max_bytes: int, until: Position | None = None,
+    pack: MsgPack, scanner: Scanner, limit: int, max_bytes: int, until: Position | None = None, *,
+    eager: bool = False,
 ) -> tuple[MsgPack, MsgPack | None]:
     """``pack`` of a read that has caught up once, joined with the packs that follow it already in
     memory while together they stay within ``limit`` messages and ``max_bytes`` (as ``split_pack``
@@ -319,8 +351,9 @@ def _merge(
     to the pack that ends there and no further (where another reader's response from the same start
     ended; any read may follow it).
     """
-    if until is None and not scanner.caught_up:
-        # A catch-up read gets its packs one per tick, as they were made.
+    if until is None and not (eager or scanner.caught_up):
+        # A catch-up read gets its packs one per tick, as they were made (unless it has sent from the
+        # cache: then it joins packs as the readers ahead of it did, to keep meeting their keys).
         return pack, None
     msgs = pack.messages
     n = len(msgs)

@@ -199,3 +199,72 @@ async def test_a_consumer_that_stops_reading_holds_at_most_its_cap_and_blocks_no
         finally:
             stalled.cancel()
             reader.cancel()
+
+
+async def _ids_until(channel: grpc.aio.Channel, open_: spb.ConsumeOpen, last_id: int) -> list[int]:
+    return [i for raw in await _raw_read(channel, open_, last_id) for i in _ids(raw)[0]]
+
+
+async def test_readers_tailing_together_get_every_message_once_in_order_while_sharing(
+    server_thread: ServerThread,
+) -> None:
+    node = server_thread.node
+    async with grpc.aio.insecure_channel(server_thread.address) as channel:
+        stub = sgrpc.StreamingNodeStub(channel)
+        await stub.CreateChannels(spb.CreateChannelsRequest(channel_names=["p"]))
+        opens = [spb.ConsumeOpen(pchannel="p", vchannel=v, columns=c, max_pack_messages=50)
+                 for v in ("", "v1") for c in (False, True)]
+        hits = _sample(node, "consume_cache_hits_total")
+
+        async def load() -> int:
+            for r in range(40):
+                txn = None
+                if r % 5 == 0:
+                    txn = await stub.BeginTxn(spb.BeginTxnRequest(pchannel="p", vchannel="v1", keepalive_ms=30_000))
+                    await produce(stub, "p", [[data("v1", b"t" * 500) for _ in range(7)]],
+                                  txn=pb.TxnContext(txn_id=txn.txn_id))
+                await produce(stub, "p", [[data("v1" if i % 2 else "v2", bytes([r]) * 300) for i in range(20)]])
+                if txn is not None:
+                    await produce(stub, "p", [[data("v1", b"u" * 500) for _ in range(3)]],
+                                  txn=pb.TxnContext(txn_id=txn.txn_id))
+                    await stub.CommitTxn(spb.CommitTxnRequest(pchannel="p", vchannel="v1", txn_id=txn.txn_id))
+            _, (final,) = await produce(stub, "p", [[data("", b"last")]])
+            return int.from_bytes(final.appended.results[0].id.id, "big")
+
+        # Readers open before the load (policy all of an empty log): they tail it as it is written.
+        lasts: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        async def tail(o: spb.ConsumeOpen) -> list[bytes]:
+            call = channel.stream_stream(CONSUME)()
+            await call.write(spb.ConsumeRequest(open=o).SerializeToString())
+            out: list[bytes] = []
+            seen: set[int] = set()
+            try:
+                async with asyncio.timeout(60):
+                    while True:
+                        raw = await call.read()
+                        assert raw is not grpc.aio.EOF
+                        ids, continued = _ids(raw)
+                        if ids:
+                            out.append(raw)
+                        seen.update(ids)
+                        if lasts.done() and lasts.result() in seen and not continued:
+                            return out
+            finally:
+                call.cancel()
+
+        readers = [asyncio.ensure_future(tail(o)) for o in opens for _ in range(3)]
+        await until(lambda: len(fanout_of(node).streams) == len(readers), "every reader open")
+        lasts.set_result(await load())
+        got = await asyncio.gather(*readers)
+
+        fan = fanout_of(node)
+        cache, fan.cache = fan.cache, None
+        try:
+            alone = [await _ids_until(channel, o, lasts.result()) for o in opens]
+        finally:
+            fan.cache = cache
+        for i, raws in enumerate(got):
+            ids = [x for raw in raws for x in _ids(raw)[0]]
+            assert ids == alone[i // 3], f"reader {i} (options {i // 3})"
+        assert _sample(node, "consume_cache_hits_total") > hits
