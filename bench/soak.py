@@ -2,11 +2,13 @@
 
     .venv/bin/python bench/soak.py [--minutes 5] [--rate 5000] [--size 1024] [--consumers 6]
                                    [--every 10] [--breakdown] [--tracemalloc] [--node-root DIR]
+                                   [--baseline DIR]
                                    [-- <extra serve flags>]
 
 One real ``streamingnode serve`` in its own process on a fresh temporary data directory, with two
-pchannels (``p0``, ``p1``) and ``--retention-check-seconds 10`` (``--retention-seconds 30``: the node
-keeps tens of MB on disk, as in the issue's run).  One client process drives, for ``--minutes``:
+pchannels (``p0``, ``p1``), ``--retention-check-seconds 10`` and ``--retention-seconds 30`` (the WAL
+keeps about half a minute of appends, ~150 MB at the default rate, plus what the flusher still needs).
+One client process drives, for ``--minutes``:
 
 * a producer sending ``--rate`` DATA messages of ``--size`` bytes a second, split over the two
   pchannels (a slot every millisecond, ``send_nowait``);
@@ -25,7 +27,9 @@ SIGUSR1 by writing where its memory is into a JSON file: ``/proc/self/smaps_roll
 statistics (``mallinfo2``), RocksDB's own properties (memtables, block cache, table readers), each
 WAL tail buffer's bytes, each flusher's buffered bytes, pyarrow's pool, and with ``--tracemalloc`` the
 top Python allocation sites (tracemalloc slows the node: its throughput figures then do not count).
-The breakdown is printed at the end of the run.  ``--node-root`` runs another checkout's node.
+The breakdown is printed at the end of the run.  ``--node-root`` runs another checkout's node;
+``--baseline DIR`` soaks that checkout's node first and this one's after it, and prints the ratio of
+their RSS plateaus.
 
 Benchmarks assert nothing.  Target (issue 21): node RSS <= 300 MB in this profile.
 """
@@ -300,6 +304,8 @@ def main() -> None:
     parser.add_argument("--breakdown", action="store_true")
     parser.add_argument("--tracemalloc", action="store_true")
     parser.add_argument("--node-root", type=Path, default=ROOT)
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="also soak this checkout's node first, in the same run (e.g. the tree before a change)")
     parser.add_argument("--dir", default=None)
     parser.add_argument("--as-node", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--report", default="", help=argparse.SUPPRESS)
@@ -308,6 +314,18 @@ def main() -> None:
     if args.as_node:
         _as_node(args.extra, args.report, args.tracemalloc)
         return
+    plateaus: dict[str, float] = {}
+    roots = {"baseline": args.baseline, "ours": args.node_root} if args.baseline else {"ours": args.node_root}
+    for label, node_root in roots.items():  # the baseline first, then ours, in the same run
+        print(f"--- {label}: the node of {node_root}", flush=True)
+        plateaus[label] = one_run(argparse.Namespace(**{**vars(args), "node_root": node_root}))
+    if args.baseline:
+        print(f"RSS plateau ours / baseline: {plateaus['ours']:.1f} / {plateaus['baseline']:.1f} MB = "
+              f"{plateaus['ours'] / plateaus['baseline']:.2f}")
+
+
+def one_run(args: argparse.Namespace) -> float:
+    """One soak of ``args.node_root``'s node; its RSS plateau in MB (printed with the peak and the end)."""
     root = tempfile.mkdtemp(prefix="bench-soak-", dir=args.dir)
     report = os.path.join(root, "breakdown.json")
     try:
@@ -330,12 +348,13 @@ def main() -> None:
         finally:
             stop_node(proc)
         after = [s for i, s in enumerate(samples) if (i + 1) * args.every > 60] or samples
+        plateau = statistics.median(after)
         print(f"node RSS: peak {max(samples):.1f} MB, final {samples[-1]:.1f} MB, plateau (median after the first "
-              f"minute) {statistics.median(after):.1f} MB (target <= {TARGET_MB:.0f} MB"
-              f"{'' if statistics.median(after) <= TARGET_MB else ', MISSED'})")
+              f"minute) {plateau:.1f} MB (target <= {TARGET_MB:.0f} MB{'' if plateau <= TARGET_MB else ', MISSED'})",
+              flush=True)
+        return plateau
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()
