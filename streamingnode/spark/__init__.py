@@ -33,9 +33,10 @@ Design:
   the whole pchannel (no ``vchannel``) is one partition, because message ids interleave the
   vchannels' transactions and no id boundary is known to be safe without reading.  A broadcast
   message (vchannel "") reaches every vchannel, so it appears once per listed vchannel.
-* **Readers run on executors** (separate Python workers): each ``read`` opens its own sync client from
-  the options; reader objects hold only plain values.  The driver keeps one client per process for
-  ``latestOffset``.
+* **Readers run on executors** (separate Python workers): each ``read`` opens its own ``Consume``
+  stream from the options, asking for column packs, and builds plain rows from the packed arrays
+  without a Python object per message (``_columns``); reader objects hold only plain values.  The
+  driver keeps one client per process for ``latestOffset``.
 * **Bad options** (missing or malformed, an unknown pchannel or collection, an address that does not
   answer within ``timeout``) raise ``OptionError`` from ``schema()``: the query fails at ``load()``
   with an ``AnalysisException`` whose message names the option.

@@ -3,9 +3,9 @@
 Driver side (a Spark-owned Python process): ``schema()`` parses the options and asks the node whether
 the pchannel exists (and, in collection mode, finds the collection's schema in the log); the stream
 reader answers ``initialOffset`` / ``latestOffset`` with one ``GetLatestPosition`` call each, through a
-client cached per process.  Executor side: ``read(partition)`` opens its own sync client, reads one
-vchannel's ``(start, end]`` (``_range.read_range``) and yields Arrow batches.  The reader objects hold
-only frozen option dataclasses, Arrow schemas and offsets, so they pickle.
+client cached per process.  Executor side: ``read(partition)`` opens its own column stream, reads one
+vchannel's ``(start, end]`` (``_columns.read_packs``) and yields an Arrow batch per pack.  The reader
+objects hold only frozen option dataclasses, Arrow schemas and offsets, so they pickle.
 """
 
 from __future__ import annotations
