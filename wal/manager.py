@@ -93,12 +93,13 @@ class WALManager:
     ) -> WALManager:
         """A manager over the RocksDB database in ``path`` (created if missing); ``write_buffer_bytes``
         and ``block_cache_bytes`` bound RocksDB's memory (None: the backend's defaults)."""
-        from wal.backends.rocks import RocksBackend, SyncMethod  # noqa: PLC0415  (keep import light)
+        from wal.backends import rocks  # noqa: PLC0415  (keep import light)
 
-        sync_method = kwargs.pop("sync_method", SyncMethod.JOURNAL)
-        memory = {name: value for name, value in (("write_buffer_bytes", write_buffer_bytes),
-                                                   ("block_cache_bytes", block_cache_bytes)) if value is not None}
-        backend = await asyncio.to_thread(RocksBackend, path, sync_method, **memory)
+        sync_method = kwargs.pop("sync_method", rocks.SyncMethod.JOURNAL)
+        backend = await asyncio.to_thread(
+            rocks.RocksBackend, path, sync_method,
+            write_buffer_bytes=rocks.DEFAULT_WRITE_BUFFER_BYTES if write_buffer_bytes is None else write_buffer_bytes,
+            block_cache_bytes=rocks.DEFAULT_BLOCK_CACHE_BYTES if block_cache_bytes is None else block_cache_bytes)
         return await cls.start(backend, **kwargs)
 
     # --- thread dispatch -------------------------------------------------------------------------
