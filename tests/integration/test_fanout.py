@@ -257,14 +257,22 @@ async def test_readers_tailing_together_get_every_message_once_in_order_while_sh
         await until(lambda: len(fanout_of(node).streams) == len(readers), "every reader open")
         lasts.set_result(await load())
         got = await asyncio.gather(*readers)
+        # Late readers from the start meet the tailing readers' responses in the cache: they take
+        # them without reading, then read on from where the last one they took ended (to a message
+        # that came after the tailing readers stopped: no response of theirs has it).
+        _, (after,) = await produce(stub, "p", [[data("", b"after")]])
+        after_id = int.from_bytes(after.appended.results[0].id.id, "big")
+        late = [await _ids_until(channel, o, after_id) for o in opens]
 
         fan = fanout_of(node)
         cache, fan.cache = fan.cache, None
         try:
             alone = [await _ids_until(channel, o, lasts.result()) for o in opens]
+            alone_after = [await _ids_until(channel, o, after_id) for o in opens]
         finally:
             fan.cache = cache
         for i, raws in enumerate(got):
             ids = [x for raw in raws for x in _ids(raw)[0]]
             assert ids == alone[i // 3], f"reader {i} (options {i // 3})"
+        assert late == alone_after
         assert _sample(node, "consume_cache_hits_total") > hits
