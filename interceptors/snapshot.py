@@ -26,7 +26,10 @@ retained transaction whole.
 
 The shadow replay decodes and applies in a worker thread (``asyncio.to_thread``), never on the event
 loop: its steps are its own (nothing on the loop touches them), and the loop only reads the stored
-blocks (through the WAL's reader pool) and hands them over.
+blocks (through the WAL's reader pool) and hands them over.  Messages still in the WAL's in-memory
+tail are taken from there, already decoded: periodic snapshots follow the log as it grows, and a read
+of storage would fetch back every block just written (on the shared log, a network round trip and the
+servers' reads per block).
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ PERIODIC_METAS = ("recovery_snapshot.0", "recovery_snapshot.1")
 """The two slots of periodic snapshots, written alternately."""
 _VERSION = 2
 """2: the JSON document, a newline and its CRC-32 in hex.  1 (still read): the JSON document alone."""
+_TAIL_MESSAGES = 16_384
+"""Messages taken per step from the WAL's in-memory tail (no read, no decode: a step is only the replay)."""
 _READ_BYTES = 4 << 20
 """Bytes read per step of a shadow replay: each is decoded and applied in one worker-thread call
 (few steps: under load each hop to a thread and back waits for a turn of the busy loop)."""
@@ -176,6 +181,7 @@ class ShadowReplay:
         """The next id to replay: the state is that after every message below it."""
         self.payload_bytes = 0
         """Payload bytes of the messages replayed (what a truncation up to ``position`` frees, roughly)."""
+        self._since = 0.0  # when the replay last offered the GIL to the loop
 
     def load(self, snapshot: RecoverySnapshot | None) -> None:
         """Start from ``snapshot`` (or from the first retained message when there is none)."""
@@ -191,6 +197,11 @@ class ShadowReplay:
         first with a transaction still open.  Without it, True.
         """
         while self.position < stop:
+            cached = self._wal._tail.read(self.position, _TAIL_MESSAGES)
+            if cached:  # still in memory: replayed as they are (a copy of the tail's list)
+                if await asyncio.to_thread(self._replay_messages, cached, stop, clear_from):
+                    return True
+                continue
             # The read runs in the WAL's reader pool; the decode and the replay in a worker thread.
             blocks = await self._wal._read_storage(self.position, _READ_BYTES)
             if await asyncio.to_thread(self._replay_blocks, blocks, stop, clear_from):
@@ -204,7 +215,7 @@ class ShadowReplay:
         """Decode ``blocks`` (read from ``position``) and replay them up to ``stop``; True when it
         stopped at a clear point (see ``advance``).  Runs in a worker thread, a group of blocks
         (``_DECODE_BYTES``) at a time, offering the GIL to the loop every ``_YIELD_SECONDS``."""
-        since = time.perf_counter()
+        self._since = time.perf_counter()
         g = 0
         while g < len(blocks) and self.position < stop:
             group: list[tuple[MessageID, bytes, bool]] = []
@@ -213,29 +224,40 @@ class ShadowReplay:
                 group.append(blocks[g])
                 size += len(blocks[g][1])
                 g += 1
-            batch = [m for m in self._wal._decode_stored(self.position, group)
-                     if m.message_id is not None and m.message_id < stop]
-            start = 0
-            for i, m in enumerate(batch):
-                self.payload_bytes += len(m.payload)
-                if i - start >= 64:
-                    self._apply(batch[start:i])
-                    start = i
-                    if time.perf_counter() - since >= _YIELD_SECONDS:
-                        # Hand the GIL to the loop's thread now rather than after the interpreter's
-                        # switch interval (5 ms): an append waiting for the loop waits less.
-                        time.sleep(0)
-                        since = time.perf_counter()
-                if m.message_type is MessageType.TIME_TICK:
-                    self._apply(batch[start:i + 1])
-                    self._txns.expire(m.timetick)
-                    start = i + 1
-                    self.position = m.message_id + 1  # type: ignore[operator]
-                    if self._clear(clear_from):
-                        return True
-            self._apply(batch[start:])
-            self.position = batch[-1].message_id + 1 if batch else stop  # type: ignore[operator]
+            if self._replay_batch(self._wal._decode_stored(self.position, group), stop, clear_from):
+                return True
         return self._clear(clear_from)
+
+    def _replay_messages(self, messages: list[Message], stop: MessageID, clear_from: MessageID | None) -> bool:
+        """``_replay_blocks`` for messages already decoded (the WAL's in-memory tail, from ``position``)."""
+        self._since = time.perf_counter()
+        return self._replay_batch(messages, stop, clear_from) or self._clear(clear_from)
+
+    def _replay_batch(self, messages: list[Message], stop: MessageID, clear_from: MessageID | None) -> bool:
+        """Replay ``messages`` (in id order, from ``position``) up to ``stop``; True when it stopped at a
+        clear point.  Offers the GIL to the loop every ``_YIELD_SECONDS``."""
+        batch = [m for m in messages if m.message_id is not None and m.message_id < stop]
+        start = 0
+        for i, m in enumerate(batch):
+            self.payload_bytes += len(m.payload)
+            if i - start >= 64:
+                self._apply(batch[start:i])
+                start = i
+                if time.perf_counter() - self._since >= _YIELD_SECONDS:
+                    # Hand the GIL to the loop's thread now rather than after the interpreter's
+                    # switch interval (5 ms): an append waiting for the loop waits less.
+                    time.sleep(0)
+                    self._since = time.perf_counter()
+            if m.message_type is MessageType.TIME_TICK:
+                self._apply(batch[start:i + 1])
+                self._txns.expire(m.timetick)
+                start = i + 1
+                self.position = m.message_id + 1  # type: ignore[operator]
+                if self._clear(clear_from):
+                    return True
+        self._apply(batch[start:])
+        self.position = batch[-1].message_id + 1 if batch else stop  # type: ignore[operator]
+        return False
 
     def _clear(self, clear_from: MessageID | None) -> bool:
         return clear_from is not None and self.position >= clear_from and self._txns.min_open_begin_id() is None

@@ -14,7 +14,7 @@ import structlog
 
 from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE
 from interceptors.snapshot import PERIODIC_METAS, SNAPSHOT_META, RecoverySnapshot, ShadowReplay, stored_snapshots
-from interceptors.streaming import StreamingWAL
+from interceptors.streaming import StreamingWAL, default_interceptors
 from streamingnode.retention import ChannelRetention, RetentionConfig
 from tests.reopening import SCHEMA, Opened, rows
 from tests.waiting import persisted_tick
@@ -175,19 +175,59 @@ async def test_the_shadow_replay_decodes_in_a_worker_thread(node: Opened, monkey
     await data(swal, 30)
     await persisted_tick(swal)
     threads: list[int] = []
-    real = ShadowReplay._replay_blocks
+    real = ShadowReplay._replay_batch  # both paths: blocks read from storage, messages from the tail
 
     def spy(self: ShadowReplay, *args: object) -> bool:
         threads.append(threading.get_ident())
         return real(self, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ShadowReplay, "_replay_blocks", spy)
+    monkeypatch.setattr(ShadowReplay, "_replay_batch", spy)
     swal.recovered_snapshot = None  # the periodic shadow replays from the start, as after an old log
     await snapshot(swal)
     # The truncation's shadow, too (no time floor: it cuts up to the last message).
     done = await ChannelRetention(swal, None, None, RetentionConfig(retention_seconds=0)).check()
     assert done is not None and await swal.wal.get_meta(SNAPSHOT_META) is not None
     assert threads and threading.get_ident() not in threads
+
+
+async def test_the_shadow_replay_takes_what_the_tail_holds_without_reading_storage(
+        node: Opened, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A periodic snapshot follows the log as it grows: what is still in the WAL's in-memory tail is
+    replayed from there (on the shared log a storage read fetches every block back over the network),
+    and the state is the same as replayed from storage."""
+    swal = node.swal
+    assert swal is not None
+    _, _ = await collection_and_insert(swal)
+    await data(swal, 40)
+    await persisted_tick(swal)
+    wal = swal.wal
+    assert wal._tail.base <= wal.first_id  # the whole log is still in the tail
+    reads: list[int] = []
+    real = type(wal)._read_storage
+
+    async def counting(self: object, from_id: int, max_bytes: int) -> object:
+        reads.append(from_id)
+        return await real(self, from_id, max_bytes)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(wal), "_read_storage", counting)
+
+    async def replayed() -> RecoverySnapshot:
+        steps, _, txns, _ = default_interceptors(wal, swal.config)  # fresh steps, as retention's shadow
+        shadow = ShadowReplay(wal, steps, txns)
+        assert await shadow.advance(wal.next_id)
+        return shadow.capture()
+
+    from_tail = await replayed()
+    assert reads == [], f"storage read although the tail held those messages: from ids {reads}"
+    wal._tail.reset(wal.next_id)  # the tail lost them (evicted): the same replay from storage
+    from_storage = await replayed()
+    assert reads, "the replay did not read storage once the tail no longer held the messages"
+    assert from_tail.message_id == from_storage.message_id == wal.next_id
+    # A segment's creation is exported as wall time (monotonic + the skew at export): it differs by
+    # the clocks' jitter between the two captures, nothing else.
+    walls = [[seg.pop("created_wall") for seg in snap.steps["shard"]["segments"]] for snap in (from_tail, from_storage)]
+    assert walls[0] and all(abs(a - b) < 1.0 for a, b in zip(*walls, strict=True))
+    assert from_tail.steps == from_storage.steps and from_tail.steps["dedup"]
 
 
 async def _txn_messages(swal: StreamingWAL, txn_id: int) -> list[MessageType]:
