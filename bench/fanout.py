@@ -2,21 +2,24 @@
 
     .venv/bin/python bench/fanout.py [--consumers 0,10,100,500] [--count 50000] [--runs 3]
 
-The node runs in its own process.  For each consumer count N, in a fresh data directory: N Consume
+The node runs in its own process. For each consumer count N, in a fresh data directory: N Consume
 streams (DeliverPolicy.latest, one vchannel) are opened from ``--procs`` separate processes, each
 with a raw grpc.aio stream whose responses are not deserialized (the worker counts bytes only: the
 node is what is measured); once all are open, ``--count`` DATA messages of ``--size`` bytes are
 produced durably through the SDK (``send_nowait``, ``--linger``), each message's ack latency timed
-from ``send_nowait`` to its future's completion.  Reported per N: produce msgs/s, ack p50/p99, total
+from ``send_nowait`` to its future's completion. Reported per N: produce msgs/s, ack p50/p99, total
 messages the node delivered per second while the producer ran (the node's ``consume_messages``
-counter, read from its /metrics before and after), the node's peak RSS and its CPU per produced
-message.  A probe process beside them sends one message at a time (linger 0, every 2 ms) and times
-each ack: the bulk producer's ack times include its own queue of ``--window`` unanswered sends
-(Little's law: window / rate), the probe's show what an append waits for behind delivery work.
+counter, read from its /metrics before and after), the share of responses sent from the shared cache
+(hits / (hits + misses)), the node's peak RSS and its CPU per produced message. A probe process
+beside them sends one message at a time (linger 0, every 2 ms) and times each ack: the bulk
+producer's ack times include its own queue of ``--window`` unanswered sends (Little's law: window /
+rate), the probe's show what an append waits for behind delivery work.
 
 ``--stalled N`` adds a case of N consumers that open their stream and never read: its RSS is compared
 with 500 MB + N x the per-consumer cap (``consume_buffer_bytes``).  ``--node-flag`` passes extra serve
-flags (e.g. ``--consume-cache-bytes=0`` for the per-consumer encoding baseline).
+flags; ``--baseline-flag`` runs each tailing case again with other flags, as its comparison in the
+same run (e.g. ``--consume-cache-bytes=0``: every consumer encodes its own, and none takes another's
+responses; which goes first alternates).
 ``--profile OUT`` records the node under py-spy for the largest N (a flame graph, or collapsed stacks
 if OUT ends in .txt).
 Benchmarks are not tests: they assert nothing about speed.
@@ -170,14 +173,18 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _delivered(metrics_url: str) -> float:
+def _counters(metrics_url: str) -> dict[str, float]:
+    """Messages delivered, and the shared cache's hits and misses, so far."""
     with urllib.request.urlopen(metrics_url, timeout=30) as resp:
         text = resp.read().decode()
-    total = 0.0
+    out = {"delivered": 0.0, "hits": 0.0, "misses": 0.0}
     for line in text.splitlines():
-        if line.startswith("streamingnode_consume_messages_total{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+        for key, prefix in (("delivered", "streamingnode_consume_messages_total{"),
+                            ("hits", "streamingnode_consume_cache_hits_total "),
+                            ("misses", "streamingnode_consume_cache_misses_total ")):
+            if line.startswith(prefix):
+                out[key] += float(line.rsplit(" ", 1)[1])
+    return out
 
 
 async def _produce(sdk: Any, addr: str, n: int, size: int, linger: float, window: int) -> tuple[float, list[float]]:
@@ -209,9 +216,9 @@ async def _produce(sdk: Any, addr: str, n: int, size: int, linger: float, window
     return n / elapsed, lat
 
 
-def _one(args: argparse.Namespace, root: str, consumers: int, stall: bool) -> dict[str, float]:
+def _one(args: argparse.Namespace, root: str, consumers: int, stall: bool, base: bool) -> dict[str, float]:
     data_dir, logs = tmpdir(root, "node"), tmpdir(root, "logs")
-    extra = tuple(args.node_flag)
+    extra = tuple(args.node_flag) + (tuple(args.baseline_flag) if base else ())
     out: dict[str, float] = {}
     with _node(data_dir, logs, PCHANNEL, extra=extra) as node:
         addr = node.match.group(1)
@@ -228,7 +235,7 @@ def _one(args: argparse.Namespace, root: str, consumers: int, stall: bool) -> di
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         spy = None
-        if args.profile and consumers == max(args.consumers) and not stall:
+        if args.profile and consumers == max(args.consumers) and not stall and not base:
             spy = subprocess.Popen([str(Path(PYTHON).parent / "py-spy"), "record", "-o", args.profile, "-r", "50",
                                     "--format", "raw" if args.profile.endswith(".txt") else "flamegraph",
                                     "-p", str(node.proc.pid), "--nonblocking"],
@@ -236,13 +243,13 @@ def _one(args: argparse.Namespace, root: str, consumers: int, stall: bool) -> di
         group = _Consumers(addr, consumers, args.procs, stall)
         probe = _Probe(addr)
         try:
-            before = _delivered(url)
+            before = _counters(url)
             cpu0 = _cpu_seconds(node.proc.pid)
             t0 = time.perf_counter()
             rate, lat = asyncio.run(_produce(_sdk(), addr, args.count, args.size, args.linger, args.window))
             elapsed = time.perf_counter() - t0
             cpu = _cpu_seconds(node.proc.pid) - cpu0
-            after = _delivered(url)
+            after = _counters(url)
             peak[0] = max(peak[0], _rss_mb(node.proc.pid))
         finally:
             if spy is not None:
@@ -255,11 +262,17 @@ def _one(args: argparse.Namespace, root: str, consumers: int, stall: bool) -> di
             sampler.join()
         lat.sort()
         out = {"produce": rate, "p50_ms": lat[len(lat) // 2] * 1e3, "p99_ms": lat[int(len(lat) * 0.99)] * 1e3,
-               "delivered": (after - before) / elapsed, "rss_mb": peak[0],
+               "delivered": (after["delivered"] - before["delivered"]) / elapsed,
+               "shared": (after["hits"] - before["hits"]) / max(after["hits"] + after["misses"] - before["hits"]
+                                                                - before["misses"], 1), "rss_mb": peak[0],
                "node_cpu_us": cpu / args.count * 1e6,
                "probe_p50_ms": _pct(probe_lat, 0.5) * 1e3, "probe_p99_ms": _pct(probe_lat, 0.99) * 1e3}
     shutil.rmtree(data_dir, ignore_errors=True)
     return out
+
+
+def _label(case: tuple[int, bool, bool]) -> str:
+    return f"{case[0]}{' stalled' if case[1] else ''}{' base' if case[2] else ''}"
 
 
 def _pct(sorted_samples: list[float], q: float) -> float:
@@ -280,37 +293,46 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=8000, help="unanswered sends before waiting (default 8000)")
     p.add_argument("--cap-mb", type=float, default=4.0, help="the node's consume_buffer_bytes, MiB (default 4)")
     p.add_argument("--node-flag", action="append", default=[], help="extra serve flag (repeatable)")
+    p.add_argument("--baseline-flag", action="append", default=[],
+                   help="serve flag of a comparison run of each tailing case, e.g. --consume-cache-bytes=0 "
+                        "(repeatable; none: no comparison)")
     p.add_argument("--profile", default=None, help="py-spy flame graph of the node at the largest N (SVG path)")
     p.add_argument("--dir", default=None, help="parent of the temporary directories")
     args = p.parse_args(argv)
     args.consumers = [int(x) for x in args.consumers.split(",") if x]
     prepare_process()
     root = tempfile.mkdtemp(prefix="fanout-", dir=args.dir)
-    cases = [(n, False) for n in args.consumers] + ([(args.stalled, True)] if args.stalled else [])
-    results: dict[tuple[int, bool], list[dict[str, float]]] = {c: [] for c in cases}
+    cases = [(n, False, False) for n in args.consumers] + ([(args.stalled, True, False)] if args.stalled else [])
+    if args.baseline_flag:  # each tailing case with consumers again, with the comparison's flags
+        cases = [c for n in args.consumers for c in ((n, False, False), (n, False, True))[: 2 if n else 1]] + \
+            [c for c in cases if c[1]]
+    results: dict[tuple[int, bool, bool], list[dict[str, float]]] = {c: [] for c in cases}
     try:
         for i in range(args.runs):
-            for case in cases:
+            for case in cases if i % 2 == 0 else cases[::-1]:  # which goes first alternates
                 r = _one(args, root, *case)
                 results[case].append(r)
-                print(f"run {i + 1}/{args.runs} {case[0]} {'stalled' if case[1] else 'tailing'}: "
+                print(f"run {i + 1}/{args.runs} {_label(case)}: "
                       + ", ".join(f"{k} {v:,.1f}" for k, v in r.items()), file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    def med(case: tuple[int, bool], key: str) -> float:
+    def med(case: tuple[int, bool, bool], key: str) -> float:
         return statistics.median(r[key] for r in results[case])
 
     print(f"fan-out: {args.count:,} x {args.size} B durable SDK produce, medians of {args.runs} runs")
     print(f"{'consumers':>12} {'produce/s':>10} {'ack p50':>8} {'ack p99':>8} {'probe p50':>9} {'probe p99':>9} "
-          f"{'delivered/s':>12} {'RSS MB':>7} {'node CPU/msg':>12}")
+          f"{'delivered/s':>12} {'shared':>6} {'RSS MB':>7} {'node CPU/msg':>12}")
+    if args.baseline_flag:
+        print(f"'base': with {' '.join(args.baseline_flag)}")
     for case in cases:
-        label = f"{case[0]}{' stalled' if case[1] else ''}"
-        print(f"{label:>12} {med(case, 'produce'):>10,.0f} {med(case, 'p50_ms'):>6.1f}ms {med(case, 'p99_ms'):>6.1f}ms "
+        print(f"{_label(case):>12} {med(case, 'produce'):>10,.0f} {med(case, 'p50_ms'):>6.1f}ms "
+              f"{med(case, 'p99_ms'):>6.1f}ms "
               f"{med(case, 'probe_p50_ms'):>7.2f}ms {med(case, 'probe_p99_ms'):>7.2f}ms "
-              f"{med(case, 'delivered'):>12,.0f} {med(case, 'rss_mb'):>7.0f} {med(case, 'node_cpu_us'):>10.1f}µs")
-    base = (0, False)
-    hundred = (100, False)
+              f"{med(case, 'delivered'):>12,.0f} {med(case, 'shared'):>6.0%} {med(case, 'rss_mb'):>7.0f} "
+              f"{med(case, 'node_cpu_us'):>10.1f}µs")
+    base = (0, False, False)
+    hundred = (100, False, False)
     if base in results and hundred in results:
         ratio = med(hundred, "produce") / med(base, "produce")
         print(f"100 consumers: produce {ratio:.2f} of 0 (target >= {PRODUCE_RATIO_TARGET}), ack p99 "
@@ -319,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{med(hundred, 'delivered'):,.0f}/s (target >= {DELIVERY_TARGET:,})")
     if args.stalled:
         bound = 500 + args.stalled * args.cap_mb
-        print(f"{args.stalled} stalled consumers: RSS {med((args.stalled, True), 'rss_mb'):.0f} MB "
+        print(f"{args.stalled} stalled consumers: RSS {med((args.stalled, True, False), 'rss_mb'):.0f} MB "
               f"(bound 500 MB + {args.stalled} x {args.cap_mb:g} MiB = {bound:,.0f} MB)")
     return 0
 
