@@ -221,7 +221,7 @@ class ConsumeStream:
                 key = pack_key(prefix, pack, min_ts)
                 entry = cache.get(key)
                 until = entry[0].end_position if entry else None
-                pack, pending = _merge(pack, scanner, limit, max_bytes, until, eager=joined)
+                pack, pending = _merge(pack, scanner, limit, min(max_bytes, MERGE_BYTES), until, eager=joined)
                 position = pack.end_position
                 check = pack_check(pack)
                 if entry is not None and entry[0] == check:
@@ -242,7 +242,7 @@ class ConsumeStream:
                 if error is not None:
                     raise error
                 continue
-            pack, pending = _merge(pack, scanner, limit, max_bytes)
+            pack, pending = _merge(pack, scanner, limit, min(max_bytes, MERGE_BYTES))
             for part, nbytes in split_pack(pack, limit, max_bytes):
                 if tracing is not None and part.messages:  # a span per pack with messages, linked to producers
                     with tracing.consume_span(part.start_position.pchannel, vchannel, part.messages):
@@ -387,6 +387,10 @@ def _merge(
 
 MERGE_CUT = 4
 """On average, every this many ticks a pack ends at a *cut* that joining never passes (see ``_cut``)."""
+MERGE_BYTES = 512 << 10
+"""Most bytes (as ``split_pack`` counts) that joining packs makes one response: enough to make a
+write's fixed cost small per message, and little in flight per stream (gRPC holds a copy of each
+response until the client's window takes it)."""
 
 
 def _cut(pack: MsgPack) -> bool:
