@@ -107,8 +107,8 @@ class EncodedPacks:
     def put(self, key: tuple[Hashable, ...], check: PackCheck, responses: Responses) -> None:
         """Keep ``responses`` unless an entry is there already (the first reader's choice stands)."""
         size = sum(len(data) for datas, _, _ in responses for data in datas)
-        if size > self.max_bytes // 4 or key in self._entries:
-            return  # one entry may not sweep the cache: a big catch-up pack is rarely shared anyway
+        if size > self.max_bytes // 2 or key in self._entries:
+            return  # one entry may not sweep the whole cache
         self._entries[key] = (check, responses, size)
         self.bytes += size
         while self.bytes > self.max_bytes:

@@ -32,7 +32,7 @@ def test_the_cache_keeps_at_most_its_bytes_dropping_the_least_recently_used() ->
     assert cache.bytes <= 1000
     assert cache.get(("b",)) is None
     assert cache.get(("a",)) is not None
-    cache.put(("big",), cb, (((b"w" * 251,), 1, 251),))  # over a quarter: not kept, nothing evicted for it
+    cache.put(("big",), cb, (((b"w" * 501,), 1, 501),))  # over half: not kept, nothing evicted for it
     assert cache.get(("big",)) is None
     assert len(cache) == 5 and cache.bytes == 1000
 
