@@ -2,8 +2,9 @@
 
 ``WALAdaptor.append_batch`` refuses work once closing (ON_SHUTDOWN) or fenced (CHANNEL_FENCED, nothing
 written), waits until the chain is ready (recovered), sets the caller's deadline where the redo step
-can see it, and hands the batch to the chain.  Closing drains appends in flight, then closes the chain
-(innermost first) and the WAL.
+can see it, and hands the batch to the chain.  ``start_append`` is the same hand-off without the wait
+(None until ready), for a caller that already runs in a task of its own.  Closing drains appends in
+flight, then closes the chain (innermost first) and the WAL.
 """
 
 from __future__ import annotations

@@ -151,7 +151,9 @@ class Producer:
     ``send`` returns once the message is durable; ``send_nowait`` returns a future at once (and applies
     no backpressure).  Messages sent concurrently are batched: a batch is written when ``linger``
     seconds have passed since its first message, or when it reaches ``max_batch_bytes`` or
-    ``max_batch_messages``.
+    ``max_batch_messages``.  At ``linger=0`` a ``send`` made while nothing is open, queued or in
+    flight goes out at once; messages sent while it is in flight gather for one loop turn and share
+    the next batch.
 
     ``max_in_flight`` (written, unanswered batches) defaults to 8; with a ``producer_id`` to as many as
     keep ``max_in_flight * max_batch_messages`` within the node's default dedup window (4096
