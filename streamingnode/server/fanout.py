@@ -63,7 +63,7 @@ class PackCheck(NamedTuple):
     begin_ts: int
     end_ts: int
     end_position: Position
-    count: int
+    n_messages: int
     first: int | None
     last: int | None
 
