@@ -228,6 +228,10 @@ async def test_readers_tailing_together_get_every_message_once_in_order_while_sh
                     await produce(stub, "p", [[data("v1", b"u" * 500) for _ in range(3)]],
                                   txn=pb.TxnContext(txn_id=txn.txn_id))
                     await stub.CommitTxn(spb.CommitTxnRequest(pchannel="p", vchannel="v1", txn_id=txn.txn_id))
+            # A transaction left open at the end: every position from here on resumes at its BeginTxn,
+            # before "last", so a read reopened there must skip "last" by its tick.
+            still_open = await stub.BeginTxn(spb.BeginTxnRequest(pchannel="p", vchannel="v1", keepalive_ms=60_000))
+            await produce(stub, "p", [[data("v1", b"open")]], txn=pb.TxnContext(txn_id=still_open.txn_id))
             _, (final,) = await produce(stub, "p", [[data("", b"last")]])
             return int.from_bytes(final.appended.results[0].id.id, "big")
 
@@ -259,7 +263,8 @@ async def test_readers_tailing_together_get_every_message_once_in_order_while_sh
         got = await asyncio.gather(*readers)
         # Late readers from the start meet the tailing readers' responses in the cache: they take
         # them without reading, then read on from where the last one they took ended (to a message
-        # that came after the tailing readers stopped: no response of theirs has it).
+        # that came after the tailing readers stopped: no response of theirs has it).  Each reopens
+        # its read inside the open transaction, before "last": "last" must not come twice.
         _, (after,) = await produce(stub, "p", [[data("", b"after")]])
         after_id = int.from_bytes(after.appended.results[0].id.id, "big")
         late = [await _ids_until(channel, o, after_id) for o in opens]
