@@ -103,7 +103,8 @@ def _labels_of(expr: str) -> str:
     """Node metrics with a pchannel label are all but these; filtering them is what the picker is for."""
     node_wide = ("streamingnode_pchannels", "streamingnode_wal_disk_bytes", "streamingnode_open_streams",
                  "streamingnode_streams_refused", "streamingnode_storage_", "process_",
-                 "streamingnode_cluster_nodes", "streamingnode_refusals")
+                 "streamingnode_cluster_nodes", "streamingnode_refusals", "streamingnode_consume_cache_",
+                 "streamingnode_consume_held_bytes")
     return "" if any(name in expr for name in node_wide) else "pchannel"
 
 
