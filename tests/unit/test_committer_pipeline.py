@@ -144,7 +144,7 @@ async def test_an_unavailable_store_is_not_retried_one_by_one_by_the_redo_step(
 
 async def test_a_store_that_never_answers_fails_its_appends_after_the_store_timeout(
         manager: tuple[WALManager, _Pipelined]) -> None:
-    m, backend = manager
+    m, _ = manager
     await m.create_channel("p")
     wal = await m.open("p")
     m._committer.store_timeout = 0.2
