@@ -268,7 +268,8 @@ def plain_batch(pack: ColumnPack, end_timetick: int, schema: pa.Schema) -> pa.Re
     else:
         properties = pa.MapArray.from_arrays(pa.array([0] * (n + 1), pa.int32()), pa.array([], map_type.key_type),
                                              pa.array([], map_type.item_type), type=map_type)
-    known = pc.if_else(pc.less_equal(types, _TOP_SCALAR), types, _ZERO)
+    # A number outside the table (an enum value this version does not know, negative ones too) is 0.
+    known = pc.if_else(pc.and_(pc.greater_equal(types, _ZERO), pc.less_equal(types, _TOP_SCALAR)), types, _ZERO)
     batch = pa.RecordBatch.from_arrays([
         ids,
         _joined(parts, "vchannels", pa.string()),

@@ -48,6 +48,7 @@ PACK: list[Row] = [
     (DATA, "v0", T0 + 4, 14, b"t1", TXN, {}),
     (DATA, "", T0 + 5, 15, b"broadcast", None, {}),
     (777, "v1", T0 + 6, 16, b"unknown type", None, {}),
+    (-5, "v1", T0 + 6, 18, b"negative type", None, {}),
     (DATA, "v1", T0 + 6, None, b"no id", None, {}),
     (COMMIT, "v0", T0 + 9, 17, b"", TXN, {}),
     (TICK, "", T0 + 9, None, b"", None, {}),
@@ -88,12 +89,14 @@ def by_messages(p: _columns.ColumnPack, end: int) -> list[dict[str, Any]]:
 def test_column_rows_equal_message_rows_with_bodies_at_their_commit() -> None:
     rows = by_columns(pack(PACK), T0 + 100)
     assert rows == by_messages(pack(PACK), T0 + 100)
-    assert [r["payload"] for r in rows] == [b"a", b"t0", b"b", b"t1", b"broadcast", b"unknown type", b"no id"]
+    assert [r["payload"] for r in rows] == [b"a", b"t0", b"b", b"t1", b"broadcast", b"unknown type", b"negative type",
+                                            b"no id"]
     got = {r["payload"]: r for r in rows}
     assert got[b"t0"]["timetick"] == got[b"t1"]["timetick"] == T0 + 9  # the commit's, not their own
     assert got[b"a"]["timetick"] == T0 + 1
     assert sorted(got[b"b"]["properties"]) == [("k", "v"), ("z", "1")]
-    assert got[b"unknown type"]["type"] == "undefined" and got[b"a"]["type"] == "data"
+    assert got[b"unknown type"]["type"] == got[b"negative type"]["type"] == "undefined"
+    assert got[b"a"]["type"] == "data"
     assert got[b"no id"]["id"] is None and got[b"a"]["id"] == 10
     assert got[b"broadcast"]["vchannel"] == ""
     assert got[b"a"]["time"].timestamp() == 1_700_000_000.0
@@ -101,7 +104,7 @@ def test_column_rows_equal_message_rows_with_bodies_at_their_commit() -> None:
 
 def test_a_transaction_committed_after_the_end_is_left_out_whole() -> None:
     """Cut at T0 + 6: the body's own timeticks (T0 + 2, T0 + 4) are before it, its commit after."""
-    expected = [b"a", b"b", b"broadcast", b"unknown type", b"no id"]
+    expected = [b"a", b"b", b"broadcast", b"unknown type", b"negative type", b"no id"]
     assert [r["payload"] for r in by_columns(pack(PACK), T0 + 6)] == expected
     assert [r["payload"] for r in by_messages(pack(PACK), T0 + 6)] == expected
     assert by_columns(pack(PACK), T0) == []
@@ -114,7 +117,7 @@ def test_a_pack_in_parts_gives_the_rows_of_the_whole_pack() -> None:
     assert by_columns(pack(PACK[:3], PACK[3:7], PACK[7:]), T0 + 100) == whole
     assert by_messages(pack(PACK[:3], PACK[3:7], PACK[7:]), T0 + 100) == whole
     assert [r["payload"] for r in by_columns(pack(PACK[:3], PACK[3:]), T0 + 6)] == \
-        [b"a", b"b", b"broadcast", b"unknown type", b"no id"]
+        [b"a", b"b", b"broadcast", b"unknown type", b"negative type", b"no id"]
 
 
 def test_a_pack_of_framing_only_gives_no_batch() -> None:
