@@ -111,6 +111,24 @@ async def write(call: Any, request: Any) -> None:
         raise UnavailableError("the stream already ended") from exc
 
 
+async def open_stream(call: Any, request: Any, kind: str, pchannel: str) -> Any:
+    """Send a bidi stream's open request and return its first response, which must be ``opened``;
+    whatever fails, the call is cancelled first (a stream half open holds the node's resources)."""
+    try:
+        await write(call, request)
+        first = await call.read()
+    except grpc.RpcError as exc:
+        call.cancel()
+        raise translate(exc) from exc
+    except BaseException:
+        call.cancel()
+        raise
+    if first is grpc.aio.EOF or first.WhichOneof("response") != "opened":
+        call.cancel()
+        raise UnavailableError(f"{kind} stream on {pchannel!r} ended before it opened", channel=pchannel)
+    return first
+
+
 async def done_writing(call: Any) -> None:
     """Half-close a stream (see ``write`` for the failures)."""
     try:

@@ -47,7 +47,7 @@ from typing import Any, cast
 
 import grpc
 
-from streamingnode.client._calls import done_writing, reconnectable, translate, with_reconnect, write
+from streamingnode.client._calls import done_writing, open_stream, reconnectable, translate, with_reconnect, write
 from streamingnode.client._routing import Route
 from streamingnode.client._spool import Spool
 from streamingnode.status import from_error_detail
@@ -543,20 +543,8 @@ class Producer:
 
     async def _open_at(self, stub: Any) -> Any:
         call = stub.Produce()
-        try:
-            await write(call, spb.ProduceRequest(open=spb.ProduceOpen(pchannel=self.pchannel,
-                                                                      producer_id=self.producer_id)))
-            first = await call.read()
-        except grpc.RpcError as exc:
-            call.cancel()
-            raise translate(exc) from exc
-        except BaseException:
-            call.cancel()
-            raise
-        if first is grpc.aio.EOF or first.WhichOneof("response") != "opened":
-            call.cancel()
-            raise UnavailableError(f"produce stream on {self.pchannel!r} ended before it opened",
-                                   channel=self.pchannel)
+        first = await open_stream(call, spb.ProduceRequest(open=spb.ProduceOpen(
+            pchannel=self.pchannel, producer_id=self.producer_id)), "produce", self.pchannel)
         if self.term is not None:
             self.reconnects += 1
         self.term = first.opened.term

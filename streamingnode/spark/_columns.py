@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamingnode import convert
-from streamingnode.client._calls import reconnectable, translate, with_reconnect, write
+from streamingnode.client._calls import open_stream, reconnectable, translate, with_reconnect
 from streamingnode.spark._options import Connection, Offset
 from streamingnode.spark._range import ReadStalledError, read_policy
 from streamingnode.v1 import common_pb2 as pb
@@ -94,19 +94,7 @@ class _PackStream:
         try:
             stub = await self._route.stub()
             call = stub.Consume()
-            try:
-                await write(call, request)
-                first = await call.read()
-            except grpc.RpcError as exc:
-                call.cancel()
-                raise translate(exc) from exc
-            except BaseException:
-                call.cancel()
-                raise
-            if first is grpc.aio.EOF or first.WhichOneof("response") != "opened":
-                call.cancel()
-                raise UnavailableError(f"consume stream on {self._pchannel!r} ended before it opened",
-                                       channel=self._pchannel)
+            await open_stream(call, request, "consume", self._pchannel)
         except StreamingError as exc:
             self._route.failed(exc)
             raise
