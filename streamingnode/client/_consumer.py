@@ -33,7 +33,7 @@ import grpc
 
 from streamingnode import convert
 from streamingnode.client import _process
-from streamingnode.client._calls import reconnectable, translate, unary, with_reconnect, write
+from streamingnode.client._calls import open_stream, reconnectable, translate, unary, with_reconnect, write
 from streamingnode.client._routing import Route
 from streamingnode.status import from_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
@@ -62,11 +62,6 @@ def resume_read(
 ) -> tuple[DeliverPolicy, tuple[DeliverFilter, ...]]:
     """The policy and filters that deliver exactly what comes after ``position``."""
     return DeliverPolicy.start_from(position.message_id), (*filters, DeliverFilter.timetick_gt(position.timetick))
-
-
-def _check_opened(first: Any, pchannel: str) -> None:
-    if first is grpc.aio.EOF or first.WhichOneof("response") != "opened":
-        raise UnavailableError(f"consume stream on {pchannel!r} ended before it opened", channel=pchannel)
 
 
 class Consumer:
@@ -357,17 +352,12 @@ class Consumer:
             # both forms, so a node that ignores the flag still works.
             max_pack_messages=self._max_pack_messages, columns=True, max_response_bytes=self._max_receive_bytes)
         call = stub.Consume()
+        await open_stream(call, spb.ConsumeRequest(open=open_), "consume", self.pchannel)
         try:
-            await write(call, spb.ConsumeRequest(open=open_))
-            first = await call.read()
-            _check_opened(first, self.pchannel)
             async with self._write_lock:
-                for request, _ in self._acks:
+                for request, _ in self._acks:  # acks not yet answered go again on the new stream
                     await write(call, request)
                 self._call = call
-        except grpc.RpcError as exc:
-            call.cancel()
-            raise translate(exc) from exc
         except BaseException:
             call.cancel()
             raise
