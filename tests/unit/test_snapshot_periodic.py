@@ -183,7 +183,16 @@ async def test_the_shadow_replay_decodes_in_a_worker_thread(node: Opened, monkey
 
     monkeypatch.setattr(ShadowReplay, "_replay_batch", spy)
     swal.recovered_snapshot = None  # the periodic shadow replays from the start, as after an old log
-    await snapshot(swal)
+    await snapshot(swal)  # from the WAL's in-memory tail
+    assert threads and threading.get_ident() not in threads
+    # From storage: once the tail no longer holds them (evicted), the blocks are read and decoded.
+    threads.clear()
+    wal = swal.wal
+    wal._tail.reset(wal.next_id)
+    steps, _, txns, _ = default_interceptors(wal, swal.config)
+    assert await ShadowReplay(wal, steps, txns).advance(wal.next_id)
+    assert threads and threading.get_ident() not in threads
+    threads.clear()
     # The truncation's shadow, too (no time floor: it cuts up to the last message).
     done = await ChannelRetention(swal, None, None, RetentionConfig(retention_seconds=0)).check()
     assert done is not None and await swal.wal.get_meta(SNAPSHOT_META) is not None
