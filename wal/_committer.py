@@ -21,9 +21,13 @@ appends are acknowledged.
 
 A lone small append (nothing else queued, no sync in flight, nothing else on the writer thread) gains
 nothing from either thread: it is written and synced on the event loop itself, as long as such writes
-stay fast (a moving average of
-their duration under ``_INLINE_MAX_SECONDS``).  Two thread hand-offs cost more CPU and latency than
-a fast fsync; a slow disk would block the loop, so there the writer thread takes them again.
+stay fast (a moving average of their duration under ``_INLINE_MAX_SECONDS``), or fast enough
+(``_INLINE_IDLE_MAX_SECONDS``) while nothing else is ready to run on the loop (blocking it then
+delays nobody).  Two thread hand-offs cost more CPU and latency than a fast fsync; a slow disk would
+block the loop, so there the writer thread takes them again.  When the run task is parked (idle) and
+the loop has nothing else ready, ``submit`` writes such an append itself: the caller's ``await``
+then finds its future done, without a wake-up of the run task and the loop turns around it.  Appends
+of several tasks ready at once still go through the queue, and share a write.
 """
 
 from __future__ import annotations
@@ -63,6 +67,11 @@ _LONE_BYTES = 64 << 10
 # Lone writes run on the event loop while their moving average stays under this.  The writer thread
 # costs two hand-offs (about 0.1 ms of CPU here); a fsync longer than this would stall the loop.
 _INLINE_MAX_SECONDS = 0.0005
+# ... and up to this while nothing else is ready to run on the loop: blocking it then delays nobody,
+# and a host under load makes an fsync take 0.5-2 ms for which the hand-offs would buy nothing.
+_INLINE_IDLE_MAX_SECONDS = 0.005
+# "Nothing else": at most this many callbacks ready in the loop's queue (the caller's own wake-ups).
+_IDLE_READY_CALLBACKS = 1
 # A NATS stream leader election takes a few seconds: held writes are tried again from 20 ms, doubling
 # to 1 s, for up to 10 s (the redo step's own budget) before their appends fail.
 _HOLD_UNAVAILABLE_SECONDS = 10.0
@@ -119,6 +128,7 @@ class GroupCommitter:
         max_commit_bytes: int,
         syncer: concurrent.futures.ThreadPoolExecutor | None = None,
         inline_max_seconds: float = _INLINE_MAX_SECONDS,
+        inline_idle_max_seconds: float = _INLINE_IDLE_MAX_SECONDS,
     ) -> None:
         self._backend = backend
         self._executor = executor
@@ -136,6 +146,9 @@ class GroupCommitter:
         self.inline_max_seconds = inline_max_seconds
         """Lone writes run on the event loop while their moving average stays at or under this (a
         setting, not a measurement: tests fix it so that the disk's speed decides nothing)."""
+        self.inline_idle_max_seconds = inline_idle_max_seconds
+        """The same limit while the loop has nothing else ready to run (``_loop_idle``)."""
+        self._parked = False  # the run task waits for work: no write in progress anywhere
         self.writer_jobs = 0
         """Other work the manager runs on the writer thread right now: no write on the loop meanwhile."""
         self.commits = 0
@@ -178,8 +191,49 @@ class GroupCommitter:
             fut.set_exception(OnShutdownError("WAL is shutting down", channel=wal.pchannel))
             return fut
         self._queue.append(_Request(wal, messages, nbytes, fut))
+        if (self._parked and len(self._queue) == 1 and nbytes <= _LONE_BYTES and not self._pipelined
+                and not self._held and (self._last_ack is None or self._last_ack.done()) and _loop_idle()
+                and self._inline_ok()):
+            # Only while nothing else is ready on the loop: appends of other tasks about to run would
+            # each take a write and a sync of their own here, where the run task groups them.
+            self._write_now()
+            return fut
         self._wake.set()
         return fut
+
+    def _inline_ok(self) -> bool:
+        """Whether a lone write may run on the loop: it has been fast, or fast enough while the loop
+        has nothing else to run (see ``_INLINE_IDLE_MAX_SECONDS``), and nothing runs on the writer
+        thread."""
+        if self.writer_jobs:
+            return False
+        avg = self._lone_seconds
+        return avg <= self.inline_max_seconds or (avg <= self.inline_idle_max_seconds and _loop_idle())
+
+    def _write_now(self) -> None:
+        """Write the one queued request here, in the caller's own turn of the loop, while the run task
+        is parked: its future is done when ``submit`` returns, so the caller's ``await`` does not
+        yield, and no wake-up of the run task is spent on it.  Failures end as in ``_run``."""
+        reqs = self._take()
+        if not reqs:
+            return
+        try:
+            commits = self._write_lone(reqs)
+        except _Poisoned as exc:
+            self._isolate(reqs, exc.errors)
+            self._wake.set()
+            return
+        except BaseException as exc:
+            if self._hold(reqs, exc):
+                self._wake.set()  # the run task writes it again (the first retry without a pause)
+                return
+            self._fail(reqs, exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._unavailable_since = None
+        self.commits += 1
+        self._ack(reqs, commits)
 
     async def aclose(self) -> None:
         """Write everything already queued, then stop.  Idempotent."""
@@ -210,7 +264,11 @@ class GroupCommitter:
                 if self._closing:
                     return
                 self._wake.clear()
-                await self._wake.wait()
+                self._parked = True
+                try:
+                    await self._wake.wait()
+                finally:
+                    self._parked = False
                 continue
             await self._slots.acquire()
             reqs = self._take()
@@ -226,8 +284,10 @@ class GroupCommitter:
             try:
                 if lone and self._lone_seconds <= self.inline_max_seconds and not self.writer_jobs:
                     commits = self._write_lone(reqs)
-                elif lone:
+                elif lone and not self._inline_ok():
                     commits = await loop.run_in_executor(self._executor, self._write_lone, reqs)
+                elif lone:  # slower than the limit, but nothing else is ready to run on the loop
+                    commits = self._write_lone(reqs)
                 elif self._pipelined:
                     commits, stored = await loop.run_in_executor(self._executor, self._start, reqs)
                     self._unavailable_since = None
@@ -515,6 +575,13 @@ class GroupCommitter:
         ]
         c.ticked = bool(ticks)
         return WriteGroup(c.wal._channel_key, c.first_id, encode_block(c.messages), ticks, c.max_timetick)
+
+
+def _loop_idle() -> bool:
+    """Whether the running loop has nothing else ready to run now (asyncio's ready queue; a loop
+    without one counts as busy)."""
+    ready = getattr(asyncio.get_running_loop(), "_ready", None)
+    return ready is not None and len(ready) <= _IDLE_READY_CALLBACKS
 
 
 def _store_error(exc: BaseException, pchannel: str) -> StreamingError:

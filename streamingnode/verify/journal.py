@@ -59,6 +59,8 @@ def scan_journal(data_dir: str, findings: list[Finding], notes: list[str],
                 records.append(JournalRecord(path, pos, groups, kept))
                 pos = pos_next
                 continue
+            if _journal.zero_rest(data, pos):
+                break  # the zero-written rest of a preallocated file: its records end here
             resume = _journal._valid_record_from(data, parsed.end if parsed.end is not None else pos + 1)
             if resume is None and last and not _journal._complete(data, pos, parsed):
                 notes.append(f"{path} at byte {pos}: torn tail of {len(data) - pos} bytes ({parsed.reason}); "

@@ -53,7 +53,13 @@ def _backend(manager: WALManager) -> RocksBackend:
 
 
 def _journal_bytes(backend: RocksBackend) -> int:
-    return sum(os.path.getsize(p) for p in _journal.files(backend._journal_dir))
+    """The bytes the journal's records take: each file up to its last non-zero byte (a file is
+    zero-written ahead of its records; a version 2 record never ends with a zero)."""
+    total = 0
+    for p in _journal.files(backend._journal_dir):
+        with open(p, "rb") as f:
+            total += len(f.read().rstrip(b"\0"))
+    return total
 
 
 async def _payloads(manager: WALManager, name: str) -> list[bytes]:

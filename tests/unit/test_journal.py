@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -62,6 +63,16 @@ def _journal_files(path: Path) -> list[str]:
     return _journal.files(str(path / "journal"))
 
 
+def _records_only(path: Path) -> str:
+    """The newest journal file, cut to its records' end: what a writer that does not preallocate
+    leaves, for the tests that place bytes by the file's length.  (A version 2 record ends with its
+    end magic, never with a zero byte.)"""
+    last = _journal_files(path)[-1]
+    with open(last, "rb") as f:
+        os.truncate(last, len(f.read().rstrip(b"\0")))
+    return last
+
+
 _APPEND_40 = '''
     for i in range(40):
         await wal.append_batch([Message(MessageType.DATA, "v", b"m%02d" % i)])
@@ -107,7 +118,7 @@ def _refused(path: Path, name: str = "p") -> tuple[CorruptedError, list[bytes]]:
 async def test_damage_in_an_older_journal_file_is_reported_not_skipped(tmp_path: Path) -> None:
     path = tmp_path / "db"
     _crash_after(path, _APPEND_40)
-    last = _journal_files(path)[-1]
+    last = _records_only(path)
     older = _journal.file_name(str(path / "journal"), _journal.sequence_of(last) - 1)
     with open(last, "rb") as f:
         data = bytearray(f.read())
@@ -202,7 +213,7 @@ async def test_a_flipped_byte_with_valid_records_after_it_refuses_the_pchannel_a
 ) -> None:
     path = tmp_path / "db"
     _crash_after(path, _APPEND_40)
-    last = _journal_files(path)[-1]
+    last = _records_only(path)
     damaged = _flip(last, os.path.getsize(last) // 2)  # inside a record in the middle: 20 follow it
     err, held = _refused(path)
     assert re.search(rf"lost journal records: {last} is damaged at byte \d+", str(err)), err
@@ -223,7 +234,7 @@ async def test_a_flipped_byte_with_valid_records_after_it_refuses_the_pchannel_a
 async def test_a_flipped_byte_in_the_last_complete_record_is_damage_not_a_torn_tail(tmp_path: Path) -> None:
     path = tmp_path / "db"
     _crash_after(path, _APPEND_40)
-    last = _journal_files(path)[-1]
+    last = _records_only(path)
     _flip(last, os.path.getsize(last) - 30)  # in the last message of the last record: nothing follows
     err, held = _refused(path)
     assert re.search(rf"{last} is damaged at byte \d+ \(the block .* is damaged; its trailer", str(err)), err
@@ -236,7 +247,7 @@ async def test_a_flipped_byte_in_the_last_complete_record_is_damage_not_a_torn_t
 async def test_a_torn_tail_is_dropped_and_its_bytes_kept_aside(tmp_path: Path, tail: str) -> None:
     path = tmp_path / "db"
     _crash_after(path, _APPEND_40)
-    last = _journal_files(path)[-1]
+    last = _records_only(path)
     with open(last, "rb") as f:
         data = f.read()
     first = next(iter(_journal.read(last)))
@@ -246,14 +257,21 @@ async def test_a_torn_tail_is_dropped_and_its_bytes_kept_aside(tmp_path: Path, t
     with open(last, "ab") as f:
         f.write(extra)  # a write cut short, pages never written, or junk: nothing valid follows it
     assert await _payloads(path) == [b"m%02d" % i for i in range(40)]
+    if tail == "zeros":
+        # Zeros at a record boundary are the unwritten rest of a preallocated file: the records end
+        # there, nothing was torn.
+        assert not os.path.exists(last + ".torn")
+        return
     with open(last + ".torn", "rb") as f:
-        assert f.read() == extra, "what was dropped is kept for inspection"
+        # Up to its last non-zero byte: zeros the cut record ends with cannot be told from the
+        # preallocated rest of the file.
+        assert f.read() == extra.rstrip(b"\0"), "what was dropped is kept for inspection"
 
 
 async def test_a_record_cut_short_in_the_middle_of_a_file_is_damage(tmp_path: Path) -> None:
     path = tmp_path / "db"
     _crash_after(path, _APPEND_40)
-    last = _journal_files(path)[-1]
+    last = _records_only(path)
     with open(last, "rb") as f:
         data = f.read()
     ends = []
@@ -350,7 +368,7 @@ async def test_a_damaged_journal_copy_of_a_block_the_tables_hold_costs_nothing(t
     # tables hold every block, so damage in the journal's copy loses nothing.
     path = tmp_path / "db"
     _crash_after(path, _APPEND_40)
-    last = _journal_files(path)[-1]
+    last = _records_only(path)
     with open(last, "rb") as f:
         copy = f.read()
     assert await _payloads(path) == [b"m%02d" % i for i in range(40)]  # replayed, flushed, deleted
@@ -375,3 +393,105 @@ async def test_replay_skips_blocks_below_a_truncation_mark_and_ids_go_on(tmp_pat
         assert info.last_timetick >= last_ts, "time never goes back"
     finally:
         backend.close()
+
+
+# --- a preallocated file: zeros written ahead of the records ----------------------------------------
+def _records_end(path: str) -> int:
+    with open(path, "rb") as f:
+        return len(f.read().rstrip(b"\0"))
+
+
+async def test_a_crash_leaves_zeros_after_the_records_and_they_are_the_files_end(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    _crash_after(path, _APPEND_40)
+    last = _journal_files(path)[-1]
+    end = _records_end(last)
+    assert os.path.getsize(last) >= end + (1 << 20), "the writer zero-wrote the file ahead of its records"
+    items = list(_journal.read(last))
+    assert all(isinstance(i, list) for i in items), "the zeros are neither a torn tail nor damage"
+    assert sum(map(len, (b for i in items for b in _journal.encode(i)))) == end, "the records end exactly there"
+    assert await _payloads(path) == [b"m%02d" % i for i in range(40)]
+    assert not os.path.exists(last + ".torn") and not os.path.exists(last + ".kept")
+
+
+async def test_a_record_cut_short_before_the_zeros_is_a_torn_tail(tmp_path: Path) -> None:
+    path = tmp_path / "db"
+    _crash_after(path, _APPEND_40)
+    last = _journal_files(path)[-1]
+    end = _records_end(last)
+    starts = [at for at, _ in _records(last)]
+    with open(last, "rb") as f:
+        first_record = f.read(starts[1] - 20)  # a record without its last twenty bytes
+    with open(last, "r+b") as f:  # a crash in the middle of the next record: its start, then zeros
+        f.seek(end)
+        f.write(first_record)
+    *records, torn = _journal.read(last)
+    assert all(isinstance(r, list) for r in records)
+    assert isinstance(torn, _journal.Torn) and torn.offset == end and not torn.damaged
+    assert await _payloads(path) == [b"m%02d" % i for i in range(40)]
+    with open(last + ".torn", "rb") as f:
+        assert f.read() == first_record.rstrip(b"\0"), "the cut record is kept, not the zeros after it"
+
+
+async def test_an_older_file_ending_in_zeros_is_not_damage(tmp_path: Path) -> None:
+    # A crash right after the journal moved to a new file: the older one still has its zeros.
+    path = tmp_path / "db"
+    _crash_after(path, _APPEND_40)
+    last = _journal_files(path)[-1]
+    os.rename(last, _journal.file_name(str(path / "journal"), _journal.sequence_of(last) - 1))
+    Path(last).write_bytes(b"")
+    assert await _payloads(path) == [b"m%02d" % i for i in range(40)]
+    assert not any(n.endswith(_journal.KEPT_SUFFIX) for n in os.listdir(path / "journal"))
+
+
+async def test_zeros_with_a_valid_record_after_them_are_damage(tmp_path: Path) -> None:
+    # A record whose pages never reached the disk while a later one's did: zeros where it was.  The
+    # reader must not take them for the file's end.
+    path = tmp_path / "db"
+    _crash_after(path, _APPEND_40)
+    last = _journal_files(path)[-1]
+    starts = [at for at, _ in _records(last)]
+    with open(last, "r+b") as f:
+        f.seek(starts[20])
+        f.write(bytes(starts[21] - starts[20]))
+    items = list(_journal.read(last))
+    torn = [i for i in items if isinstance(i, _journal.Torn)]
+    assert len(torn) == 1 and torn[0].offset == starts[20] and torn[0].damaged
+    err, held = _refused(path)
+    assert err.fields["offset"] == starts[20] and held == [b"m%02d" % i for i in range(len(held))] and len(held) < 40
+
+
+def test_the_writer_zero_writes_ahead_so_a_sync_changes_no_file_size(tmp_path: Path) -> None:
+    from wal._codec import encode_block  # noqa: PLC0415
+    from wal.backend import WriteGroup  # noqa: PLC0415
+
+    backend = RocksBackend(tmp_path / "db", journal_prealloc_bytes=64 << 10)
+    try:
+        key = backend.create_channel("p", {}).key
+        sizes = []
+        for i in range(20):
+            m = Message(MessageType.DATA, "v", b"%04d" % i)
+            m._timetick, m._term, m._last_confirmed = i + 1, 1, 0
+            backend.write([WriteGroup(key, i, encode_block([m]), [], i + 1)], True)
+            sizes.append(os.path.getsize(backend._journal_dir + "/" + os.listdir(backend._journal_dir)[0]))
+        assert sizes == [sizes[0]] * 20 and sizes[0] > backend._joffset, "the size was set once, ahead"
+        records = list(_journal.read(_journal_files(tmp_path / "db")[-1]))
+        assert len(records) == 20 and all(isinstance(r, list) for r in records)
+    finally:
+        backend.close()
+
+
+async def test_verify_reads_a_preallocated_journal_to_its_records_end(tmp_path: Path) -> None:
+    from streamingnode.verify.access import Finding  # noqa: PLC0415
+    from streamingnode.verify.journal import scan_journal  # noqa: PLC0415
+
+    path = tmp_path / "db"
+    _crash_after(path, _APPEND_40)
+    last = _journal_files(path)[-1]
+    # An older live file too (a crash right after the journal moved on): zeros end both.
+    shutil.copyfile(last, _journal.file_name(str(path / "journal"), _journal.sequence_of(last) - 1))
+    findings: list[Finding] = []
+    notes: list[str] = []
+    records = scan_journal(str(path), findings, notes)
+    assert findings == [] and notes == [], (findings, notes)
+    assert len(records) == 2 * len(list(_journal.read(last)))

@@ -24,6 +24,10 @@ journal moves to a new file, a RocksDB flush runs in the background, and once it
 older files are deleted (their writes are in table files now).  On open every file left is replayed
 in order (puts are idempotent), RocksDB is flushed and the files are deleted.
 
+The writer preallocates each file (zeros written ahead of the records, so that a sync commits no
+change of the file's size): at a record boundary, a rest of the file that is all zeros is where the
+records end, in any file, and is neither a torn tail nor damage.
+
 A torn tail or damage?  A write cut short by a crash leaves a prefix of its record at the end of the
 newest file, perhaps followed by bytes never written (zeros); it was never acknowledged (the sync
 comes after it), so replay drops it, as RocksDB's point-in-time recovery does, and keeps the dropped
@@ -203,6 +207,12 @@ def _complete(data: bytes, pos: int, bad: _Bad) -> bool:
     return False
 
 
+def zero_rest(data: bytes, pos: int) -> bool:
+    """Whether everything from ``pos`` on is zeros: at a record boundary, the unwritten rest of a
+    preallocated file, where its records end."""
+    return data.count(0, pos) == len(data) - pos
+
+
 def read(path: str, *, past_damage: bool = False) -> Iterator[list[WriteGroup] | Torn]:
     """The records of one file in order; a ``Torn`` where a record does not check out.
 
@@ -220,6 +230,8 @@ def read(path: str, *, past_damage: bool = False) -> Iterator[list[WriteGroup] |
             groups, pos = parsed
             yield groups
             continue
+        if zero_rest(data, pos):
+            return  # the zero-written rest of a preallocated file: the records end here
         follows = _valid_record_from(data, parsed.end if parsed.end is not None else pos + 1)
         if follows is not None:
             yield Torn(pos, f"{parsed.reason}; a valid record follows at byte {follows}", True,
@@ -264,7 +276,8 @@ def keep_torn_tail(path: str, offset: int) -> str | None:
     replayed); returns that file's name, or None when nothing follows."""
     with open(path, "rb") as f:
         f.seek(offset)
-        tail = f.read()
+        # The zeros a preallocated file ends with were never written: what follows is not kept.
+        tail = f.read().rstrip(b"\0")
     if not tail:
         return None
     aside = path + TORN_SUFFIX
@@ -284,4 +297,4 @@ def fsync_dir(directory: str) -> None:
 
 
 __all__ = ["END_MAGIC", "KEPT_SUFFIX", "MAGIC", "MAGIC_V1", "SUFFIX", "TORN_SUFFIX", "Torn", "encode",
-           "file_name", "files", "fsync_dir", "keep_torn_tail", "kept_files", "read", "sequence_of"]
+           "file_name", "files", "fsync_dir", "keep_torn_tail", "kept_files", "read", "sequence_of", "zero_rest"]
