@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
-import functools
 
 import grpc
 import structlog
@@ -53,10 +52,6 @@ class _DuplicateRequestId(InvalidArgumentError):
     answers which; so it ends the stream instead, after the batches before it are answered."""
 
 
-def _forget(seen: set[int], rid: int, _fut: object) -> None:
-    seen.discard(rid)
-
-
 class ProduceStream:
     """One Produce call: reads batches, appends them pipelined, writes results in order.
 
@@ -76,6 +71,10 @@ class ProduceStream:
         self.wake = asyncio.Event()
         self.failed: StreamingError | None = None
         self.reader: asyncio.Task[None] | None = None
+        self.unanswered: set[int] = set()
+        """Request ids read and not yet answered: reusing one is refused.  An id stays here until its
+        answer is written, not only until its batch is done: a batch may be done at once (a lone
+        append written inside the chain's call) while the answers before it are still pending."""
         self.pchannel = ""
         """The pchannel the stream writes to, once open."""
 
@@ -135,7 +134,7 @@ class ProduceStream:
     async def _read_batches(self, channel: Channel, producer_id: str | None) -> None:
         ctx = self.context
         loop = asyncio.get_running_loop()
-        seen: set[int] = set()
+        seen = self.unanswered
         tracing = self.node.tracing  # decided once per node: off means not one extra call per batch
         while self.failed is None:
             await self.slots.acquire()  # backpressure: stop reading while too many batches are pending
@@ -184,9 +183,7 @@ class ProduceStream:
                 else:
                     fut = loop.create_task(tracing.produce(
                         channel.stream.pchannel, rid, messages, channel.stream.append_batch))
-                if not fut.done():
-                    seen.add(rid)
-                    fut.add_done_callback(functools.partial(_forget, seen, rid))
+            seen.add(rid)  # pending until its answer is written (a refused batch's too)
             self.pending.append((rid, fut, batch.HasField("columns"), chained))
             self.wake.set()
 
@@ -277,5 +274,7 @@ class ProduceStream:
                 self.slots.release()
             if self.failed is None or response.WhichOneof("outcome") == "appended":
                 await ctx.write(envelope)
+            # Answered (or never to be, once the stream fails): the id may be used again.
+            self.unanswered.discard(rid)
 
 __all__ = ["ProduceStream"]

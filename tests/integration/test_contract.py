@@ -20,11 +20,13 @@ from google.protobuf import descriptor_pb2
 from grpc_reflection.v1alpha import reflection_pb2 as rpb
 
 from streamingnode.server import ServerThread
+from streamingnode.server import produce as produce_module
 from streamingnode.status import from_rpc_error
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
 from tests.integration.rpc_helpers import consume, data, produce
+from wal.message import AppendResult
 
 pytestmark = pytest.mark.integration
 
@@ -111,43 +113,90 @@ async def test_a_payload_that_is_not_arrow_is_invalid_message(stub) -> None:
     assert error.message.startswith("INSERT payload is not an Arrow IPC stream"), error.message
 
 
-async def test_a_request_id_reused_while_pending_ends_the_stream_after_the_first_answer(server_thread: ServerThread,
-                                                                                         stub) -> None:
-    await stub.CreateChannels(spb.CreateChannelsRequest(channel_names=["p"]))
+def _hold_until_refused(monkeypatch: pytest.MonkeyPatch, server_thread: ServerThread,
+                        done_at_once: bytes | None = None) -> threading.Event:
+    """Hold the batches with payload ``b"held"`` (through either append path) until the node refuses
+    a reused request id: the gate is opened by the refusal itself, so the duplicate is always read while
+    the held batch is pending, however fast the machine.  A batch with payload ``done_at_once`` is
+    done when the chain's call returns (as a lone append written inside it is), answered behind the
+    held one.  Without a refusal the gate opens after 10 s and the test sees two answers."""
     stream = server_thread.node.channel("p").stream
     gate = threading.Event()
     append = stream.append_batch
 
+    class Refusal(produce_module._DuplicateRequestId):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)
+            gate.set()
+
     async def held(messages, **kwargs):  # type: ignore[no-untyped-def]
-        await asyncio.to_thread(gate.wait, 60)  # keeps request_id 7 pending until the duplicate was read
+        if messages[0].payload == b"held":
+            await asyncio.to_thread(gate.wait, 10)
         return await append(messages, **kwargs)
 
-    stream.append_batch = held  # type: ignore[method-assign]
+    def start(messages):  # type: ignore[no-untyped-def]
+        if messages[0].payload == done_at_once:
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result([AppendResult(1 << 40, 1, None)])
+            return fut
+        return asyncio.ensure_future(held(messages))
+
+    monkeypatch.setattr(produce_module, "_DuplicateRequestId", Refusal)
+    monkeypatch.setattr(stream, "append_batch", held)
+    monkeypatch.setattr(stream, "start_append", start)
+    return gate
+
+
+async def _produce_refused(
+    stub, payloads: list[tuple[int, bytes]],  # type: ignore[no-untyped-def]
+) -> tuple[list[tuple[int, str]], grpc.aio.AioRpcError]:
     call = stub.Produce()
+    results = []
     try:
         await call.write(spb.ProduceRequest(open=spb.ProduceOpen(pchannel="p")))
         assert (await call.read()).WhichOneof("response") == "opened"
-        for payload in (b"first", b"second", b"third"):
-            await call.write(spb.ProduceRequest(batch=spb.ProduceBatch(request_id=7, messages=[data("v", payload)])))
+        for rid, payload in payloads:
+            await call.write(spb.ProduceRequest(batch=spb.ProduceBatch(request_id=rid, messages=[data("v", payload)])))
         await call.done_writing()
-        gate.set()
-        results = []
         with pytest.raises(grpc.aio.AioRpcError) as err:
             while (resp := await call.read()) is not grpc.aio.EOF:
                 results.append(resp.result)
     finally:
-        gate.set()
-        stream.append_batch = append  # type: ignore[method-assign]
         call.cancel()
+    return [(r.request_id, r.WhichOneof("outcome")) for r in results], err.value
+
+
+async def test_a_request_id_reused_while_pending_ends_the_stream_after_the_first_answer(
+    server_thread: ServerThread, stub, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    await stub.CreateChannels(spb.CreateChannelsRequest(channel_names=["p"]))
+    _hold_until_refused(monkeypatch, server_thread)
+    answers, err = await _produce_refused(stub, [(7, b"held"), (7, b"second"), (7, b"third")])
+    monkeypatch.undo()
     # One answer for request_id 7 (the first batch's), then the stream ends: no second answer with the id.
-    assert [(r.request_id, r.WhichOneof("outcome")) for r in results] == [(7, "appended")]
-    assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-    error = from_rpc_error(err.value)
+    assert answers == [(7, "appended")]
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
+    error = from_rpc_error(err)
     assert error.code.name == "INVALID_ARGUMENT"
     assert error.fields["request_id"] == "7" and error.fields["field"] == "request_id"
     assert "request_id 7 is already pending" in str(error)
     got = await consume(stub, spb.ConsumeOpen(pchannel="p", vchannel="v"), until=1)
-    assert [m.payload for p in got for m in p.messages if m.type == pb.MESSAGE_TYPE_DATA] == [b"first"]
+    assert [m.payload for p in got for m in p.messages if m.type == pb.MESSAGE_TYPE_DATA] == [b"held"]
+
+
+async def test_a_request_id_is_pending_until_answered_even_when_its_batch_is_done_at_once(
+    server_thread: ServerThread, stub, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    # Batch 7 is done as soon as it is read, but its answer waits behind batch 6: reusing 7 then is
+    # reusing an id the client has no answer for.  (The node used to forget an id once its batch was
+    # done, and answered 7 twice.)
+    await stub.CreateChannels(spb.CreateChannelsRequest(channel_names=["p"]))
+    _hold_until_refused(monkeypatch, server_thread, done_at_once=b"quick")
+    answers, err = await _produce_refused(stub, [(6, b"held"), (7, b"quick"), (7, b"again")])
+    monkeypatch.undo()
+    assert answers == [(6, "appended"), (7, "appended")]
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "request_id 7 is already pending" in str(from_rpc_error(err))
 
 
 async def test_a_request_id_may_be_reused_once_answered(stub) -> None:
