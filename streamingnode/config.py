@@ -75,6 +75,10 @@ class NodeConfig:
     consume_cache_bytes: int = 32 << 20
     """Bytes of encoded ConsumeResponses kept for sharing: consumers of one vchannel at the same
     position with the same options get the same bytes, encoded once (0: every consumer encodes its own)."""
+    consume_delivery_share: float = 0.25
+    """While appends go on, the most of the node's event-loop time that delivery to consumers may take
+    (measured per 10 ms): readers that want more fall behind during a burst and catch up after it,
+    and appends are not kept waiting behind them.  1: no bound."""
     consume_buffer_bytes: int = 4 << 20
     """Most bytes the node holds encoded for one consumer and not yet taken by it: past this it reads
     nothing more for that consumer until it reads, so a consumer that stalls costs at most this."""
@@ -203,6 +207,10 @@ class NodeConfig:
         if self.tail_buffer_bytes < 0 or self.rocksdb_block_cache_bytes < 0:
             name = "tail_buffer_bytes" if self.tail_buffer_bytes < 0 else "rocksdb_block_cache_bytes"
             raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)!r}", field=name)
+        if not 0 < self.consume_delivery_share <= 1:
+            raise InvalidArgumentError(
+                f"consume_delivery_share must be > 0 and <= 1, got {self.consume_delivery_share!r}",
+                field="consume_delivery_share")
         if self.malloc_arena_max < 0:
             raise InvalidArgumentError(f"malloc_arena_max must be >= 0, got {self.malloc_arena_max!r}",
                                        field="malloc_arena_max")

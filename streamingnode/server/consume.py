@@ -31,7 +31,7 @@ from streamingnode.groups import check_group_name
 from streamingnode.metrics import ChannelMetrics
 from streamingnode.node import Channel, Node
 from streamingnode.server.errors import refused, require
-from streamingnode.server.fanout import Fanout, Responses, fanout_of, pack_check, pack_key
+from streamingnode.server.fanout import Fanout, Responses, fanout_of, governed, pack_check, pack_key
 from streamingnode.status import to_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
 from wal.errors import InvalidArgumentError, MessageTooLargeError, OnShutdownError, StreamingError
@@ -80,7 +80,7 @@ class ConsumeStream:
     async def _write(self, response: spb.ConsumeResponse | bytes) -> None:
         # Shielded: a write cancelled half-way would leave gRPC's send operation pending, and the next
         # write (the closing answer) would then fail.  The lock makes that next write wait for it.
-        write = asyncio.ensure_future(self._locked_write(response))
+        write = asyncio.ensure_future(governed(self._locked_write(response), self.fanout.turns))
         try:
             await asyncio.shield(write)
         except asyncio.CancelledError:
@@ -146,8 +146,11 @@ class ConsumeStream:
             loop = asyncio.get_running_loop()
             encode = convert.consume_columns_response if opened.columns else convert.consume_pack_response
             self.fanout.streams[self.consumer_id] = self
-            sender = loop.create_task(self._send_packs(
-                channel, option, limit, metrics, encode=encode, prefix=prefix, min_ts=min_ts))
+            self.fanout.wals.add(channel.stream.wal)
+            # The sender's steps on the loop are delivery's time (fanout.DeliveryTurns): its reads,
+            # joins and encoding; the writes count theirs in _write.
+            sender = loop.create_task(governed(self._send_packs(
+                channel, option, limit, metrics, encode=encode, prefix=prefix, min_ts=min_ts), self.fanout.turns))
             receiver = loop.create_task(self._receive(channel, group, vchannel))
             # A tailing read never ends by itself: when the node drains, end it at once with ON_SHUTDOWN
             # (clients reconnect and resume) rather than hold the shutdown for the whole grace period.
@@ -191,11 +194,22 @@ class ConsumeStream:
         ahead = False  # position is past the scanner's: sent from the cache without reading
         joined = False  # has sent from the cache: joins ready packs like the readers it follows
         while True:
+            took = False  # this response's turn is taken
             if cache is not None and position is not None and pending is None:
                 # Another reader has sent from here already: its responses, and no read of our own.
-                entry = cache.get((*prefix, min_ts if position.timetick < min_ts else 0, position))
-                if entry is not None:
+                key = (*prefix, min_ts if position.timetick < min_ts else 0, position)
+                entry = cache.get(key)
+                if entry is None and ahead:
+                    # Following others' responses: wait for the turn before reading on our own.  The
+                    # readers are served in turn, so the one ahead (that reads) has had its turn by
+                    # then, and N readers that fell behind together read once, not N times.
                     await turns.take()
+                    entry = cache.get(key)
+                    # On a miss the read below may wait for a commit: its response takes a turn then.
+                    took = entry is not None
+                if entry is not None:
+                    if not took:
+                        await turns.take()
                     cache.hit()
                     await self._send_cached(entry[1], metrics)
                     position, ahead, joined = entry[0].end_position, True, True
@@ -214,7 +228,8 @@ class ConsumeStream:
                 pack = pending
             # The turn first, then whatever else is ready joins the pack: a reader kept waiting by a
             # busy loop sends more per response, and so fewer responses.
-            await turns.take()
+            if not took:
+                await turns.take()
             if cache is not None:
                 # The first reader to send from a position decides how far its response goes; the
                 # others at that position join the same packs, so that they can share its bytes.

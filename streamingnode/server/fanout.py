@@ -5,17 +5,19 @@
   one encoded; catch-up readers that reach the tail meet the others' keys and share from then on.
   Bounded in bytes (least recently used goes first); ``consume_cache_bytes = 0`` turns it off.
 * ``Fanout``: one per node (``fanout_of``), holding the cache, the open streams (each with the bytes
-  it holds for its client, which tests and the ``consume_held_bytes`` gauge read) and the per-turn
-  delivery budget that keeps appends first (``DeliveryTurns``).
+  it holds for its client, which tests and the ``consume_held_bytes`` gauge read) and the delivery
+  budget that keeps appends first (``DeliveryTurns``: a bound per loop turn, and while appends go on,
+  a measured share of the loop's time).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
-from collections import OrderedDict
-from collections.abc import Hashable
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from collections import OrderedDict, deque
+from collections.abc import Callable, Coroutine, Generator, Hashable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from wal.message import Position
 
@@ -23,6 +25,9 @@ if TYPE_CHECKING:
     from streamingnode.metrics import NodeMetrics
     from streamingnode.node import Node
     from wal.scanner import MsgPack
+    from wal.wal import WAL
+
+T = TypeVar("T")
 
 Responses = tuple[tuple[tuple[bytes, ...], int, int], ...]
 """The responses one pack went out as, per part of it: (the wire bytes of its responses, several when
@@ -118,43 +123,136 @@ class EncodedPacks:
             self._metrics.consume_cache_bytes.set(self.bytes)
 
 
+DELIVERY_SHARE = 0.25
+"""While appends go on, the most of the event loop's time that delivery may take (measured, see
+``DeliveryTurns``): readers that want more fall behind during a burst of appends and catch up after
+it, as a Kafka reader fetches at its own pace, instead of making every append wait behind them."""
+SHARE_WINDOW = 0.010
+"""Seconds over which delivery's share is counted, and the longest a delivery waits for the next."""
+
+
 class DeliveryTurns:
-    """At most ``per_turn`` deliveries per event-loop turn; the others wait for a later turn.
+    """When Consume streams may deliver: at most ``per_turn`` responses per event-loop turn, and while
+    appends go on, at most ``share`` of the loop's time; the others wait, in the order they came.
 
     ``take`` is awaited before each response: it returns at once while this turn's budget lasts.  The
     budget is renewed by a callback scheduled when it is first used, which runs on the next turn,
     after the I/O callbacks the loop collected in between (a produce request among them).
+
+    The time is measured, not estimated: ``spent`` is told how long each step of a delivery ran on
+    the loop (``governed`` wraps the senders and the writes).  Delivery earns ``share`` of each second
+    of wall time; what it spends over that is a debt that makes the next deliveries wait for the loop
+    clock (``call_at``) while the appends run.  Whether appends go on is ``appending``'s answer, a
+    number that moves with every commit (checked once per ``window``); with none, only the per-turn
+    bound holds, so a catch-up read of an idle log goes at full speed.
     """
 
-    def __init__(self, per_turn: int = DELIVERIES_PER_TURN) -> None:
+    def __init__(self, per_turn: int = DELIVERIES_PER_TURN, *, share: float = DELIVERY_SHARE,
+                 window: float = SHARE_WINDOW, appending: Callable[[], int] | None = None) -> None:
         self.per_turn = per_turn
+        self.share = share
+        self.window = window
+        self._appending = appending
         self._used = 0
         self._renewal: asyncio.Handle | None = None
-        self._waiting: list[asyncio.Future[None]] = []
+        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._spent = 0.0
+        """Delivery's time on the loop not yet paid for by its share of the wall time."""
+        self._since = -1.0  # loop time of the last accounting
+        self._commits = appending() if appending is not None else 0  # its answer at the last accounting
+        self._active = False
+        self.held_back = 0
+        """How many times deliveries had to wait for the clock (appends went first)."""
+
+    def spent(self, seconds: float) -> None:
+        self._spent += seconds
+
+    def _over(self, now: float) -> bool:
+        """Whether delivery has used up its share (and appends go on), as of loop time ``now``."""
+        if now - self._since >= self.window:
+            # The share earned since the last accounting pays off the time spent; what is left over is
+            # not saved up (an idle spell must not buy a burst that starves the next appends).
+            self._spent = max(self._spent - self.share * (now - self._since), 0.0)
+            self._since = now
+            commits = self._appending() if self._appending is not None else 0
+            self._active = commits != self._commits
+            self._commits = commits
+            if not self._active:
+                self._spent = 0.0  # no debt from a spell without appends: nobody waited for it
+        return self._active and self._spent > 0.0 and self._spent >= self.share * self.window
 
     async def take(self) -> None:
-        if self._used < self.per_turn and not self._waiting:
+        loop = asyncio.get_running_loop()
+        if self._used < self.per_turn and not self._waiting and not self._over(loop.time()):
             self._used += 1
             if self._renewal is None:
-                self._renewal = asyncio.get_running_loop().call_soon(self._renew)
+                self._renewal = loop.call_soon(self._renew)
             return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[None] = loop.create_future()
         self._waiting.append(fut)
         if self._renewal is None:
-            self._renewal = asyncio.get_running_loop().call_soon(self._renew)
+            self._schedule(loop)
         await fut
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        if self._over(now):
+            # Paid off at the share's rate: the loop is the appends' meanwhile.
+            self.held_back += 1
+            wait = max((self._spent - self.share * self.window) / self.share, 0.0)
+            self._renewal = loop.call_at(now + min(max(wait, self.window), 10 * self.window), self._renew)
+        else:
+            self._renewal = loop.call_soon(self._renew)
 
     def _renew(self) -> None:
         self._renewal = None
         self._used = 0
+        loop = asyncio.get_running_loop()
         waiting = self._waiting
-        while waiting and self._used < self.per_turn:
-            fut = waiting.pop(0)
+        while waiting and self._used < self.per_turn and not self._over(loop.time()):
+            fut = waiting.popleft()
             if not fut.done():  # a cancelled waiter gave up its place
                 self._used += 1
                 fut.set_result(None)
-        if self._used:
-            self._renewal = asyncio.get_running_loop().call_soon(self._renew)
+        if self._used or waiting:
+            self._schedule(loop)
+
+
+class _Governed:
+    """Awaits a coroutine, telling ``turns`` how long each of its steps ran on the loop."""
+
+    __slots__ = ("_coro", "_turns")
+
+    def __init__(self, coro: Coroutine[Any, Any, T], turns: DeliveryTurns) -> None:
+        self._coro = coro
+        self._turns = turns
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, spent, clock = self._coro, self._turns.spent, time.perf_counter
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            t0 = clock()
+            try:
+                yielded = coro.send(value) if error is None else coro.throw(error)
+            except StopIteration as stop:
+                spent(clock() - t0)
+                return stop.value
+            except BaseException:
+                spent(clock() - t0)
+                raise
+            spent(clock() - t0)
+            value, error = None, None
+            try:
+                value = yield yielded
+            except BaseException as exc:  # noqa: BLE001  (a cancel or close goes on into the coroutine)
+                error = exc
+
+
+async def governed(coro: Coroutine[Any, Any, T], turns: DeliveryTurns) -> T:
+    """``coro``'s result; the time each of its steps runs on the loop counts as delivery's."""
+    result: T = await _Governed(coro, turns)
+    return result
 
 
 class Fanout:
@@ -164,12 +262,19 @@ class Fanout:
         config = node.config
         metrics = node.metrics
         self.cache = EncodedPacks(config.consume_cache_bytes, metrics) if config.consume_cache_bytes > 0 else None
-        self.turns = DeliveryTurns()
+        self.wals: weakref.WeakSet[WAL] = weakref.WeakSet()
+        """The logs the streams read: their commits say whether appends go on (``DeliveryTurns``)."""
+        # A share of 1 bounds nothing: no accounting then, only the per-turn bound.
+        share = config.consume_delivery_share
+        self.turns = DeliveryTurns(share=share, appending=self._commits if share < 1 else None)
         self.streams: dict[int, HeldBytes] = {}
         """Open Consume streams by consumer id."""
         self._metrics = metrics
         if metrics is not None:
             metrics.consume_held_bytes.set_function(self.held_bytes)
+
+    def _commits(self) -> int:
+        return sum(wal.next_id for wal in self.wals)
 
     def held_bytes(self) -> int:
         """Bytes the node holds for its consumers, not yet taken by them (all streams)."""
@@ -189,12 +294,15 @@ def fanout_of(node: Node) -> Fanout:
 
 __all__ = [
     "DELIVERIES_PER_TURN",
+    "DELIVERY_SHARE",
+    "SHARE_WINDOW",
     "DeliveryTurns",
     "EncodedPacks",
     "Fanout",
     "PackCheck",
     "Responses",
     "fanout_of",
+    "governed",
     "pack_check",
     "pack_key",
 ]

@@ -4,15 +4,21 @@ packs that are already in memory, and the scanner's non-waiting poll."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from streamingnode.config import NodeConfig
+from streamingnode.node import Node
 from streamingnode.server import consume
 from streamingnode.server.consume import _cut, _merge
-from streamingnode.server.fanout import DeliveryTurns, EncodedPacks, PackCheck
+from streamingnode.server.fanout import DeliveryTurns, EncodedPacks, PackCheck, fanout_of, governed
 from tests.factories import ins, tick
 from wal import WAL, WALManager
+from wal.errors import InvalidArgumentError
 from wal.message import Message, MessageType, Position
 from wal.packs import MESSAGE_OVERHEAD
 from wal.scanner import MsgPack
@@ -155,3 +161,139 @@ async def test_poll_hands_out_what_is_in_memory_and_never_waits(manager: WALMana
     assert scanner.poll() is None
     await scanner.aclose()
     assert scanner.poll() is None
+
+
+def _counting() -> Callable[[], int]:
+    """An ``appending`` answer that moves at every accounting: appends go on."""
+    counter = itertools.count()
+    return lambda: next(counter)
+
+
+def test_delivery_over_its_share_is_held_until_the_share_of_the_elapsed_time_pays_it_off() -> None:
+    # Loop times are given, not read: the accounting alone, whatever the machine's speed.
+    turns = DeliveryTurns(share=0.25, window=0.01, appending=_counting())
+    allowance = turns.share * turns.window
+    assert not turns._over(0.0)  # nothing spent yet
+    turns.spent(4 * allowance)  # one delivery worth four windows' share
+    assert turns._over(0.001)  # within the window: no accounting, the debt stands
+    assert turns._over(0.011)  # one window later: paid a window's share (allowance), three are left
+    assert turns._over(0.021)
+    assert not turns._over(0.05)  # four windows' share earned since: paid off
+    # What is earned in an idle spell is not saved up: spending again is over at once.
+    turns.spent(allowance)
+    assert turns._over(0.051)
+
+
+def test_without_appends_delivery_is_never_held_however_much_it_spends() -> None:
+    turns = DeliveryTurns(share=0.25, window=0.01, appending=lambda: 7)  # the count never moves
+    for k in range(5):
+        turns.spent(1.0)
+        assert not turns._over(0.02 * k)
+    # And with no ``appending`` at all (a share of 1 in the node's settings).
+    turns = DeliveryTurns(share=0.25, window=0.01)
+    turns.spent(1.0)
+    assert not turns._over(1.0)
+
+
+async def test_while_appends_go_on_deliveries_wait_on_the_loop_clock() -> None:
+    loop = asyncio.get_running_loop()
+    window = 0.05
+    turns = DeliveryTurns(per_turn=4, share=0.25, window=window, appending=_counting())
+    granted: list[float] = []
+
+    async def deliver() -> None:
+        await turns.take()
+        granted.append(loop.time())
+        turns.spent(4 * turns.share * window)  # each delivery worth four windows of its share
+
+    await asyncio.wait_for(asyncio.gather(*(deliver() for _ in range(12))), 60)
+    assert turns.held_back > 0
+    # 48 windows' share spent, at most per_turn granted before it is counted: the last grant comes
+    # only once most of it is paid off at the share's rate.  A slower machine only waits longer.
+    assert granted[-1] - granted[0] >= 20 * window, granted
+
+
+async def test_without_appends_deliveries_go_on_every_turn() -> None:
+    loop = asyncio.get_running_loop()
+    turn = 0
+
+    def count_turns() -> None:
+        nonlocal turn
+        turn += 1
+        ticker[0] = loop.call_soon(count_turns)
+
+    turns = DeliveryTurns(per_turn=4, share=0.25, window=0.002, appending=lambda: 7)
+    ticker = [loop.call_soon(count_turns)]
+    at: list[int] = []
+
+    async def deliver() -> None:
+        await turns.take()
+        at.append(turn)
+        turns.spent(1.0)
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(deliver() for _ in range(12))), 30)
+    finally:
+        ticker[0].cancel()
+    assert turns.held_back == 0
+    # Only the per-turn bound: a waiter is granted on the next turn and runs on the one after.
+    assert max(b - a for a, b in itertools.pairwise(at)) <= 2, at
+
+
+async def test_governed_counts_the_time_each_step_runs_and_passes_results_and_errors() -> None:
+    turns = DeliveryTurns()
+    spent: list[float] = []
+    turns.spent = spent.append  # type: ignore[method-assign]
+
+    async def steps(n: int) -> int:
+        for _ in range(n):
+            await asyncio.sleep(0)
+        return n
+
+    assert await governed(steps(3), turns) == 3
+    assert len(spent) == 4  # one per step: three suspensions, then the return
+    assert all(s >= 0 for s in spent)
+
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("x")
+
+    with pytest.raises(ValueError, match="x"):
+        await governed(fails(), turns)
+    # A cancel goes on into the coroutine, which may clean up.
+    cleaned = asyncio.Event()
+
+    async def waits() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            cleaned.set()
+
+    task = asyncio.ensure_future(governed(waits(), turns))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cleaned.is_set()
+
+
+@pytest.mark.parametrize("share", [0, -0.5, 1.5, float("nan")])
+def test_a_delivery_share_outside_0_to_1_is_refused_naming_the_setting(share: float) -> None:
+    with pytest.raises(InvalidArgumentError, match="consume_delivery_share must be > 0 and <= 1"):
+        NodeConfig(consume_delivery_share=share)
+
+
+async def test_the_node_bounds_delivery_by_its_setting_and_a_share_of_1_bounds_nothing(tmp_path: Path) -> None:
+    node = await Node.start(NodeConfig(data_dir=tmp_path / "a", flusher=False, consume_delivery_share=0.1))
+    try:
+        turns = fanout_of(node).turns
+        assert turns.share == 0.1 and turns._appending is not None
+    finally:
+        await node.aclose()
+    node = await Node.start(NodeConfig(data_dir=tmp_path / "b", flusher=False, consume_delivery_share=1))
+    try:
+        turns = fanout_of(node).turns
+        turns.spent(10.0)
+        assert turns._appending is None and not turns._over(asyncio.get_running_loop().time())
+    finally:
+        await node.aclose()
