@@ -85,7 +85,8 @@ class NodeConfig:
     tail_buffer_bytes: int = 16 << 20
     """Per pchannel: the newest messages kept in memory for tailing consumers (counted as encoded
     bytes; Python adds ~15% for 1 KiB messages).  A consumer further behind reads storage instead:
-    this bounds memory, not delivery.  0: every read goes to storage."""
+    this bounds memory, not delivery.  Up to a quarter of it more holds blocks decoded from storage,
+    shared by the readers behind the tail.  0: every read goes to storage (and decodes for itself)."""
     rocksdb_write_buffer_bytes: int = 16 << 20
     """Per node: one RocksDB memtable; at most two exist (one taking writes, one being flushed).
     Each flush writes one table file of about this size.  At least 1 MiB."""

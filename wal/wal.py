@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from wal._codec import (
+    BLOCK_HEADER_SIZE,
     MAX_TIMETICK,
     PLAIN_PAYLOAD_BYTES,
     PLAIN_VCHANNEL_CHARS,
@@ -24,7 +25,7 @@ from wal._codec import (
     decode_block,
 )
 from wal._committer import GroupCommitter, fenced_error
-from wal._tail import TailBuffer
+from wal._tail import StoredBlocks, TailBuffer
 from wal.backend import Backend, ChannelInfo
 from wal.errors import (
     ChannelNotExistError,
@@ -81,6 +82,8 @@ class WAL:
         self._idle = asyncio.Event()
         self._idle.set()
         self._tail = TailBuffer(manager.tail_buffer_bytes, info.next_id)
+        # Readers behind the tail share what is decoded from storage: a quarter of the tail's budget.
+        self._stored = StoredBlocks(manager.tail_buffer_bytes // 4)
         self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # The latest not-persisted TimeTick and the id it follows: tailing scanners that have read
         # everything below that id may release by it (it was made once every earlier append was acked).
@@ -299,7 +302,7 @@ class WAL:
                     channel=self.pchannel, message_id=nid,
                 )
             try:
-                msgs = decode_block(block, first_id, nid, marks=marks, mark_base=len(out), checksum_verified=verified)
+                msgs = self._decode_block(block, first_id, nid, marks, mark_base=len(out), verified=verified)
             except CodecError as exc:
                 if out:
                     break  # hand out what precedes the damage; the next read starts at it and fails
@@ -336,6 +339,24 @@ class WAL:
         """
         blocks = await self._read_storage(message_id, 1)
         return blocks[0][0] if blocks else message_id
+
+    def _decode_block(self, block: bytes, first_id: MessageID, start: MessageID, marks: list[int] | None, *,
+                      mark_base: int, verified: bool) -> list[Message]:
+        """``decode_block(block, first_id, start, marks=marks, mark_base=mark_base)``, through the cache
+        of blocks decoded from storage (``StoredBlocks``) when it is on."""
+        if self._stored.max_bytes <= 0 or len(block) < BLOCK_HEADER_SIZE:
+            return decode_block(block, first_id, start, marks=marks, mark_base=mark_base, checksum_verified=verified)
+        every, every_mark = self._stored.decoded(
+            block, first_id, block[:BLOCK_HEADER_SIZE],
+            lambda m: decode_block(block, first_id, None, marks=m, checksum_verified=verified))
+        skip = 0 if start <= first_id else min(start - first_id, len(every))
+        out = every[skip:]
+        if marks is not None and out:
+            # As decode_block marks a read from ``start``: its first message, then the block's own marks
+            # after it (a mark depends only on the message and its predecessor, the same in both).
+            marks.append(mark_base)
+            marks.extend(mark_base + k - skip for k in every_mark if k > skip)
+        return out
 
     async def truncate(self, before_id: MessageID) -> MessageID:
         """Drop stored messages with ids < ``before_id`` (whole blocks); return the new first id."""

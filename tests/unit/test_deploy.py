@@ -456,9 +456,11 @@ def memory_budget(config: NodeConfig, pchannels: int, consume_streams: int) -> i
 
     # The one database: its memtables (the one taking writes and one being flushed) and its block cache.
     rocksdb = MAX_WRITE_BUFFERS * config.rocksdb_write_buffer_bytes + config.rocksdb_block_cache_bytes
-    # Each pchannel: its WAL's tail buffer (+1/8: the messages' Python objects), its flusher's buffers,
-    # and the file being written from them.
-    per_pchannel = (config.tail_buffer_bytes * 9 // 8 + config.flush_memory_cap_bytes + config.flush_max_bytes)
+    # Each pchannel: its WAL's tail buffer and the blocks decoded from storage for readers behind it (a
+    # quarter of that), +1/8 for the messages' Python objects; its flusher's buffers, and the file being
+    # written from them.
+    per_pchannel = (config.tail_buffer_bytes * 5 // 4 * 9 // 8 + config.flush_memory_cap_bytes
+                    + config.flush_max_bytes)
     # A produce request being received and one being decoded; the shared cache of encoded packs.
     shared = 2 * config.max_request_bytes + config.consume_cache_bytes
     # Each consumer: what the node holds encoded for it and the pack being built.
