@@ -228,6 +228,9 @@ class _Governed:
         self._turns = turns
 
     def __await__(self) -> Generator[Any, Any, Any]:
+        # The wall clock, not the loop thread's CPU time: much of a write's cost is gRPC's own threads
+        # sending it, which hold the GIL or a core the appends need too (measured: counting CPU time
+        # alone left delivery unbounded in bench/fanout.py).
         coro, spent, clock = self._coro, self._turns.spent, time.perf_counter
         value: Any = None
         error: BaseException | None = None
