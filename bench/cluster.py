@@ -358,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease-seconds", type=float, default=2.0, help="nodes' lease in the failover part (default 2)")
     p.add_argument("--baseline", type=Path, default=None,
                    help="another checkout whose node R3 produce is measured too, in each run (an A/B)")
+    p.add_argument("--nats-gomaxprocs", type=int, default=None,
+                   help="GOMAXPROCS of each nats-server (default: Go's, one per core)")
     p.add_argument("--dir", default=None, help="parent of the temporary directories (default: system temp)")
     args = p.parse_args(argv)
     if min(args.count, args.raw_count, args.size, args.runs, args.window, args.blocks_in_flight) < 1:
@@ -365,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
 
     prepare_process()
     with tempfile.TemporaryDirectory(prefix="cluster-bench-", dir=args.dir) as tmp:
-        nats = NatsCluster(Path(tmp) / "nats", 3)
+        nats = NatsCluster(Path(tmp) / "nats", 3, gomaxprocs=args.nats_gomaxprocs)
         with nats:
             asyncio.run(nats.ready())
 

