@@ -4,9 +4,10 @@
 
 In one process, over ``WALManager.start_rocksdb``: ``--messages`` messages of ``--size`` bytes are
 appended (a TimeTick every 1,000), then the manager is reopened so the tail buffer is empty and every
-read comes from storage (one untimed read first, so no case pays for the page cache's warm-up).  For each reader count N, N scanners (``ReadOption()``, from the start) run
-concurrently on the event loop until each has seen every message; reported is the total messages
-delivered per second (N x messages / elapsed) and the loop's CPU per delivered message.
+read comes from storage (one untimed read first, so no case pays for the page cache's warm-up).  For
+each reader count N, N scanners (``ReadOption()``, from the start) run concurrently on the event loop
+until each has seen every message; reported is the total messages delivered per second (N x messages
+/ elapsed) and the process's CPU per delivered message.
 
 Each case runs twice in the same run, in alternating order: with the WAL's shared cache of blocks
 decoded from storage (``wal._tail.StoredBlocks``, a quarter of ``tail_buffer_bytes``), and with it off
@@ -109,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         return statistics.median(r[key] for r in runs)
 
     print(f"\ncatch-up from storage, {args.messages:,} x {args.size} B, N readers at once, medians of {args.runs} runs")
-    print(f"{'readers':>8} | {'shared msgs/s':>14} | {'own msgs/s':>12} | {'ratio':>6} | {'CPU µs/msg shared / own':>24}")
+    print(f"{'readers':>8} | {'shared msgs/s':>14} | {'own msgs/s':>12} | {'ratio':>6} | "
+          f"{'CPU µs/msg shared / own':>24}")
     for n in args.readers:
         print(f"{n:>8} | {med(f'{n}_shared'):>14,.0f} | {med(f'{n}_own'):>12,.0f} | {med(f'{n}_ratio'):>6.2f} | "
               f"{med(f'{n}_shared_cpu'):>10.1f} / {med(f'{n}_own_cpu'):<10.1f}")
