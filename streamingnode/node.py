@@ -67,6 +67,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
+FIRST_PASS_SECONDS = 60.0
+"""How long a node in cluster mode keeps trying its first ownership pass while NATS does not answer."""
+FIRST_PASS_RETRY_SECONDS = 0.5
+
 # Each channel costs a clock task and buffers; a request for millions of them is a mistake, not a plan.
 MAX_CREATE = 1024
 OWNER_ROLE = "owner.role"
@@ -240,8 +244,29 @@ class Node:
         self.ownership = Ownership(membership, leases, self._cluster_names, self._take, self._lose,
                                    on_change=self.metrics.ownership_changed)
         self.metrics.cluster = self.ownership
-        await self.ownership.step()
+        await self._first_pass()
         self.ownership.start()
+
+    async def _first_pass(self) -> None:
+        """The first ownership pass, tried again while NATS does not answer in time (an election, a busy
+        host): the background passes ride out such a hiccup, and a node must not exit for one at start.
+        Past ``FIRST_PASS_SECONDS`` (or on any other error) the start fails with the cause."""
+        import nats.errors  # noqa: PLC0415  (nats-py: cluster mode only)
+
+        assert self.ownership is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + FIRST_PASS_SECONDS
+        while True:
+            try:
+                await self.ownership.step()
+            except (TimeoutError, nats.errors.NoRespondersError) as exc:  # nats-py's TimeoutError is one
+                if loop.time() >= deadline:
+                    raise
+                log.warning("first ownership pass got no answer from NATS in time; trying again",
+                            error=repr(exc))
+                await asyncio.sleep(FIRST_PASS_RETRY_SECONDS)
+            else:
+                return
 
     async def _create_configured(self) -> None:
         """Shared log: create the configured pchannels it lacks (every node may try; one wins)."""

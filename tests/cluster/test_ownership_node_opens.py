@@ -120,3 +120,43 @@ def test_a_recovery_longer_than_the_lease_keeps_the_lease_and_serves_on_the_same
             gate.set()
             starting.result(timeout=60)
             srv.stop()
+
+
+def test_a_node_whose_first_ownership_pass_times_out_tries_again_and_starts(
+    nats_r1: NatsCluster, tmp_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # NATS slow to answer at the start (an election, a busy host): the node used to exit with the
+    # timeout of its first heartbeat.
+    from streamingnode.cluster import Membership  # noqa: PLC0415
+
+    failures = [nats.errors.TimeoutError(), nats.errors.NoRespondersError()]
+    heartbeat = Membership.heartbeat
+
+    async def slow_at_first(self: Membership) -> None:
+        if failures:
+            raise failures.pop(0)
+        await heartbeat(self)
+    monkeypatch.setattr(Membership, "heartbeat", slow_at_first)
+    monkeypatch.setattr("streamingnode.node.FIRST_PASS_RETRY_SECONDS", 0.05, raising=False)
+    config = node_config(tmp_path / "n", cluster_nats=nats_r1.url, node_id="n", lease_seconds=LEASE,
+                         cluster_prefix=prefix, channels=("p0",), flusher=False)
+    with ServerThread(config) as srv:
+        assert failures == []
+        assert describe(srv.address)["p0"].owner.address == srv.address
+
+
+def test_a_node_gives_up_its_first_ownership_pass_after_the_deadline_naming_the_cause(
+    nats_r1: NatsCluster, tmp_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from streamingnode.cluster import Membership  # noqa: PLC0415
+
+    async def never(self: Membership) -> None:
+        raise nats.errors.TimeoutError()
+    monkeypatch.setattr(Membership, "heartbeat", never)
+    monkeypatch.setattr("streamingnode.node.FIRST_PASS_SECONDS", 0.3)
+    monkeypatch.setattr("streamingnode.node.FIRST_PASS_RETRY_SECONDS", 0.05, raising=False)
+    config = node_config(tmp_path / "n", cluster_nats=nats_r1.url, node_id="n", lease_seconds=LEASE,
+                         cluster_prefix=prefix, channels=("p0",), flusher=False)
+    srv = ServerThread(config)
+    with pytest.raises(nats.errors.TimeoutError):
+        srv.start()
