@@ -4,9 +4,10 @@ packs that are already in memory, and the scanner's non-waiting poll."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -43,27 +44,34 @@ def test_the_cache_keeps_at_most_its_bytes_dropping_the_least_recently_used() ->
     assert len(cache) == 5 and cache.bytes == 1000
 
 
-async def test_deliveries_per_loop_turn_are_bounded() -> None:
+@contextlib.contextmanager
+def _loop_turns() -> Iterator[list[int]]:
+    """[the event loop's turns so far], counted by a callback that reschedules itself (as requests
+    arriving would keep the loop busy)."""
     loop = asyncio.get_running_loop()
-    turn = 0
+    count = [0]
 
-    def count_turns() -> None:
-        nonlocal turn
-        turn += 1
-        ticker[0] = loop.call_soon(count_turns)
+    def tick() -> None:
+        count[0] += 1
+        handle[0] = loop.call_soon(tick)
 
-    ticker = [loop.call_soon(count_turns)]
+    handle = [loop.call_soon(tick)]
+    try:
+        yield count
+    finally:
+        handle[0].cancel()
+
+
+async def test_deliveries_per_loop_turn_are_bounded() -> None:
     turns = DeliveryTurns(per_turn=8)
     passed: list[int] = []
+    with _loop_turns() as turn:
 
-    async def deliver() -> None:
-        await turns.take()
-        passed.append(turn)
+        async def deliver() -> None:
+            await turns.take()
+            passed.append(turn[0])
 
-    try:
         await asyncio.wait_for(asyncio.gather(*(deliver() for _ in range(100))), 30)
-    finally:
-        ticker[0].cancel()
     per_turn = Counter(passed)
     assert sum(per_turn.values()) == 100
     assert max(per_turn.values()) <= 8
@@ -214,27 +222,16 @@ async def test_while_appends_go_on_deliveries_wait_on_the_loop_clock() -> None:
 
 
 async def test_without_appends_deliveries_go_on_every_turn() -> None:
-    loop = asyncio.get_running_loop()
-    turn = 0
-
-    def count_turns() -> None:
-        nonlocal turn
-        turn += 1
-        ticker[0] = loop.call_soon(count_turns)
-
     turns = DeliveryTurns(per_turn=4, share=0.25, window=0.002, appending=lambda: 7)
-    ticker = [loop.call_soon(count_turns)]
     at: list[int] = []
+    with _loop_turns() as turn:
 
-    async def deliver() -> None:
-        await turns.take()
-        at.append(turn)
-        turns.spent(1.0)
+        async def deliver() -> None:
+            await turns.take()
+            at.append(turn[0])
+            turns.spent(1.0)
 
-    try:
         await asyncio.wait_for(asyncio.gather(*(deliver() for _ in range(12))), 30)
-    finally:
-        ticker[0].cancel()
     assert turns.held_back == 0
     # Only the per-turn bound: a waiter is granted on the next turn and runs on the one after.
     assert max(b - a for a, b in itertools.pairwise(at)) <= 2, at
