@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from tests.waiting import until
 from wal import Message, MessageType, WALManager
 from wal.backend import WriteGroup
 from wal.backends.memory import MemoryBackend
@@ -30,6 +31,8 @@ class _OnceUnavailable(MemoryBackend):
         self.attempts.append([g.block for g in groups])
         if len(self.attempts) == 1:
             self.refused.set()
+            # Answered once the test has queued more appends (on the writer thread: the loop goes on).
+            self.release.wait(30)
             raise UnavailableError("injected: the backend is unavailable for a moment")
         super().write(groups, durable)
 
@@ -57,10 +60,14 @@ async def test_a_held_write_is_written_again_with_the_same_blocks_whatever_arriv
     wal = await m.open("p")
     backend.attempts.clear()
     m._committer.hold_unavailable_seconds = 30.0
+    # On the writer thread, never inside submit or on the loop: the refused attempt then waits for the
+    # later appends to be queued, so that its retry could merge them (what it must not do).
+    m._committer.inline_max_seconds = m._committer.inline_idle_max_seconds = -1.0
     first = asyncio.ensure_future(wal.append(_data(b"first")))
-    while not backend.refused.is_set():  # the first attempt was refused: the write is held now
-        await asyncio.sleep(0)
+    await until(backend.refused.is_set, "the first attempt under way")
     later = [asyncio.ensure_future(wal.append(_data(b"later %d" % i))) for i in range(5)]
+    await until(lambda: len(m._committer._queue) == 5, "the later appends queued behind it")
+    backend.release.set()  # refused now: the write is held, and written again
     results = await asyncio.wait_for(asyncio.gather(first, *later), 30)
     assert backend.attempts[1] == backend.attempts[0], "the held write was merged with later appends"
     ids = [r.message_id for r in results]
