@@ -174,14 +174,16 @@ def _rss_mb(pid: int) -> float:
 
 
 def _counters(metrics_url: str) -> dict[str, float]:
-    """Messages delivered, and the shared cache's hits and misses, so far."""
+    """Messages delivered, and the shared cache's hits and misses, so far; the bytes the node holds for
+    its consumers now (sent or queued, not yet taken by them)."""
     with urllib.request.urlopen(metrics_url, timeout=30) as resp:
         text = resp.read().decode()
-    out = {"delivered": 0.0, "hits": 0.0, "misses": 0.0}
+    out = {"delivered": 0.0, "hits": 0.0, "misses": 0.0, "held": 0.0}
     for line in text.splitlines():
         for key, prefix in (("delivered", "streamingnode_consume_messages_total{"),
                             ("hits", "streamingnode_consume_cache_hits_total "),
-                            ("misses", "streamingnode_consume_cache_misses_total ")):
+                            ("misses", "streamingnode_consume_cache_misses_total "),
+                            ("held", "streamingnode_consume_held_bytes ")):
             if line.startswith(prefix):
                 out[key] += float(line.rsplit(" ", 1)[1])
     return out
@@ -265,7 +267,7 @@ def _one(args: argparse.Namespace, root: str, consumers: int, stall: bool, base:
                "delivered": (after["delivered"] - before["delivered"]) / elapsed,
                "shared": (after["hits"] - before["hits"]) / max(after["hits"] + after["misses"] - before["hits"]
                                                                 - before["misses"], 1), "rss_mb": peak[0],
-               "node_cpu_us": cpu / args.count * 1e6,
+               "node_cpu_us": cpu / args.count * 1e6, "held_mb_at_end": after["held"] / 2**20,
                "probe_p50_ms": _pct(probe_lat, 0.5) * 1e3, "probe_p99_ms": _pct(probe_lat, 0.99) * 1e3}
     shutil.rmtree(data_dir, ignore_errors=True)
     return out
