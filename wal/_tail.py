@@ -105,8 +105,3 @@ class StoredBlocks:
                     _, (_, _, _, dropped) = self._entries.popitem(last=False)
                     self.bytes -= dropped
         return messages, marks
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self.bytes = 0

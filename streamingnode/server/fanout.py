@@ -123,10 +123,6 @@ class EncodedPacks:
             self._metrics.consume_cache_bytes.set(self.bytes)
 
 
-DELIVERY_SHARE = 0.25
-"""While appends go on, the most of the event loop's time that delivery may take (measured, see
-``DeliveryTurns``): readers that want more fall behind during a burst of appends and catch up after
-it, as a Kafka reader fetches at its own pace, instead of making every append wait behind them."""
 SHARE_WINDOW = 0.010
 """Seconds over which delivery's share is counted, and the longest a delivery waits for the next."""
 
@@ -141,13 +137,14 @@ class DeliveryTurns:
 
     The time is measured, not estimated: ``spent`` is told how long each step of a delivery ran on
     the loop (``governed`` wraps the senders and the writes).  Delivery earns ``share`` of each second
-    of wall time; what it spends over that is a debt that makes the next deliveries wait for the loop
-    clock (``call_at``) while the appends run.  Whether appends go on is ``appending``'s answer, a
+    of wall time (the node's ``consume_delivery_share``; 1, the default here, bounds nothing); what it
+    spends over that is a debt that makes the next deliveries wait for the loop clock (``call_at``)
+    while the appends run.  Whether appends go on is ``appending``'s answer, a
     number that moves with every commit (checked once per ``window``); with none, only the per-turn
     bound holds, so a catch-up read of an idle log goes at full speed.
     """
 
-    def __init__(self, per_turn: int = DELIVERIES_PER_TURN, *, share: float = DELIVERY_SHARE,
+    def __init__(self, per_turn: int = DELIVERIES_PER_TURN, *, share: float = 1.0,
                  window: float = SHARE_WINDOW, appending: Callable[[], int] | None = None) -> None:
         self.per_turn = per_turn
         self.share = share
@@ -239,12 +236,9 @@ class _Governed:
             try:
                 yielded = coro.send(value) if error is None else coro.throw(error)
             except StopIteration as stop:
-                spent(clock() - t0)
                 return stop.value
-            except BaseException:
+            finally:  # the step ran on the loop whether it suspended, returned or raised
                 spent(clock() - t0)
-                raise
-            spent(clock() - t0)
             value, error = None, None
             try:
                 value = yield yielded
@@ -297,7 +291,6 @@ def fanout_of(node: Node) -> Fanout:
 
 __all__ = [
     "DELIVERIES_PER_TURN",
-    "DELIVERY_SHARE",
     "SHARE_WINDOW",
     "DeliveryTurns",
     "EncodedPacks",
