@@ -88,7 +88,11 @@ async def test_latest_position_and_flush(client: AsyncClient) -> None:
     async with client.producer("p") as producer:
         results = [await producer.send("v", b"%d" % i) for i in range(3)]
     last, mvcc = await client.latest_position("p", "v")
-    assert last == Position("p", results[-1].message_id, results[-1].timetick)
+    # The newest confirmed position of the pchannel: the last send's, or a TimeTick the beat persisted
+    # after it (every 50 ms here, so under load one can land before this call; the exact position on a
+    # quiet log is tests/integration/test_latest_position.py's).
+    assert last is not None and last.pchannel == "p"
+    assert last.message_id >= results[-1].message_id and last.timetick >= results[-1].timetick, (last, results)
     assert mvcc >= results[-1].timetick
 
     # Resuming from the latest position delivers only what is appended later.
