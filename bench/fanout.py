@@ -178,9 +178,10 @@ def _counters(metrics_url: str) -> dict[str, float]:
     its consumers now (sent or queued, not yet taken by them)."""
     with urllib.request.urlopen(metrics_url, timeout=30) as resp:
         text = resp.read().decode()
-    out = {"delivered": 0.0, "hits": 0.0, "misses": 0.0, "held": 0.0}
+    out = {"delivered": 0.0, "packs": 0.0, "hits": 0.0, "misses": 0.0, "held": 0.0}
     for line in text.splitlines():
         for key, prefix in (("delivered", "streamingnode_consume_messages_total{"),
+                            ("packs", "streamingnode_consume_packs_total{"),
                             ("hits", "streamingnode_consume_cache_hits_total "),
                             ("misses", "streamingnode_consume_cache_misses_total "),
                             ("held", "streamingnode_consume_held_bytes ")):
@@ -265,6 +266,7 @@ def _one(args: argparse.Namespace, root: str, consumers: int, stall: bool, base:
         lat.sort()
         out = {"produce": rate, "p50_ms": lat[len(lat) // 2] * 1e3, "p99_ms": lat[int(len(lat) * 0.99)] * 1e3,
                "delivered": (after["delivered"] - before["delivered"]) / elapsed,
+               "msgs_per_pack": (after["delivered"] - before["delivered"]) / max(after["packs"] - before["packs"], 1),
                "shared": (after["hits"] - before["hits"]) / max(after["hits"] + after["misses"] - before["hits"]
                                                                 - before["misses"], 1), "rss_mb": peak[0],
                "node_cpu_us": cpu / args.count * 1e6, "held_mb_at_end": after["held"] / 2**20,

@@ -341,6 +341,62 @@ def consume_pack_response(pack: MsgPack, vchannel: str, continued: bool = False)
     return b"".join((_PACK_FIELD_TAG, _varint(len(body)), body))
 
 
+_HEAD_TAGS = frozenset((0x08, 0x10, 0x22, 0x2A))
+"""The fields ``_pack_head`` writes without ``continued``: begin_ts, end_ts (varints), start_positions
+and end_positions (length-delimited)."""
+_MESSAGES_TAG = 0x1A  # MsgPack.messages: field 3, length-delimited
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def pack_messages_offset(response: bytes) -> int | None:
+    """Where the messages of a ``consume_pack_response`` start (after its header), or None for any
+    other response (columns, a continued part, not a pack): the header is a handful of fields, so
+    this reads a few bytes, not the messages."""
+    try:
+        if response[0] != _PACK_FIELD_TAG[0]:
+            return None
+        size, pos = _read_varint(response, 1)
+        if pos + size != len(response):
+            return None
+        while pos < len(response):
+            tag = response[pos]
+            if tag == _MESSAGES_TAG:
+                return pos
+            if tag not in _HEAD_TAGS:
+                return None
+            value, pos = _read_varint(response, pos + 1)
+            if tag & 7 == 2:
+                pos += value
+        return pos if pos == len(response) else None
+    except IndexError:
+        return None
+
+
+def joined_pack_response(head: MsgPack, vchannel: str, responses: Sequence[bytes]) -> bytes | None:
+    """One response carrying the consecutive packs that ``responses`` (each a ``consume_pack_response``)
+    carry, as one pack with ``head``'s timestamps and positions (its messages are not read), without
+    decoding or encoding a message: a fresh header, then each response's messages as they are
+    (repeated fields concatenate).  None if one of them is not such a response."""
+    parts: list[bytes | memoryview] = [_pack_head(head, vchannel).SerializeToString()]
+    for response in responses:
+        offset = pack_messages_offset(response)
+        if offset is None:
+            return None
+        parts.append(memoryview(response)[offset:])
+    body = b"".join(parts)
+    return b"".join((_PACK_FIELD_TAG, _varint(len(body)), body))
+
+
 # Column packs are sent in fragments too (upb serializes one big fresh message several times slower
 # per message), but each fragment costs one ``extend`` per column rather than one call per message,
 # so fragments can be larger; 128 measured about as fast as 64 and 256.

@@ -96,6 +96,9 @@ class WAL:
         # few commits behind (held back by the delivery budget, or slower) would otherwise meet no tick
         # until the next persisted one, and wake for every commit meanwhile with nothing to release.
         self._volatile_ticks: list[tuple[MessageID, Message]] = []
+        self.committed_bytes = 0
+        """Bytes committed since this WAL opened (payloads and a fixed 64 per message): what the
+        delivery budget weighs its own bytes against (streamingnode.server.fanout)."""
         # Open scanners, for metrics read at scrape time (weak: one dropped without aclose goes away).
         self.scanners: weakref.WeakSet[Scanner] = weakref.WeakSet()
         # Lazy scanners (ReadOption.lazy) wait on this one: resolved like _changed except by commits
@@ -205,6 +208,7 @@ class WAL:
         they include a TimeTick)."""
         self._next_id = first_id + len(messages)
         self._last_timetick = max(self._last_timetick, max_timetick)
+        self.committed_bytes += nbytes
         self._tail.extend(first_id, messages, nbytes)
         self._notify(ticked)
 

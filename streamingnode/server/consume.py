@@ -31,7 +31,16 @@ from streamingnode.groups import check_group_name
 from streamingnode.metrics import ChannelMetrics
 from streamingnode.node import Channel, Node
 from streamingnode.server.errors import refused, require
-from streamingnode.server.fanout import Fanout, Responses, fanout_of, governed, pack_check, pack_key
+from streamingnode.server.fanout import (
+    EncodedPacks,
+    Fanout,
+    PackCheck,
+    Responses,
+    fanout_of,
+    governed,
+    pack_check,
+    pack_key,
+)
 from streamingnode.status import to_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
 from wal.errors import InvalidArgumentError, MessageTooLargeError, OnShutdownError, StreamingError
@@ -93,6 +102,7 @@ class ConsumeStream:
     async def _locked_write(self, response: spb.ConsumeResponse | bytes) -> None:
         async with self.write_lock:
             held = 2 * len(response) if isinstance(response, bytes) else 0
+            self.fanout.turns.sent(held // 2)
             self.held_bytes += held
             self.held_peak = max(self.held_peak, self.held_bytes)
             try:
@@ -189,12 +199,16 @@ class ConsumeStream:
         # Spans are per consumer and per part: a traced node encodes for each consumer.
         cache = self.fanout.cache if tracing is None else None
         turns = self.fanout.turns
+        # Cached responses of message packs can be joined into one without decoding (columns cannot:
+        # their extras count from a pack's first message).
+        joinable = encode is convert.consume_pack_response
         pending: MsgPack | None = None
         position: Position | None = None  # where the next response starts, once known
         ahead = False  # position is past the scanner's: sent from the cache without reading
         joined = False  # has sent from the cache: joins ready packs like the readers it follows
         while True:
             took = False  # this response's turn is taken
+            making: tuple[tuple[Hashable, ...], asyncio.Future[None]] | None = None
             if cache is not None and position is not None and pending is None:
                 # Another reader has sent from here already: its responses, and no read of our own.
                 key = (*prefix, min_ts if position.timetick < min_ts else 0, position)
@@ -207,67 +221,123 @@ class ConsumeStream:
                     entry = cache.get(key)
                     # On a miss the read below may wait for a commit: its response takes a turn then.
                     took = entry is not None
+                while entry is None and (other := cache.making(key)) is not None:
+                    # Another reader is reading from here: wait for its response rather than read the
+                    # same messages (at the head, every commit would wake every reader to scan it).
+                    # Its own client cannot hold us: it caches the response before writing it.
+                    await asyncio.shield(other)
+                    entry = cache.get(key)
                 if entry is not None:
                     if not took:
                         await turns.take()
                     cache.hit()
-                    await self._send_cached(entry[1], metrics)
-                    position, ahead, joined = entry[0].end_position, True, True
+                    position = await self._send_following(
+                        cache, entry, position, prefix=prefix, min_ts=min_ts, limit=limit, vchannel=vchannel,
+                        metrics=metrics, join=joinable)
+                    ahead, joined = True, True
                     continue
-            if ahead:
-                assert position is not None
-                await self._reopen(channel, option, position)
-                ahead = False
-            scanner = self.scanner
-            if pending is None:
-                try:
-                    pack = await anext(scanner)
-                except StopAsyncIteration:
-                    return
-            else:
-                pack = pending
-            # The turn first, then whatever else is ready joins the pack: a reader kept waiting by a
-            # busy loop sends more per response, and so fewer responses.
-            if not took:
-                await turns.take()
-            if cache is not None:
-                # The first reader to send from a position decides how far its response goes; the
-                # others at that position join the same packs, so that they can share its bytes.
-                key = pack_key(prefix, pack, min_ts)
-                entry = cache.get(key)
-                until = entry[0].end_position if entry else None
-                pack, pending = _merge(pack, scanner, limit, min(max_bytes, MERGE_BYTES), until, eager=joined)
-                position = pack.end_position
-                check = pack_check(pack)
-                if entry is not None and entry[0] == check:
-                    cache.hit()
-                    joined = True
-                    await self._send_cached(entry[1], metrics)
+                making = (key, cache.start_making(key))  # the others at this key wait for ours
+            try:
+                if ahead:
+                    assert position is not None
+                    await self._reopen(channel, option, position)
+                    ahead = False
+                scanner = self.scanner
+                if pending is None:
+                    try:
+                        pack = await anext(scanner)
+                    except StopAsyncIteration:
+                        return
+                else:
+                    pack = pending
+                # The turn first, then whatever else is ready joins the pack: a reader kept waiting by a
+                # busy loop sends more per response, and so fewer responses.
+                if not took:
+                    await turns.take()
+                if cache is not None:
+                    # The first reader to send from a position decides how far its response goes; the
+                    # others at that position join the same packs, so that they can share its bytes.
+                    key = pack_key(prefix, pack, min_ts)
+                    entry = cache.get(key)
+                    until = entry[0].end_position if entry else None
+                    pack, pending = _merge(pack, scanner, limit, min(max_bytes, MERGE_BYTES), until, eager=joined)
+                    position = pack.end_position
+                    check = pack_check(pack)
+                    if entry is not None and entry[0] == check:
+                        cache.hit()
+                        joined = True
+                        await self._send_cached(entry[1], metrics)
+                        continue
+                    cache.miss()
+                    responses, error = self._encode(pack, vchannel, limit, encode)
+                    if error is None:
+                        cache.put(key, check, responses)  # before writing: the others need not wait for this client
+                    if making is not None:
+                        cache.made(*making)  # the readers waiting for it go on now, not after our write
+                    for k, (datas, n, nbytes) in enumerate(responses):
+                        for data in datas:
+                            await self._write(data)
+                        # A part cut short by the error was not delivered whole: not counted.
+                        if metrics is not None and (error is None or k < len(responses) - 1):
+                            metrics.observe_pack(n, nbytes)
+                    if error is not None:
+                        raise error
                     continue
-                cache.miss()
-                responses, error = self._encode(pack, vchannel, limit, encode)
-                if error is None:
-                    cache.put(key, check, responses)  # before writing: the others need not wait for this client
-                for k, (datas, n, nbytes) in enumerate(responses):
-                    for data in datas:
-                        await self._write(data)
-                    # A part cut short by the error was not delivered whole: not counted.
-                    if metrics is not None and (error is None or k < len(responses) - 1):
-                        metrics.observe_pack(n, nbytes)
-                if error is not None:
-                    raise error
-                continue
-            pack, pending = _merge(pack, scanner, limit, min(max_bytes, MERGE_BYTES))
-            for part, nbytes in split_pack(pack, limit, max_bytes):
-                if tracing is not None and part.messages:  # a span per pack with messages, linked to producers
-                    with tracing.consume_span(part.start_position.pchannel, vchannel, part.messages):
+                pack, pending = _merge(pack, scanner, limit, min(max_bytes, MERGE_BYTES))
+                for part, nbytes in split_pack(pack, limit, max_bytes):
+                    if tracing is not None and part.messages:  # a span per pack with messages, linked to producers
+                        with tracing.consume_span(part.start_position.pchannel, vchannel, part.messages):
+                            for data in self._part_responses(part, nbytes, vchannel, encode):
+                                await self._write(data)
+                    else:
                         for data in self._part_responses(part, nbytes, vchannel, encode):
                             await self._write(data)
-                else:
-                    for data in self._part_responses(part, nbytes, vchannel, encode):
-                        await self._write(data)
-                if metrics is not None:
-                    metrics.observe_pack(len(part.messages), nbytes)
+                    if metrics is not None:
+                        metrics.observe_pack(len(part.messages), nbytes)
+            finally:
+                if making is not None and cache is not None:  # none cached from here: the others read on their own
+                    cache.made(*making)
+
+    async def _send_following(
+        self, cache: EncodedPacks, entry: tuple[PackCheck, Responses], position: Position, *,
+        prefix: tuple[Hashable, ...], min_ts: int, limit: int, vchannel: str, metrics: ChannelMetrics | None,
+        join: bool,
+    ) -> Position:
+        """Send ``entry`` (the cached responses of the pack starting at ``position``) and, when the
+        cache holds the packs after it too, those joined with it into one response, within the limits
+        of one (messages, MERGE_BYTES): a reader that fell behind the one it follows sends many packs
+        per write, however small the first reader's packs were.  Returns where the next response
+        starts."""
+        check, responses = entry
+        single = _single(responses) if join else None
+        if single is None:
+            await self._send_cached(responses, metrics)
+            return check.end_position
+        run, last, end = [single], check, check.end_position
+        n, nbytes = check.n_messages, responses[0][2]
+        size, budget = len(single), min(self.max_bytes, MERGE_BYTES)
+        while True:
+            nxt = cache.get((*prefix, min_ts if end.timetick < min_ts else 0, end))
+            following = _single(nxt[1]) if nxt is not None else None
+            if nxt is None or following is None:
+                break
+            if n + nxt[0].n_messages > limit or size + len(following) > budget:
+                break
+            cache.hit()
+            run.append(following)
+            n, nbytes, size = n + nxt[0].n_messages, nbytes + nxt[1][0][2], size + len(following)
+            last, end = nxt[0], nxt[0].end_position
+        if len(run) == 1:
+            await self._send_cached(responses, metrics)
+            return end
+        data = convert.joined_pack_response(MsgPack(check.begin_ts, last.end_ts, [], position, end), vchannel, run)
+        if data is None:  # not message packs after all: one at a time, as they were cached
+            await self._send_cached(responses, metrics)
+            return check.end_position
+        await self._write(data)
+        if metrics is not None:
+            metrics.observe_pack(n, nbytes)
+        return end
 
     async def _send_cached(self, responses: Responses, metrics: ChannelMetrics | None) -> None:
         for datas, n, nbytes in responses:
@@ -413,6 +483,13 @@ def _cut(pack: MsgPack) -> bool:
     so that readers whose responses started at different places (joined more or fewer packs) end one
     at the same tick again soon, and from there on share responses (``fanout.pack_key``)."""
     return (pack.end_ts * 0x9E3779B97F4A7C15 >> 32) % MERGE_CUT == 0
+
+
+def _single(responses: Responses) -> bytes | None:
+    """The one response a cached pack went out as, if it went out as one (not in continued parts)."""
+    if len(responses) == 1 and len(responses[0][0]) == 1:
+        return responses[0][0][0]
+    return None
 
 
 def _retrieve(task: asyncio.Future[None]) -> None:

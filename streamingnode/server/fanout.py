@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import os
 import time
 import weakref
 from collections import OrderedDict, deque
@@ -88,10 +90,30 @@ class EncodedPacks:
         self.max_bytes = max_bytes
         self.bytes = 0
         self._entries: OrderedDict[tuple[Hashable, ...], tuple[PackCheck, Responses, int]] = OrderedDict()
+        self._making: dict[tuple[Hashable, ...], asyncio.Future[None]] = {}
+        """Keys a reader is reading from now (single flight: the others at that key wait for it)."""
         self._metrics = metrics
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def making(self, key: tuple[Hashable, ...]) -> asyncio.Future[None] | None:
+        """Done once the reader that is reading from ``key`` has cached its response there (or given
+        up): None when no reader is."""
+        return self._making.get(key)
+
+    def start_making(self, key: tuple[Hashable, ...]) -> asyncio.Future[None]:
+        """Note that the caller reads from ``key`` and will cache its response there (``made``)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._making[key] = fut
+        return fut
+
+    def made(self, key: tuple[Hashable, ...], fut: asyncio.Future[None]) -> None:
+        """The response at ``key`` is cached, or will not be: wake the readers waiting for it."""
+        if self._making.get(key) is fut:
+            del self._making[key]
+        if not fut.done():
+            fut.set_result(None)
 
     def get(self, key: tuple[Hashable, ...]) -> tuple[PackCheck, Responses] | None:
         """(check, responses) of the entry at ``key``, if any."""
@@ -126,6 +148,71 @@ class EncodedPacks:
 SHARE_WINDOW = 0.010
 """Seconds over which delivery's share is counted, and the longest a delivery waits for the next."""
 
+SENDING_THREADS = ("event_engine", "grpc_global_tim")
+"""The names (Linux's 15-character thread names) of gRPC's own threads: its event engine's pool, where
+responses are framed and written to the sockets, and its timer thread."""
+
+
+class SendingThreads:
+    """The CPU time gRPC's own threads have used since they were found, read from each thread's CPU
+    clock (Linux: the clock id of a thread is derived from its id).  Where ``/proc`` cannot be read
+    the answer stays 0, and delivery is charged only its time on the loop.
+
+    Delivery's cost is mostly there: a write on the loop hands bytes over, and these threads send them.
+    Their CPU time is measured, not their wall time: on a machine where every core is busy, a thread
+    waiting for a core or for the GIL costs nobody anything, and charging that wait to delivery would
+    hold readers back because the machine is loaded, not because delivery used it.
+    """
+
+    RESCAN_SECONDS = 1.0
+    """How often the thread list is read again (the event engine's pool grows and shrinks)."""
+
+    def __init__(self, task_dir: str = "/proc/self/task", names: tuple[str, ...] = SENDING_THREADS) -> None:
+        self._dir = task_dir
+        self._names = names
+        self._clocks: dict[int, tuple[int, float]] = {}  # thread id -> (its CPU clock id, last reading)
+        self._others: set[int] = set()  # threads that are not gRPC's, so that a rescan skips them
+        self._scanned = -math.inf
+        self.total = 0.0
+
+    def cpu(self, now: float) -> float:
+        """Seconds of CPU used by the threads found so far (``now``: a monotonic time, for rescans)."""
+        if now - self._scanned >= self.RESCAN_SECONDS:
+            self._scanned = now
+            self._scan()
+        total = self.total
+        for tid, (clock, last) in list(self._clocks.items()):
+            try:
+                value = time.clock_gettime(clock)
+            except OSError:  # the thread ended: what it used since the last reading is not counted
+                del self._clocks[tid]
+                continue
+            total += value - last
+            self._clocks[tid] = (clock, value)
+        self.total = total
+        return total
+
+    def _scan(self) -> None:
+        try:
+            tids = [int(name) for name in os.listdir(self._dir)]
+        except (OSError, ValueError):
+            return
+        alive = set(tids)
+        self._others &= alive
+        for tid in tids:
+            if tid in self._clocks or tid in self._others:
+                continue
+            try:
+                with open(f"{self._dir}/{tid}/comm") as f:
+                    name = f.read().strip()
+                if not name.startswith(self._names):
+                    self._others.add(tid)
+                    continue
+                clock = ((~tid) << 3) | 6  # the kernel's per-thread CPU clock (CPUCLOCK_SCHED | PERTHREAD)
+                self._clocks[tid] = (clock, time.clock_gettime(clock))  # counted from now on
+            except OSError:
+                continue
+
 
 class DeliveryTurns:
     """When Consume streams may deliver: at most ``per_turn`` responses per event-loop turn, and while
@@ -135,21 +222,31 @@ class DeliveryTurns:
     budget is renewed by a callback scheduled when it is first used, which runs on the next turn,
     after the I/O callbacks the loop collected in between (a produce request among them).
 
-    The time is measured, not estimated: ``spent`` is told how long each step of a delivery ran on
-    the loop (``governed`` wraps the senders and the writes).  Delivery earns ``share`` of each second
-    of wall time (the node's ``consume_delivery_share``; 1, the default here, bounds nothing); what it
-    spends over that is a debt that makes the next deliveries wait for the loop clock (``call_at``)
-    while the appends run.  Whether appends go on is ``appending``'s answer, a
-    number that moves with every commit (checked once per ``window``); with none, only the per-turn
-    bound holds, so a catch-up read of an idle log goes at full speed.
+    The cost is measured in CPU time, not estimated: ``spent`` is told the loop thread's CPU time of
+    each step of a delivery (``governed`` wraps the senders and the writes), and at each accounting
+    the CPU time gRPC's threads used meanwhile (``sending``, a ``SendingThreads.cpu``) is charged in
+    proportion to the bytes delivery wrote (``sent``) against the bytes appended (``appended_bytes``):
+    those threads receive the appends too.  Delivery earns ``share`` of each second of wall time (the
+    node's ``consume_delivery_share``; 1, the default here, bounds nothing); what it spends over that
+    is a debt that makes the next deliveries wait for the loop clock (``call_at``) while the appends
+    run.  Whether appends go on is ``appending``'s answer, a number that moves with every commit
+    (checked once per ``window``); with none, only the per-turn bound holds, so a catch-up read of an
+    idle log goes at full speed.
     """
 
     def __init__(self, per_turn: int = DELIVERIES_PER_TURN, *, share: float = 1.0,
-                 window: float = SHARE_WINDOW, appending: Callable[[], int] | None = None) -> None:
+                 window: float = SHARE_WINDOW, appending: Callable[[], int] | None = None,
+                 appended_bytes: Callable[[], int] | None = None,
+                 sending: Callable[[float], float] | None = None) -> None:
         self.per_turn = per_turn
         self.share = share
         self.window = window
         self._appending = appending
+        self._appended_bytes = appended_bytes
+        self._sending = sending
+        self._appended_at = appended_bytes() if appended_bytes is not None else 0
+        self._sending_at = sending(0.0) if sending is not None else 0.0
+        self._sent = 0  # bytes delivery wrote since the last accounting
         self._used = 0
         self._renewal: asyncio.Handle | None = None
         self._waiting: deque[asyncio.Future[None]] = deque()
@@ -164,9 +261,25 @@ class DeliveryTurns:
     def spent(self, seconds: float) -> None:
         self._spent += seconds
 
+    def sent(self, nbytes: int) -> None:
+        """Delivery wrote ``nbytes`` to a stream (its part of gRPC's sending is charged by them)."""
+        self._sent += nbytes
+
+    def _charge_sending(self, now: float) -> None:
+        if self._sending is None:
+            return
+        cpu = self._sending(now)
+        used, self._sending_at = cpu - self._sending_at, cpu
+        appended = self._appended_bytes() if self._appended_bytes is not None else 0
+        received, self._appended_at = appended - self._appended_at, appended
+        sent, self._sent = self._sent, 0
+        if sent and used > 0:
+            self._spent += used * sent / (sent + max(received, 0))
+
     def _over(self, now: float) -> bool:
         """Whether delivery has used up its share (and appends go on), as of loop time ``now``."""
         if now - self._since >= self.window:
+            self._charge_sending(now)
             # The share earned since the last accounting pays off the time spent; what is left over is
             # not saved up (an idle spell must not buy a burst that starves the next appends).
             self._spent = max(self._spent - self.share * (now - self._since), 0.0)
@@ -225,10 +338,11 @@ class _Governed:
         self._turns = turns
 
     def __await__(self) -> Generator[Any, Any, Any]:
-        # The wall clock, not the loop thread's CPU time: much of a write's cost is gRPC's own threads
-        # sending it, which hold the GIL or a core the appends need too (measured: counting CPU time
-        # alone left delivery unbounded in bench/fanout.py).
-        coro, spent, clock = self._coro, self._turns.spent, time.perf_counter
+        # The loop thread's CPU time, not the wall clock: on a loaded machine a step's wall time is
+        # mostly waiting for a core or for the GIL, and charging that held readers back for whole
+        # bursts (bench/fanout.py).  The sending that gRPC's threads do for these writes is charged
+        # separately (DeliveryTurns.sent and SendingThreads).
+        coro, spent, clock = self._coro, self._turns.spent, time.thread_time
         value: Any = None
         error: BaseException | None = None
         while True:
@@ -263,7 +377,10 @@ class Fanout:
         """The logs the streams read: their commits say whether appends go on (``DeliveryTurns``)."""
         # A share of 1 bounds nothing: no accounting then, only the per-turn bound.
         share = config.consume_delivery_share
-        self.turns = DeliveryTurns(share=share, appending=self._commits if share < 1 else None)
+        bounded = share < 1
+        self.turns = DeliveryTurns(share=share, appending=self._commits if bounded else None,
+                                   appended_bytes=self._committed_bytes if bounded else None,
+                                   sending=SendingThreads().cpu if bounded else None)
         self.streams: dict[int, HeldBytes] = {}
         """Open Consume streams by consumer id."""
         self._metrics = metrics
@@ -272,6 +389,9 @@ class Fanout:
 
     def _commits(self) -> int:
         return sum(wal.next_id for wal in self.wals)
+
+    def _committed_bytes(self) -> int:
+        return sum(wal.committed_bytes for wal in self.wals)
 
     def held_bytes(self) -> int:
         """Bytes the node holds for its consumers, not yet taken by them (all streams)."""
@@ -291,12 +411,14 @@ def fanout_of(node: Node) -> Fanout:
 
 __all__ = [
     "DELIVERIES_PER_TURN",
+    "SENDING_THREADS",
     "SHARE_WINDOW",
     "DeliveryTurns",
     "EncodedPacks",
     "Fanout",
     "PackCheck",
     "Responses",
+    "SendingThreads",
     "fanout_of",
     "governed",
     "pack_check",

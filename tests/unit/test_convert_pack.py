@@ -69,3 +69,39 @@ def test_a_delivered_message_reads_back_field_for_field(msgs: list[Message]) -> 
             if slot == "_not_persisted":
                 want = sent._id is None  # on the wire, "not persisted" is "has no id"
             assert getattr(got, slot) == want, slot
+
+
+@settings(max_examples=60, deadline=None)
+@given(groups=st.lists(st.lists(messages(), max_size=40), min_size=1, max_size=6),
+       ticks=st.lists(st.integers(0, 2**62), min_size=7, max_size=7, unique=True),
+       vchannel=st.sampled_from(["", "v"]))
+def test_joined_responses_parse_to_the_pack_they_make_together(
+    groups: list[list[Message]], ticks: list[int], vchannel: str,
+) -> None:
+    # Consecutive packs, each encoded alone, then joined on the wire without decoding a message.
+    ticks.sort()
+    packs, at = [], 3
+    for k, msgs in enumerate(groups):
+        packs.append(MsgPack(ticks[k], ticks[k + 1], msgs, Position("p", at, ticks[k]),
+                             Position("p", at + len(msgs), ticks[k + 1])))
+        at += len(msgs)
+    whole_pack = MsgPack(packs[0].begin_ts, packs[-1].end_ts, [m for p in packs for m in p.messages],
+                         packs[0].start_position, packs[-1].end_position)
+    responses = [convert.consume_pack_response(p, vchannel) for p in packs]
+    joined = convert.joined_pack_response(whole_pack, vchannel, responses)
+    assert joined is not None
+    assert spb.ConsumeResponse.FromString(joined) == whole(whole_pack, vchannel)
+
+
+def test_only_whole_message_packs_can_be_joined() -> None:
+    m = Message(MessageType.DATA, "v", b"x", timetick=2)
+    m._id = 3
+    pack = MsgPack(1, 2, [m], Position("p", 3, 1), Position("p", 4, 2))
+    plain = convert.consume_pack_response(pack, "v")
+    assert convert.pack_messages_offset(plain) is not None
+    for other in (convert.consume_pack_response(pack, "v", continued=True),  # a part of a larger pack
+                  convert.consume_columns_response(pack, "v"),  # extras count from the pack's first message
+                  spb.ConsumeResponse(opened=spb.ConsumeOpened(consumer_id=1)).SerializeToString(),
+                  plain[:-1]):  # cut short
+        assert convert.pack_messages_offset(other) is None
+        assert convert.joined_pack_response(pack, "v", [plain, other]) is None

@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +19,7 @@ from streamingnode.config import NodeConfig
 from streamingnode.node import Node
 from streamingnode.server import consume
 from streamingnode.server.consume import _cut, _merge
-from streamingnode.server.fanout import DeliveryTurns, EncodedPacks, PackCheck, fanout_of, governed
+from streamingnode.server.fanout import DeliveryTurns, EncodedPacks, PackCheck, SendingThreads, fanout_of, governed
 from tests.factories import ins, tick
 from wal import WAL, WALManager
 from wal.errors import InvalidArgumentError
@@ -294,3 +297,64 @@ async def test_the_node_bounds_delivery_by_its_setting_and_a_share_of_1_bounds_n
         assert turns._appending is None and not turns._over(asyncio.get_running_loop().time())
     finally:
         await node.aclose()
+
+
+def test_grpc_threads_sending_is_charged_by_the_bytes_delivery_wrote_against_those_appended() -> None:
+    cpu = [0.0]
+    appended = [0]
+    turns = DeliveryTurns(share=0.25, window=0.01, appending=_counting(), appended_bytes=lambda: appended[0],
+                          sending=lambda now: cpu[0])
+    allowance = turns.share * turns.window
+    turns._over(0.0)
+    # gRPC's threads used 6 windows' share while delivery wrote 3 bytes for every byte appended: 3/4 of it
+    # is delivery's.
+    cpu[0] += 6 * allowance
+    appended[0] += 1000
+    turns.sent(3000)
+    assert turns._over(0.01)  # charged 4.5 windows' share, earned 1
+    assert turns._over(0.03)
+    assert not turns._over(0.05)  # paid off after four and a half windows
+    # Time those threads spent while delivery wrote nothing is the appends' (they receive them there).
+    cpu[0] += 100 * allowance
+    appended[0] += 1000
+    assert not turns._over(0.06)
+
+
+def test_sending_threads_are_found_by_name_and_their_cpu_time_counted() -> None:
+    named = threading.Event()
+    stop = threading.Event()
+    tid: list[int] = []
+
+    def worker() -> None:
+        tid.append(threading.get_native_id())
+        # What gRPC's threads are called; a thread may name itself through /proc (Linux).
+        with open(f"/proc/self/task/{tid[0]}/comm", "w") as f:
+            f.write("event_engine")
+        named.set()
+        while not stop.is_set():
+            sum(range(1000))  # busy: CPU time to count
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    try:
+        assert named.wait(10)
+        threads = SendingThreads()
+        first = threads.cpu(0.0)
+        deadline = time.monotonic() + 30
+        while threads.cpu(0.5) - first < 0.05:
+            assert time.monotonic() < deadline, "the named thread's CPU time was not counted"
+            time.sleep(0.01)
+        assert tid[0] in threads._clocks
+        # This thread (not so named) is not counted.
+        assert threading.get_native_id() not in threads._clocks
+    finally:
+        stop.set()
+        thread.join(10)
+    # A thread that ended is dropped; what was counted stays.  (join returns a moment before the
+    # thread is gone from the kernel's list.)
+    deadline = time.monotonic() + 30
+    while str(tid[0]) in os.listdir("/proc/self/task"):
+        assert time.monotonic() < deadline, "the thread did not end"
+        time.sleep(0.01)
+    total = threads.total
+    assert threads.cpu(0.6) >= total and tid[0] not in threads._clocks
