@@ -248,10 +248,12 @@ def _one(args: argparse.Namespace, root: str, consumers: int, stall: bool, base:
         try:
             before = _counters(url)
             cpu0 = _cpu_seconds(node.proc.pid)
+            readers0 = sum(_cpu_seconds(p.pid) for p in group.procs)
             t0 = time.perf_counter()
             rate, lat = asyncio.run(_produce(_sdk(), addr, args.count, args.size, args.linger, args.window))
             elapsed = time.perf_counter() - t0
             cpu = _cpu_seconds(node.proc.pid) - cpu0
+            readers_cpu = sum(_cpu_seconds(p.pid) for p in group.procs) - readers0
             after = _counters(url)
             peak[0] = max(peak[0], _rss_mb(node.proc.pid))
         finally:
@@ -270,6 +272,9 @@ def _one(args: argparse.Namespace, root: str, consumers: int, stall: bool, base:
                "shared": (after["hits"] - before["hits"]) / max(after["hits"] + after["misses"] - before["hits"]
                                                                 - before["misses"], 1), "rss_mb": peak[0],
                "node_cpu_us": cpu / args.count * 1e6, "held_mb_at_end": after["held"] / 2**20,
+               # Cores used while the producer ran: the node's, and the consumer processes' (which
+               # share this machine's cores with the node and the producer).
+               "node_cores": cpu / elapsed, "readers_cores": readers_cpu / elapsed,
                "probe_p50_ms": _pct(probe_lat, 0.5) * 1e3, "probe_p99_ms": _pct(probe_lat, 0.99) * 1e3}
     shutil.rmtree(data_dir, ignore_errors=True)
     return out

@@ -76,9 +76,10 @@ class NodeConfig:
     """Bytes of encoded ConsumeResponses kept for sharing: consumers of one vchannel at the same
     position with the same options get the same bytes, encoded once (0: every consumer encodes its own)."""
     consume_delivery_share: float = 0.25
-    """While appends go on, the most of the node's event-loop time that delivery to consumers may take
-    (measured per 10 ms): readers that want more fall behind during a burst and catch up after it,
-    and appends are not kept waiting behind them.  1: no bound."""
+    """While appends go on, the most CPU time that delivery to consumers may take, as a share of one
+    core (counted per 10 ms: the event loop's time delivering, and gRPC's sending threads' in
+    proportion to the bytes delivered): readers that want more fall behind during a burst and catch
+    up after it, and appends are not kept waiting behind them.  1: no bound."""
     consume_buffer_bytes: int = 4 << 20
     """Most bytes the node holds encoded for one consumer and not yet taken by it: past this it reads
     nothing more for that consumer until it reads, so a consumer that stalls costs at most this."""

@@ -3,11 +3,13 @@
 * ``EncodedPacks``: recently encoded responses, keyed by everything that decides their bytes
   (``pack_key``).  Readers at the same position with the same options get the very bytes the first
   one encoded; catch-up readers that reach the tail meet the others' keys and share from then on.
-  Bounded in bytes (least recently used goes first); ``consume_cache_bytes = 0`` turns it off.
+  While one reader reads from a key, the others at that key wait for its response (``making``)
+  instead of reading and scanning the same messages.  Bounded in bytes (least recently used goes
+  first); ``consume_cache_bytes = 0`` turns it off.
 * ``Fanout``: one per node (``fanout_of``), holding the cache, the open streams (each with the bytes
   it holds for its client, which tests and the ``consume_held_bytes`` gauge read) and the delivery
   budget that keeps appends first (``DeliveryTurns``: a bound per loop turn, and while appends go on,
-  a measured share of the loop's time).
+  a measured share of CPU time).
 """
 
 from __future__ import annotations
@@ -216,7 +218,7 @@ class SendingThreads:
 
 class DeliveryTurns:
     """When Consume streams may deliver: at most ``per_turn`` responses per event-loop turn, and while
-    appends go on, at most ``share`` of the loop's time; the others wait, in the order they came.
+    appends go on, at most ``share`` of a core's CPU time; the others wait, in the order they came.
 
     ``take`` is awaited before each response: it returns at once while this turn's budget lasts.  The
     budget is renewed by a callback scheduled when it is first used, which runs on the next turn,
