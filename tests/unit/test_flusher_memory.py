@@ -122,7 +122,12 @@ async def test_memory_stays_under_the_cap_while_the_volume_streams_through(tmp_p
     # Python heap: the flusher's buffers (the cap), the WAL kept behind the checkpoint (the tail
     # buffer is part of it), the unprocessed messages the producer allows (a cap) and the scanner's
     # batches.  Far below the volume.
-    assert retained < 4 * CAP
+    # Behind the checkpoint: what the producer may run ahead of the flusher (a cap), the oldest of the
+    # 8 interleaved buffers (the cap writes the largest, so the oldest can date from two rotations
+    # back: two caps), truncation every 16 messages (half a cap here) and a file being written (at
+    # most one buffer).  Measured 21-25 MiB alone and 32.6 MiB under a loaded run (three test
+    # processes on two cores), where 4 caps had been assumed.
+    assert retained < 5 * CAP
     assert traced_peak < CAP + retained + CAP + 8 * MiB
     assert samples["arrow"] < 2 * CAP  # one file's table being encoded at a time
     assert samples["rss"] < 6 * CAP + 32 * MiB
