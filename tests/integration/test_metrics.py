@@ -260,14 +260,18 @@ async def test_a_background_compaction_shows_in_the_compaction_counters(tmp_path
             await client.create_channels(["p1"])
             data = client.data("p1")
             await data.create_collection("v2", "users", SCHEMA, primary_key="pk")
-            for first in (0, 3, 6):
-                if first == 6:
-                    # The delete is written before the third data file: a pass may start as soon as three
-                    # data files exist (compaction_min_files), and it must see the delete to drop key 0.
+            # Three small data files, the first of ten rows: with key 0 deleted, one of its ten rows is
+            # dead, under the share that has a file rewritten on its own (a fifth), so no pass may start
+            # before the third file exists (compaction_min_files); with three rows, a pass could take
+            # the first two files as soon as the delete was written and leave the third alone.
+            for first, n in ((0, 10), (10, 3), (13, 3)):
+                if first == 13:
+                    # The delete is written before the third data file: the pass that the third one
+                    # starts must see it to drop key 0.
                     await data.delete("v2", "users", [0])
                     await data.flush("v2", "users")
-                keys = list(range(first, first + 3))
-                await data.insert("v2", "users", pa.record_batch([pa.array(keys), pa.array(["x"] * 3)],
+                keys = list(range(first, first + n))
+                await data.insert("v2", "users", pa.record_batch([pa.array(keys), pa.array(["x"] * n)],
                                                                   schema=SCHEMA))
                 await data.flush("v2", "users")
         root = srv.node.channel("p1").flusher.root  # type: ignore[union-attr]
@@ -280,7 +284,7 @@ async def test_a_background_compaction_shows_in_the_compaction_counters(tmp_path
                     and value(s, "streamingnode_compaction_delete_entries_dropped_total", pchannel="p1") == 1
                     and len(files) == 1 and not deletes)
 
-        await until(settled, "a compaction that drops key 0 and leaves one file")
+        await until(settled, "a compaction that drops key 0 and leaves one file", timeout=60)
         s = scrape(address)
         [name] = _layout.visible_files(root, "users")[0]
         final = Path(name)
@@ -296,6 +300,6 @@ async def test_a_background_compaction_shows_in_the_compaction_counters(tmp_path
         assert b_before - b_after == value(s, "streamingnode_flusher_bytes_total", pchannel="p1") - final.stat().st_size
         assert b_after >= final.stat().st_size > 0
         assert value(s, "streamingnode_compaction_seconds_total", pchannel="p1") > 0
-        assert sorted(pq.read_table(final, columns=["pk"]).column("pk").to_pylist()) == list(range(1, 9))
+        assert sorted(pq.read_table(final, columns=["pk"]).column("pk").to_pylist()) == list(range(1, 16))
     finally:
         srv.stop()
