@@ -140,8 +140,9 @@ def _parses(name: str, raw: list[bytes]) -> bool:
 
 CALL_SECONDS = 2.0
 """Each call's deadline: a stream the fuzz leaves open ends with DEADLINE_EXCEEDED, a precise code."""
-RUN_SECONDS = 45.0
-"""The whole fuzz run's deadline (the calls of a normal run take a few seconds)."""
+RUN_SECONDS = 200.0
+"""The whole fuzz run's deadline, under pytest's 300 s: the run takes 15-40 s here on a loaded host
+(each Consume that opens a read waits out its call deadline), and longer on a slower machine."""
 
 
 def _call(channel: grpc.Channel, name: str, raw: list[bytes], timeout: float) -> grpc.StatusCode:
@@ -214,7 +215,8 @@ def test_fuzz_every_rpc_keeps_the_node_serving_and_the_log_intact(tmp_path: Path
             if garbled:
                 garbage["sent"] += 1
                 garbage["undecodable"] += not _parses(name, raw)
-            assert code not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL), (name, raw, code)
+            # The code and method first: a failure's message is cut short in a CI log, the bytes are last.
+            assert code not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL), (code, name, garbled, raw)
 
         one()
         assert SENT["requests"] >= 2000, SENT
