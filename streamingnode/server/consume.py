@@ -266,6 +266,8 @@ class ConsumeStream:
                     if entry is not None and entry[0] == check:
                         cache.hit()
                         joined = True
+                        if making is not None:
+                            cache.made(*making)  # cached already: the others need not wait for our write
                         await self._send_cached(entry[1], metrics)
                         continue
                     cache.miss()
