@@ -76,10 +76,6 @@ def _retrieve(fut: asyncio.Future[list[tuple[MessageID, bytes, bool]]]) -> None:
         fut.exception()
 
 
-def _tick_at(entry: tuple[MessageID, Message]) -> MessageID:
-    return entry[0]
-
-
 def _ts(m: Message) -> int:
     return m._timetick
 
@@ -304,26 +300,11 @@ class Scanner:
         return rid
 
     def _refill_from_memory(self) -> bool:
-        """Load the next batch from the tail buffer, or a not-persisted tick; False if neither has it."""
+        """Load the next batch from the tail buffer, or the not-persisted tick; False if neither has it."""
         wal = self._wal
         nid = self._fetch_id
-        limit = _TAIL_READ
-        ticks = wal._volatile_ticks
-        if ticks and ticks[-1][0] >= nid:
-            # A not-persisted tick follows id nid - 1 exactly: it may release what was read below it.
-            i = bisect.bisect_left(ticks, nid, key=_tick_at)
-            at, tick = ticks[i]
-            if at == nid and tick._timetick > self._last_tick:
-                self._marks = None
-                self._batch = [tick]
-                self._batch_pos = 0
-                return True
-            # Read up to the newest one within reach, not past it, so that the next refill meets it.
-            j = bisect.bisect_right(ticks, nid + _TAIL_READ, key=_tick_at) - 1
-            if j >= i and ticks[j][0] > nid and ticks[j][1]._timetick > self._last_tick:
-                limit = ticks[j][0] - nid
         if nid < wal.next_id:
-            got = wal._tail.read(nid, limit)
+            got = wal._tail.read(nid, _TAIL_READ)
             if not got:
                 return False
             self.tailing = True
@@ -332,6 +313,13 @@ class Scanner:
             self._batch = got
             self._batch_pos = 0
             self._fetch_id = nid + len(got)
+            return True
+        volatile = wal._volatile_tick
+        if volatile is not None and volatile[0] == nid and volatile[1]._timetick > self._last_tick:
+            # Caught up exactly to where the not-persisted tick was made: it may release.
+            self._marks = None
+            self._batch = [volatile[1]]
+            self._batch_pos = 0
             return True
         return False
 

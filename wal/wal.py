@@ -41,11 +41,6 @@ from wal.options import ReadOption
 
 _new_tuple = tuple.__new__
 
-VOLATILE_TICKS_KEPT = 1024
-"""Not-persisted TimeTicks a WAL keeps for readers behind the head (a few hundred bytes each): with
-one per commit in a burst, enough for readers a thousand commits behind; further back they release by
-the persisted ticks of the beat."""
-
 if TYPE_CHECKING:
     from wal.manager import WALManager
     from wal.scanner import Scanner
@@ -90,12 +85,9 @@ class WAL:
         # Readers behind the tail share what is decoded from storage: a quarter of the tail's budget.
         self._stored = StoredBlocks(manager.tail_buffer_bytes // 4)
         self._changed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        # The recent not-persisted TimeTicks, each with the id it follows (ascending): a scanner that has
-        # read everything below that id may release by it, since it was made once every earlier append
-        # was acked, so every message at or past that id is newer.  Not only the latest one: a reader a
-        # few commits behind (held back by the delivery budget, or slower) would otherwise meet no tick
-        # until the next persisted one, and wake for every commit meanwhile with nothing to release.
-        self._volatile_ticks: list[tuple[MessageID, Message]] = []
+        # The latest not-persisted TimeTick and the id it follows: tailing scanners that have read
+        # everything below that id may release by it (it was made once every earlier append was acked).
+        self._volatile_tick: tuple[MessageID, Message] | None = None
         self.committed_bytes = 0
         """Bytes committed since this WAL opened (payloads and a fixed 64 per message): what the
         delivery budget weighs its own bytes against (streamingnode.server.fanout)."""
@@ -219,13 +211,7 @@ class WAL:
         """
         if not tick.not_persisted or tick.message_type is not MessageType.TIME_TICK:
             raise InvalidArgumentError("only not-persisted TimeTick messages can be delivered unpersisted")
-        ticks = self._volatile_ticks
-        if ticks and ticks[-1][0] == self._next_id:
-            ticks[-1] = (self._next_id, tick)  # nothing committed since the last one: it supersedes it
-        else:
-            ticks.append((self._next_id, tick))
-            if len(ticks) > 2 * VOLATILE_TICKS_KEPT:
-                del ticks[:-VOLATILE_TICKS_KEPT]  # amortised: trimmed in chunks, not on every tick
+        self._volatile_tick = (self._next_id, tick)
         self._notify()
 
     async def put_meta(self, name: str, value: bytes) -> None:

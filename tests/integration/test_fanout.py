@@ -117,25 +117,23 @@ def _as_sent_alone(got: list[bytes], alone: list[bytes]) -> list[bytes]:
             k += 1
             continue
         joined = spb.ConsumeResponse.FromString(raw).pack
-        if n == len(got) - 1 and k == len(alone) - 1:
-            # The response holding the last message may end at a later tick than the one read alone
-            # met: a not-persisted tick made after that read (each prompt reader that opens asks for
-            # one), which adds time but no message.  Everything else about it must match.
-            alone_last = spb.ConsumeResponse.FromString(alone[k]).pack
-            later = joined.end_ts >= alone_last.end_ts
-            for p in (joined, alone_last):
-                p.ClearField("end_ts")
-                p.ClearField("end_positions")
-            if later and joined == alone_last:
-                out.append(alone[k])
-                continue
-            return got
         covered: list[pb.MsgPack] = []
         while k < len(alone) and (not covered or covered[-1].end_positions != joined.end_positions):
             covered.append(spb.ConsumeResponse.FromString(alone[k]).pack)
             k += 1
-        if len(covered) < 2 or any(p.continued for p in covered) or _joined(covered) != joined:
-            return got  # not a join of alone's packs: the caller's comparison shows the difference
+        if not covered or any(p.continued for p in covered):
+            return got
+        expected = _joined(covered)
+        if n == len(got) - 1 and k == len(alone):
+            # The response holding the last message may end at another tick than the one the read
+            # alone met: the persisted tick after the last message, or a not-persisted one made later
+            # (each prompt reader that opens asks for one), which adds time but no message.  Which one
+            # a read meets depends on when it got there; everything else about it must match.
+            for p in (joined, expected):
+                p.ClearField("end_ts")
+                p.ClearField("end_positions")
+        if (len(covered) < 2 and n < len(got) - 1) or expected != joined:
+            return got  # not alone's packs, nor a join of them: the caller's comparison shows the difference
         out.extend(alone[k - len(covered):k])
     return out
 
