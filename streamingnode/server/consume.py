@@ -40,6 +40,7 @@ from streamingnode.server.fanout import (
     governed,
     pack_check,
     pack_key,
+    position_key,
 )
 from streamingnode.status import to_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
@@ -101,8 +102,9 @@ class ConsumeStream:
 
     async def _locked_write(self, response: spb.ConsumeResponse | bytes) -> None:
         async with self.write_lock:
-            held = 2 * len(response) if isinstance(response, bytes) else 0
-            self.fanout.turns.sent(held // 2)
+            size = len(response) if isinstance(response, bytes) else 0
+            self.fanout.turns.sent(size)
+            held = 2 * size
             self.held_bytes += held
             self.held_peak = max(self.held_peak, self.held_bytes)
             try:
@@ -211,7 +213,7 @@ class ConsumeStream:
             making: tuple[tuple[Hashable, ...], asyncio.Future[None]] | None = None
             if cache is not None and position is not None and pending is None:
                 # Another reader has sent from here already: its responses, and no read of our own.
-                key = (*prefix, min_ts if position.timetick < min_ts else 0, position)
+                key = position_key(prefix, position, min_ts)
                 entry = cache.get(key)
                 if entry is None and ahead:
                     # Following others' responses: wait for the turn before reading on our own.  The
@@ -319,13 +321,12 @@ class ConsumeStream:
         n, nbytes = check.n_messages, responses[0][2]
         size, budget = len(single), min(self.max_bytes, MERGE_BYTES)
         while True:
-            nxt = cache.get((*prefix, min_ts if end.timetick < min_ts else 0, end))
+            nxt = cache.get(position_key(prefix, end, min_ts))
             following = _single(nxt[1]) if nxt is not None else None
             if nxt is None or following is None:
                 break
             if n + nxt[0].n_messages > limit or size + len(following) > budget:
                 break
-            cache.hit()
             run.append(following)
             n, nbytes, size = n + nxt[0].n_messages, nbytes + nxt[1][0][2], size + len(following)
             last, end = nxt[0], nxt[0].end_position
@@ -336,6 +337,8 @@ class ConsumeStream:
         if data is None:  # not message packs after all: one at a time, as they were cached
             await self._send_cached(responses, metrics)
             return check.end_position
+        for _ in run[1:]:  # the first was counted by the caller
+            cache.hit()
         await self._write(data)
         if metrics is not None:
             metrics.observe_pack(n, nbytes)

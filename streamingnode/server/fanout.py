@@ -65,6 +65,12 @@ def pack_key(prefix: tuple[Hashable, ...], pack: MsgPack, min_ts: int) -> tuple[
     return (*prefix, min_ts if pack.begin_ts < min_ts else 0, pack.start_position)
 
 
+def position_key(prefix: tuple[Hashable, ...], position: Position, min_ts: int) -> tuple[Hashable, ...]:
+    """The key ``pack_key`` gives a pack that starts at ``position``: where a reader that has sent up
+    to ``position`` looks for the next response (a pack's start position carries its begin tick)."""
+    return (*prefix, min_ts if position.timetick < min_ts else 0, position)
+
+
 class PackCheck(NamedTuple):
     """What must match for a cached response to be a pack's: where it ends, its count and its first
     and last ids (cheap, and two packs from one start that differ would differ there)."""
@@ -253,7 +259,8 @@ class DeliveryTurns:
         self._renewal: asyncio.Handle | None = None
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._spent = 0.0
-        """Delivery's time on the loop not yet paid for by its share of the wall time."""
+        """Delivery's CPU time (on the loop, and its part of gRPC's sending) not yet paid for by its
+        share of the wall time."""
         self._since = -1.0  # loop time of the last accounting
         self._commits = appending() if appending is not None else 0  # its answer at the last accounting
         self._active = False
@@ -425,4 +432,5 @@ __all__ = [
     "governed",
     "pack_check",
     "pack_key",
+    "position_key",
 ]
