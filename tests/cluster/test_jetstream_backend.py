@@ -1,10 +1,13 @@
 """The JetStream backend on its own: fencing of an older writer, finding a block in a long stream
-without scanning it, and writes across a SIGKILLed server of a three-server cluster."""
+without scanning it, writes across a SIGKILLed server of a three-server cluster, and a backend that
+fails to open closing the connection it made."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -13,7 +16,8 @@ import nats.errors
 import pytest
 
 from tests.factories import ins
-from tests.natscluster import NatsCluster
+from tests.natscluster import NATS_SERVER, NatsCluster
+from tests.waiting import until_sync
 from wal._codec import decode_block, encode_block
 from wal.backend import TickEntry, WriteGroup
 from wal.backends.jetstream import JetStreamBackend
@@ -102,6 +106,41 @@ def test_a_read_from_the_middle_of_a_long_stream_does_not_scan_it(
     entry = reader.seek_time(key, 2005)  # ticks at 20k + 12 for the block with first id 2k
     assert entry is not None and (entry.timetick, entry.message_id) == (1992, 199)
     assert reader.direct_gets - gets <= 12, reader.direct_gets - gets
+
+
+def test_a_backend_that_fails_to_open_closes_its_connection(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A server without JetStream takes the connection and then answers no request: the backend
+    # connects, fails on its buckets, and must not leave the connection's socket behind (it outlived
+    # the backend's loop, and surfaced later as an unclosed transport in whatever ran next).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "plain.log", "ab")  # noqa: SIM115  (the child keeps it)
+    server = subprocess.Popen([str(NATS_SERVER), "-a", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log)
+    log.close()
+    clients: list[Any] = []
+    real_connect = nats.connect
+
+    async def recording_connect(*args: Any, **kwargs: Any) -> Any:
+        nc = await real_connect(*args, **kwargs)
+        clients.append(nc)
+        return nc
+
+    def answering() -> bool:
+        with socket.socket() as c:
+            return c.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        until_sync(answering, "a plain NATS server")
+        monkeypatch.setattr(nats, "connect", recording_connect)
+        with pytest.raises(UnavailableError, match="NATS"):
+            JetStreamBackend(f"nats://127.0.0.1:{port}", prefix="plain", timeout=1.0)
+        assert len(clients) == 1, clients
+        assert clients[0].is_closed
+    finally:
+        server.terminate()
+        server.wait(60)
 
 
 def test_writes_survive_a_sigkilled_server_of_an_r3_cluster(tmp_path_factory: pytest.TempPathFactory) -> None:

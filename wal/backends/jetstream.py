@@ -261,12 +261,16 @@ class JetStreamBackend(Backend):
         """How many stored messages were fetched one by one (tests count them: no full scans)."""
         self._closed = False
         self._chans: dict[int, _Chan] = {}
+        self._nc: Any = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"wal-jetstream-{prefix}", daemon=True)
         self._thread.start()
         try:
             self._call(self._connect(urls), what="connecting to NATS", overall=timeout * 3)
         except BaseException:
+            # Connected but not opened (a bucket not answering during an election, say): the
+            # connection is closed before its loop stops, or its socket outlives the backend.
+            self._close_connection()
             self._stop_loop()
             raise
 
@@ -951,13 +955,18 @@ class JetStreamBackend(Backend):
             f"replicated by NATS; back them up with NATS itself (`nats stream backup SN_{self.prefix}_<key>`)",
             path=dest[:200], backend="jetstream")
 
+    def _close_connection(self) -> None:
+        if self._nc is None:
+            return
+        # On failure the connection is dropped with the loop (_stop_loop).
+        with contextlib.suppress(StreamingError):
+            self._call(self._nc.close(), what="closing the NATS connection", overall=self.timeout * 2)
+
     def close(self) -> None:
         if self._closed:
             return
         try:
-            self._call(self._nc.close(), what="closing the NATS connection", overall=self.timeout * 2)
-        except StreamingError:
-            pass  # the connection is dropped with the loop below
+            self._close_connection()
         finally:
             self._closed = True
             self._stop_loop()
