@@ -154,12 +154,21 @@ class TimeTickInterceptor:
         """Emit one TimeTick after every earlier allocation finished; return its timestamp."""
         tick = new_time_tick(0, persist=persist)
         p = await self._allocate([tick])
+        if persist:
+            # Cleared at allocation, not after the write: every append finished by now has a smaller
+            # timestamp, so this tick covers it.  One that finishes while the tick is written sets it
+            # again; a lone append can complete inside its caller's turn, before this task resumes,
+            # and clearing after the write would drop it (no persisted tick until the next data).
+            self._dirty = False
         try:
             await self.acks.wait_first(p)
             tick._last_confirmed = self.acks.last_confirmed_id()
             if persist:
-                await self._wal.append_batch([tick])
-                self._dirty = False
+                try:
+                    await self._wal.append_batch([tick])
+                except BaseException:
+                    self._dirty = True  # nothing was covered
+                    raise
             else:
                 self._wal.deliver_unpersisted(tick)
         finally:

@@ -374,3 +374,60 @@ async def test_batches_waiting_for_a_new_clock_window_keep_their_order() -> None
     finally:
         gate.set()
         await tt.close()
+
+
+class _GatedWAL(_FakeWAL):
+    """A WAL whose persisted ticks are written only when ``gate`` opens (or fail with ``fail``)."""
+
+    prompt_readers = 0
+    tick_wanted = None
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.writing = asyncio.Event()
+        self.fail: BaseException | None = None
+        self.ticks: list[Message] = []
+
+    async def append_batch(self, batch: list[Message]) -> list[AppendResult]:
+        self.writing.set()
+        await self.gate.wait()
+        if self.fail is not None:
+            raise self.fail
+        self.ticks.extend(batch)
+        return [AppendResult(0, m.timetick, None) for m in batch]
+
+
+async def test_data_finished_while_a_persisted_tick_is_written_is_still_dirty() -> None:
+    # The tick covers what finished before it was allocated, not what finishes while it is written:
+    # a lone append can complete inside its caller's turn, before the tick's task resumes, and a
+    # flag cleared after the write dropped it (no persisted tick followed it until the next data).
+    from interceptors.timetick import TimeTickInterceptor  # noqa: PLC0415
+
+    wal = _GatedWAL()
+    tt = TimeTickInterceptor(wal, interval=3600)  # type: ignore[arg-type]
+    await tt.start()
+    try:
+        await tt.do_append([ins("v", 0, b"before")], FakeNext())
+        assert tt._dirty
+        wal.gate.set()
+        await asyncio.wait_for(tt.emit_tick(persist=True), 10)
+        assert not tt._dirty, "a persisted tick covers what finished before it"
+        await tt.do_append([ins("v", 0, b"before")], FakeNext())
+        wal.gate, wal.writing = asyncio.Event(), asyncio.Event()
+        tick = asyncio.create_task(tt.emit_tick(persist=True))
+        await asyncio.wait_for(wal.writing.wait(), 10)
+        await tt.do_append([ins("v", 0, b"during")], FakeNext())
+        wal.gate.set()
+        await asyncio.wait_for(tick, 10)
+        assert len(wal.ticks) == 2
+        assert tt._dirty, "the append that finished during the tick's write must get a persisted tick"
+        # A failed tick leaves what it would have covered dirty.
+        wal.gate, wal.writing, wal.fail = asyncio.Event(), asyncio.Event(), OSError("disk gone")
+        tt._dirty = True
+        wal.gate.set()
+        with pytest.raises(OSError, match="disk gone"):
+            await asyncio.wait_for(tt.emit_tick(persist=True), 10)
+        assert tt._dirty
+    finally:
+        wal.gate.set()
+        await tt.close()
