@@ -54,5 +54,10 @@ async def test_latest_position_is_the_last_append_on_a_quiet_log(tmp_path: Path)
             _, results = await produce(stub, "p", [[data("v", b"%d" % i)] for i in range(3)])
             last = results[-1].appended.results[0]
             latest = await stub.GetLatestPosition(spb.GetLatestPositionRequest(pchannel="p", vchannel="v"))
+            # A vchannel never written has the pchannel's newest position, named for itself.
+            never = await stub.GetLatestPosition(spb.GetLatestPositionRequest(pchannel="p", vchannel="never"))
     assert latest.HasField("last")
     assert (_id(latest.last.message_id), latest.last.timetick) == (_id(last.id), last.timetick)
+    assert never.HasField("last")
+    assert (never.last.pchannel, never.last.vchannel, _id(never.last.message_id), never.last.timetick) == (
+        "p", "never", _id(last.id), last.timetick)
