@@ -22,6 +22,11 @@ same run (e.g. ``--consume-cache-bytes=0``: every consumer encodes its own, and 
 responses; which goes first alternates).
 ``--profile OUT`` records the node under py-spy for the largest N (a flame graph, or collapsed stacks
 if OUT ends in .txt).
+``--raw-floor`` adds, per run, the raw limit of the transport on this machine: the same consumer
+processes, as many streams as the largest N, read from a bare grpc.aio server that writes
+``--raw-bytes`` responses as fast as they are taken (no log, no encoding).  Printed beside the case
+with the largest N: CPU per delivered MB of the server and of the consumer processes, raw against ours,
+and the cores that delivering 500k msgs/s of ``--size`` bytes takes at the raw cost alone.
 Benchmarks are not tests: they assert nothing about speed.
 """
 
@@ -35,6 +40,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -65,7 +71,7 @@ async def _worker(addr: str, n: int, stall: bool) -> None:
 
     open_req = spb.ConsumeRequest(open=spb.ConsumeOpen(
         pchannel=PCHANNEL, vchannel=VCHANNEL, policy={"latest": {}})).SerializeToString()
-    received = [0]
+    received = [0, 0]  # bytes, responses
     async with grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS) as channel:
         # No deserializer: responses arrive as bytes, nothing is parsed.
         method = channel.stream_stream("/streamingnode.v1.StreamingNode/Consume")
@@ -82,6 +88,7 @@ async def _worker(addr: str, n: int, stall: bool) -> None:
                 if data is grpc.aio.EOF:
                     return
                 received[0] += len(data)
+                received[1] += 1
 
         tasks = [] if stall else [asyncio.ensure_future(drain(c)) for c in calls]
         print("ready", flush=True)
@@ -90,7 +97,61 @@ async def _worker(addr: str, n: int, stall: bool) -> None:
             t.cancel()
         for c in calls:
             c.cancel()
-    print(f"bytes {received[0]}", flush=True)
+    print(f"bytes {received[0]} responses {received[1]}", flush=True)
+
+
+async def _raw_server(port: int, size: int) -> None:
+    """The raw limit: Consume answered by a bare grpc.aio server with ``size``-byte responses written as
+    fast as the stream takes them, until stdin closes."""
+    payload = os.urandom(size)
+
+    async def consume(requests: Any, context: Any) -> None:
+        await requests.__anext__()  # the open request
+        await context.write(b"")  # 'opened'
+        while True:
+            await context.write(payload)
+
+    handler = grpc.method_handlers_generic_handler(
+        "streamingnode.v1.StreamingNode", {"Consume": grpc.stream_stream_rpc_method_handler(consume)})
+    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await server.stop(0)
+
+
+def _raw_floor(args: argparse.Namespace, streams: int, seconds: float = 5.0) -> dict[str, float]:
+    """CPU per MB of the bare server and of the consumer processes, ``streams`` streams for ``seconds``."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, GRPC_VERBOSITY="ERROR", PYTHONPATH=str(ROOT))
+    server = subprocess.Popen([PYTHON, __file__, "--raw-server", str(port), str(args.raw_bytes)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))
+    try:
+        assert server.stdout is not None and server.stdin is not None
+        if server.stdout.readline().strip() != "ready":
+            raise RuntimeError("raw server failed to start")
+        group = _Consumers(f"127.0.0.1:{port}", streams, args.procs, False)
+        try:
+            cpu0 = _cpu_seconds(server.pid)
+            readers0 = sum(_cpu_seconds(p.pid) for p in group.procs)
+            t0 = time.perf_counter()
+            time.sleep(seconds)
+            elapsed = time.perf_counter() - t0
+            cpu = _cpu_seconds(server.pid) - cpu0
+            readers_cpu = sum(_cpu_seconds(p.pid) for p in group.procs) - readers0
+        finally:
+            got, _ = group.stop()
+        mb = got / 1e6  # read until the workers stopped: a little more than in the window, so a floor
+        return {"raw_mb_s": mb / elapsed, "raw_server_us_mb": cpu / mb * 1e6,
+                "raw_readers_us_mb": readers_cpu / mb * 1e6}
+    finally:
+        if server.stdin is not None:
+            server.stdin.close()
+        server.wait(60)
 
 
 async def _probe(addr: str) -> None:
@@ -151,17 +212,19 @@ class _Consumers:
             if line.strip() != "ready":
                 raise RuntimeError(f"consumer worker failed: {line!r}")
 
-    def stop(self) -> int:
-        got = 0
+    def stop(self) -> tuple[int, int]:
+        """Bytes and responses the streams read (until they stopped, after the producer)."""
+        got = responses = 0
         for p in self.procs:
             assert p.stdin is not None and p.stdout is not None
             p.stdin.close()  # the worker's signal to stop
             out = p.stdout.read()
             p.wait(60)
             p.stdout.close()
-            found = re.search(r"bytes (\d+)", out)
-            got += int(found.group(1)) if found else 0
-        return got
+            found = re.search(r"bytes (\d+) responses (\d+)", out)
+            if found:
+                got, responses = got + int(found.group(1)), responses + int(found.group(2))
+        return got, responses
 
 
 # --- the node side -----------------------------------------------------------------------------------
@@ -262,7 +325,7 @@ def _one(args: argparse.Namespace, root: str, consumers: int, stall: bool, base:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     spy.wait(60)
             probe_lat = probe.stop()
-            group.stop()
+            got, responses = group.stop()
             done.set()
             sampler.join()
         lat.sort()
@@ -275,6 +338,8 @@ def _one(args: argparse.Namespace, root: str, consumers: int, stall: bool, base:
                # Cores used while the producer ran: the node's, and the consumer processes' (which
                # share this machine's cores with the node and the producer).
                "node_cores": cpu / elapsed, "readers_cores": readers_cpu / elapsed,
+               # What the streams read, per response (the raw floor's cost per MB depends on it).
+               "response_kb": got / max(responses, 1) / 1024,
                "probe_p50_ms": _pct(probe_lat, 0.5) * 1e3, "probe_p99_ms": _pct(probe_lat, 0.99) * 1e3}
     shutil.rmtree(data_dir, ignore_errors=True)
     return out
@@ -306,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="serve flag of a comparison run of each tailing case, e.g. --consume-cache-bytes=0 "
                         "(repeatable; none: no comparison)")
     p.add_argument("--profile", default=None, help="py-spy flame graph of the node at the largest N (SVG path)")
+    p.add_argument("--raw-floor", action="store_true",
+                   help="per run, the transport's raw limit: a bare grpc.aio server and the same consumers")
+    p.add_argument("--raw-bytes", type=int, default=512 << 10, help="the raw server's response size (512 KiB)")
     p.add_argument("--dir", default=None, help="parent of the temporary directories")
     args = p.parse_args(argv)
     args.consumers = [int(x) for x in args.consumers.split(",") if x]
@@ -316,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for n in args.consumers for c in ((n, False, False), (n, False, True))[: 2 if n else 1]] + \
             [c for c in cases if c[1]]
     results: dict[tuple[int, bool, bool], list[dict[str, float]]] = {c: [] for c in cases}
+    raw: list[dict[str, float]] = []
     try:
         for i in range(args.runs):
             for case in cases if i % 2 == 0 else cases[::-1]:  # which goes first alternates
@@ -323,6 +392,11 @@ def main(argv: list[str] | None = None) -> int:
                 results[case].append(r)
                 print(f"run {i + 1}/{args.runs} {_label(case)}: "
                       + ", ".join(f"{k} {v:,.1f}" for k, v in r.items()), file=sys.stderr, flush=True)
+            if args.raw_floor and max(args.consumers):
+                r = _raw_floor(args, max(args.consumers))
+                raw.append(r)
+                print(f"run {i + 1}/{args.runs} raw: " + ", ".join(f"{k} {v:,.1f}" for k, v in r.items()),
+                      file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -348,6 +422,23 @@ def main(argv: list[str] | None = None) -> int:
               f"{med(hundred, 'p99_ms'):.1f} ms, probe p99 {med(hundred, 'probe_p99_ms'):.1f} ms (target <= "
               f"{ACK_P99_TARGET_MS:.0f}), delivered "
               f"{med(hundred, 'delivered'):,.0f}/s (target >= {DELIVERY_TARGET:,})")
+    top = (max(args.consumers), False, False)
+    if raw and top in results and base in results:
+        # Ours per delivered MB: the node's CPU beyond what producing alone costs it, and the consumer
+        # processes' CPU, over the payload bytes the node delivered while the producer ran.
+        mb = med(top, "delivered") * args.size / 1e6 / med(top, "produce") * args.count
+        node_us = (med(top, "node_cpu_us") - med(base, "node_cpu_us")) * args.count / mb
+        readers_us = med(top, "readers_cores") / (med(top, "delivered") * args.size / 1e6) * 1e6
+        raw_server = statistics.median(r["raw_server_us_mb"] for r in raw)
+        raw_readers = statistics.median(r["raw_readers_us_mb"] for r in raw)
+        need = DELIVERY_TARGET * args.size / 1e6  # MB/s
+        print(f"transport with {top[0]} streams, CPU per delivered MB: node {node_us:,.0f} µs against the bare "
+              f"server's {raw_server:,.0f} ({node_us / raw_server:.1f}x); consumer processes {readers_us:,.0f} µs "
+              f"against {raw_readers:,.0f} on the bare server ({readers_us / raw_readers:.1f}x); bare server "
+              f"{statistics.median(r['raw_mb_s'] for r in raw):,.0f} MB/s")
+        print(f"delivering {DELIVERY_TARGET:,} msgs/s of {args.size} B ({need:,.0f} MB/s) at the raw cost alone takes "
+              f"{need * (raw_server + raw_readers) / 1e6:.2f} cores ({need * raw_server / 1e6:.2f} sending, "
+              f"{need * raw_readers / 1e6:.2f} reading) of this machine's {os.cpu_count()}")
     if args.stalled:
         bound = 500 + args.stalled * args.cap_mb
         print(f"{args.stalled} stalled consumers: RSS {med((args.stalled, True, False), 'rss_mb'):.0f} MB "
@@ -358,6 +449,9 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--probe":
         asyncio.run(_probe(sys.argv[2]))
+        sys.exit(0)
+    if len(sys.argv) == 4 and sys.argv[1] == "--raw-server":
+        asyncio.run(_raw_server(int(sys.argv[2]), int(sys.argv[3])))
         sys.exit(0)
     if len(sys.argv) == 5 and sys.argv[1] == "--worker":
         asyncio.run(_worker(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "stall"))
