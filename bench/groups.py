@@ -18,6 +18,11 @@ then ``flush``), once on each:
   nothing is delivered) and commits with in-band ConsumeAcks, as consumers do; it then measures the
   cost of 1,000 open readers too, which issue 21's fan-out work (``bench/fanout.py``) is about.
 
+``--raw-floor`` adds, per run, the raw limit of the calls: the same driver, against a bare grpc.aio
+server whose CreateConsumerGroup and SeekConsumerGroup do nothing, for 8 intervals; its CPU per call
+is printed beside the node's CPU per commit (what the node used beyond producing alone, over the acks
+done), with the cores the offered commits take at the raw cost alone.
+
 Which of the two goes first alternates between runs, against drift on a noisy host.  Reported: the
 median produce msgs/s of each, their ratio (target >= 0.9), the acks the driver completed during the
 produce and their latency (p50 / p99 pooled over runs).  Benchmarks are not tests: they assert nothing
@@ -32,6 +37,7 @@ import json
 import os
 import random
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -214,6 +220,52 @@ class _DriverProc:
             self.proc.stdout.close()
 
 
+async def _raw_server(port: int) -> None:
+    """The raw limit of a commit: a bare grpc.aio server answering the driver's calls with nothing,
+    until stdin closes."""
+    async def nothing(request: bytes, context: Any) -> bytes:
+        return b""
+
+    handler = grpc.method_handlers_generic_handler("streamingnode.v1.StreamingNode", {
+        name: grpc.unary_unary_rpc_method_handler(nothing) for name in ("CreateConsumerGroup", "SeekConsumerGroup")})
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await server.stop(0)
+
+
+def _raw_floor(args: argparse.Namespace) -> float:
+    """Server CPU µs per call of the bare server under the same driver (SeekConsumerGroup only)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, GRPC_VERBOSITY="ERROR", PYTHONPATH=str(pc.ROOT))
+    server = subprocess.Popen([pc.PYTHON, __file__, "--raw-server", str(port)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env, cwd=str(pc.ROOT))
+    try:
+        assert server.stdout is not None
+        if server.stdout.readline().strip() != "ready":
+            raise RuntimeError("raw server failed to start")
+        driver = _DriverProc(f"127.0.0.1:{port}", argparse.Namespace(**{**vars(args), "via": "seek"}))
+        try:
+            time.sleep(args.interval)
+            driver.mark()
+            cpu0 = pc._cpu_seconds(server.pid)
+            time.sleep(8 * args.interval)
+            cpu = pc._cpu_seconds(server.pid) - cpu0
+            calls = int(driver.mark()["acks"])
+        finally:
+            driver.stop()
+        return float(cpu) / max(calls, 1) * 1e6
+    finally:
+        if server.stdin is not None:
+            server.stdin.close()
+        server.wait(60)
+
+
 def _one_run(args: argparse.Namespace, root: str, index: int, lat: list[float]) -> Run:
     sdk = pc._sdk()
     r: Run = {}
@@ -245,6 +297,11 @@ def _one_run(args: argparse.Namespace, root: str, index: int, lat: list[float]) 
             r["packs"] = during["packs"]
             lat += during["samples"]
     r["ratio"] = r["produce_groups"] / r["produce_none"]
+    # The node's CPU per commit: what it used beyond producing alone, over the acks done meanwhile.
+    r["node_us_per_ack"] = ((r["produce_groups_srv_us"] - r["produce_none_srv_us"]) * args.count
+                            / max(r["acks_per_s"] * args.count / r["produce_groups"], 1))
+    if args.raw_floor:
+        r["raw_us_per_call"] = _raw_floor(args)
     return r
 
 
@@ -266,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch-bytes", type=int, default=1 << 20, help="SDK producer max_batch_bytes (default 1 MiB)")
     p.add_argument("--sdk-window", type=int, default=8000,
                    help="SDK producer: unanswered send_nowait futures before waiting for the oldest (default 8000)")
+    p.add_argument("--raw-floor", action="store_true",
+                   help="per run, the calls' raw limit: the same driver against a bare grpc.aio server")
     p.add_argument("--dir", default=None, help="parent of the temporary directories (default: system temp)")
     p.add_argument("--driver", metavar="ADDR", help=argparse.SUPPRESS)  # the ack driver's own process
     args = p.parse_args(argv)
@@ -290,10 +349,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| 0 | {med['produce_none']:,.0f} | {med['produce_none_srv_us']:.1f} | - | - |")
     print(f"| {args.groups} | {med['produce_groups']:,.0f} | {med['produce_groups_srv_us']:.1f} | "
           f"{med['acks_per_s']:,.0f} | {_pcts(lat)} |")
+    if args.raw_floor:
+        offered = args.groups / args.interval
+        print(f"node CPU per commit {med['node_us_per_ack']:,.0f} µs against {med['raw_us_per_call']:,.0f} µs "
+              f"per call of a bare grpc.aio server under the same driver; {offered:,.0f} commits/s at the raw cost "
+              f"alone take {offered * med['raw_us_per_call'] / 1e6:.2f} cores of this machine's {os.cpu_count()}")
     per_run = ", ".join(f"{r['ratio']:.2f}" for r in runs)
     print(f"produce with {args.groups} groups / without: {verdict(ratio, RATIO_TARGET)} (per-run ratios {per_run})")
     return 0
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--raw-server":
+        asyncio.run(_raw_server(int(sys.argv[2])))
+        sys.exit(0)
     sys.exit(main())
