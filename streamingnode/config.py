@@ -80,6 +80,11 @@ class NodeConfig:
     core (counted per 10 ms: the event loop's time delivering, and gRPC's sending threads' in
     proportion to the bytes delivered): readers that want more fall behind during a burst and catch
     up after it, and appends are not kept waiting behind them.  1: no bound."""
+    consume_quiet_pack_seconds: float = 0.5
+    """How often a reader whose vchannel has nothing new hears that its position moved (a pack without
+    messages): the ticks of a busy pchannel come with every commit, and a thousand readers of quiet
+    vchannels would each be sent one per tick.  The packs in between are joined into the next one
+    sent (its start is theirs).  0: a pack at every tick."""
     consume_buffer_bytes: int = 4 << 20
     """Most bytes the node holds encoded for one consumer and not yet taken by it: past this it reads
     nothing more for that consumer until it reads, so a consumer that stalls costs at most this."""
@@ -213,6 +218,10 @@ class NodeConfig:
             raise InvalidArgumentError(
                 f"consume_delivery_share must be > 0 and <= 1, got {self.consume_delivery_share!r}",
                 field="consume_delivery_share")
+        if not 0 <= self.consume_quiet_pack_seconds <= 3600:
+            raise InvalidArgumentError(
+                f"consume_quiet_pack_seconds must be >= 0 and <= 3600, got {self.consume_quiet_pack_seconds!r}",
+                field="consume_quiet_pack_seconds")
         if self.malloc_arena_max < 0:
             raise InvalidArgumentError(f"malloc_arena_max must be >= 0, got {self.malloc_arena_max!r}",
                                        field="malloc_arena_max")

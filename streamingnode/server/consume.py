@@ -44,6 +44,7 @@ from streamingnode.server.fanout import (
 )
 from streamingnode.status import to_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
+from wal.clock import physical_ms
 from wal.errors import InvalidArgumentError, MessageTooLargeError, OnShutdownError, StreamingError
 from wal.lifecycle import cancel_and_wait
 from wal.message import Position
@@ -204,6 +205,7 @@ class ConsumeStream:
         # Cached responses of message packs can be joined into one without decoding (columns cannot:
         # their extras count from a pack's first message).
         joinable = encode is convert.consume_pack_response
+        quiet_ms = round(self.node.config.consume_quiet_pack_seconds * 1000)
         pending: MsgPack | None = None
         position: Position | None = None  # where the next response starts, once known
         ahead = False  # position is past the scanner's: sent from the cache without reading
@@ -245,13 +247,12 @@ class ConsumeStream:
                     await self._reopen(channel, option, position)
                     ahead = False
                 scanner = self.scanner
-                if pending is None:
-                    try:
-                        pack = await anext(scanner)
-                    except StopAsyncIteration:
-                        return
-                else:
-                    pack = pending
+                try:
+                    pack = await anext(scanner) if pending is None else pending
+                    if not pack.messages and quiet_ms:
+                        pack = await _quiet(pack, scanner, quiet_ms)
+                except StopAsyncIteration:
+                    return
                 # The turn first, then whatever else is ready joins the pack: a reader kept waiting by a
                 # busy loop sends more per response, and so fewer responses.
                 if not took:
@@ -481,6 +482,17 @@ MERGE_BYTES = 512 << 10
 """Most bytes (as ``split_pack`` counts) that joining packs makes one response: enough to make a
 write's fixed cost small per message, and little in flight per stream (gRPC holds a copy of each
 response until the client's window takes it)."""
+
+
+async def _quiet(pack: MsgPack, scanner: Scanner, ms: int) -> MsgPack:
+    """``pack`` (without messages) joined with the packs that follow it until one has messages or the
+    joined span reaches a boundary of ``ms`` milliseconds of physical time: a reader of a quiet
+    vchannel on a busy pchannel is sent one pack per ``ms``, not one per tick.  The rule depends only
+    on the ticks, so readers at the same position still meet the same responses (fanout.pack_key)."""
+    while not pack.messages and physical_ms(pack.begin_ts) // ms == physical_ms(pack.end_ts) // ms:
+        nxt = await anext(scanner)
+        pack = MsgPack(pack.begin_ts, nxt.end_ts, nxt.messages, pack.start_position, nxt.end_position)
+    return pack
 
 
 def _cut(pack: MsgPack) -> bool:

@@ -1,5 +1,5 @@
 """The fan-out pieces alone: the encoded-pack cache's bound, the per-turn delivery budget, joining
-packs that are already in memory, and the scanner's non-waiting poll."""
+packs that are already in memory, the scanner's non-waiting poll, and a quiet reader's joined ticks."""
 
 from __future__ import annotations
 
@@ -358,3 +358,57 @@ def test_sending_threads_are_found_by_name_and_their_cpu_time_counted() -> None:
         time.sleep(0.01)
     total = threads.total
     assert threads.cpu(0.6) >= total and tid[0] not in threads._clocks
+
+
+class _Ticks:
+    """A scanner's stand-in: the packs given, then StopAsyncIteration."""
+
+    def __init__(self, packs: list[MsgPack]) -> None:
+        self.packs = iter(packs)
+        self.taken = 0
+
+    def __aiter__(self) -> _Ticks:
+        return self
+
+    async def __anext__(self) -> MsgPack:
+        self.taken += 1
+        try:
+            return next(self.packs)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+
+def _tick_pack(begin_ms: int, end_ms: int, messages: list[Message] | None = None) -> MsgPack:
+    from wal.clock import compose  # noqa: PLC0415
+
+    return MsgPack(compose(begin_ms), compose(end_ms), messages or [], Position("p", begin_ms, compose(begin_ms)),
+                   Position("p", end_ms, compose(end_ms)))
+
+
+async def test_a_quiet_readers_empty_packs_join_until_a_boundary_of_the_interval_or_a_message() -> None:
+    from streamingnode.server.consume import _quiet  # noqa: PLC0415
+
+    # Ticks at 1010, 1050, 1099 ms stay within [1000, 1100): joined; 1120 crosses 1100: sent from 1000.
+    ticks = _Ticks([_tick_pack(1010, 1050), _tick_pack(1050, 1099), _tick_pack(1099, 1120), _tick_pack(1120, 1130)])
+    got = await _quiet(_tick_pack(1000, 1010), ticks, 100)  # type: ignore[arg-type]
+    whole = _tick_pack(1000, 1120)
+    assert (got.begin_ts, got.end_ts, got.messages) == (whole.begin_ts, whole.end_ts, [])
+    assert (got.start_position, got.end_position) == (whole.start_position, whole.end_position)
+    assert ticks.taken == 3
+    # A pack with messages ends the joining at once, and keeps the held start.
+    m = ins("v", 5)
+    ticks = _Ticks([_tick_pack(1210, 1220, [m])])
+    got = await _quiet(_tick_pack(1200, 1210), ticks, 100)  # type: ignore[arg-type]
+    assert got.messages == [m] and got.start_position == _tick_pack(1200, 1210).start_position
+    assert got.end_position == _tick_pack(1210, 1220).end_position
+    # A pack that crosses a boundary by itself is sent as it is.
+    ticks = _Ticks([])
+    alone = _tick_pack(1290, 1300)
+    assert await _quiet(alone, ticks, 100) is alone  # type: ignore[arg-type]
+    assert ticks.taken == 0
+
+
+@pytest.mark.parametrize("seconds", [-1.0, 3601.0])
+def test_the_quiet_pack_interval_is_checked(seconds: float) -> None:
+    with pytest.raises(InvalidArgumentError, match="consume_quiet_pack_seconds must be >= 0 and <= 3600"):
+        NodeConfig(consume_quiet_pack_seconds=seconds)
