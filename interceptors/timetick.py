@@ -160,18 +160,18 @@ class TimeTickInterceptor:
             # again; a lone append can complete inside its caller's turn, before this task resumes,
             # and clearing after the write would drop it (no persisted tick until the next data).
             self._dirty = False
+        written = False
         try:
             await self.acks.wait_first(p)
             tick._last_confirmed = self.acks.last_confirmed_id()
             if persist:
-                try:
-                    await self._wal.append_batch([tick])
-                except BaseException:
-                    self._dirty = True  # nothing was covered
-                    raise
+                await self._wal.append_batch([tick])
+                written = True
             else:
                 self._wal.deliver_unpersisted(tick)
         finally:
+            if persist and not written:
+                self._dirty = True  # nothing was covered (the write failed, or its caller was cancelled)
             self.acks.finish(p, tick.message_id)
         self.last_tick = tick.timetick
         if self._on_tick is not None:
