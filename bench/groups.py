@@ -269,7 +269,7 @@ def _raw_floor(args: argparse.Namespace) -> float:
 def _one_run(args: argparse.Namespace, root: str, index: int, lat: list[float]) -> Run:
     sdk = pc._sdk()
     r: Run = {}
-    with pc._node(tmpdir(root, "node"), tmpdir(root, "logs"), PCHANNELS) as node:
+    with pc._node(tmpdir(root, "node"), tmpdir(root, "logs"), PCHANNELS, extra=tuple(args.node_flag)) as node:
         addr = node.match.group(1)
 
         def produce(pchannel: str, key: str) -> None:
@@ -323,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch-bytes", type=int, default=1 << 20, help="SDK producer max_batch_bytes (default 1 MiB)")
     p.add_argument("--sdk-window", type=int, default=8000,
                    help="SDK producer: unanswered send_nowait futures before waiting for the oldest (default 8000)")
+    p.add_argument("--node-flag", action="append", default=[],
+                   help="extra serve flag, e.g. --consume-quiet-pack-seconds=2 (repeatable)")
     p.add_argument("--raw-floor", action="store_true",
                    help="per run, the calls' raw limit: the same driver against a bare grpc.aio server")
     p.add_argument("--dir", default=None, help="parent of the temporary directories (default: system temp)")
