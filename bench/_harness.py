@@ -1,8 +1,10 @@
-"""What every benchmark here shares: process settings, temporary databases, repeated runs, verdicts."""
+"""What every benchmark here shares: process settings, temporary databases, repeated runs, verdicts,
+and the bare gRPC servers that stand for the raw limit."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import shutil
 import sys
@@ -10,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # Run as a script from anywhere: make the repository root importable.
 _ROOT = str(Path(__file__).resolve().parent.parent)
@@ -27,6 +30,20 @@ def prepare_process() -> None:
     """The node's process settings (GC thresholds), and quiet logs so the table stays readable."""
     tune_gc()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+async def serve_bare(handler: Any, port: int, options: list[tuple[str, Any]] | None = None) -> None:
+    """A bare grpc.aio server with ``handler`` on ``port``: prints "ready", serves until stdin closes.
+    What a benchmark's raw limit is measured against (no log, no node: the transport alone)."""
+    import grpc  # noqa: PLC0415  (only the benchmarks with a raw limit need it here)
+
+    server = grpc.aio.server(options=options)
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await server.stop(0)
 
 
 def tmpdir(root: str, name: str) -> str:

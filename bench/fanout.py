@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import prepare_process, tmpdir  # noqa: I001
+from _harness import prepare_process, serve_bare, tmpdir  # noqa: I001
 
 import grpc
 
@@ -111,15 +111,9 @@ async def _raw_server(port: int, size: int) -> None:
         while True:
             await context.write(payload)
 
-    handler = grpc.method_handlers_generic_handler(
-        "streamingnode.v1.StreamingNode", {"Consume": grpc.stream_stream_rpc_method_handler(consume)})
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
-    server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    print("ready", flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-    await server.stop(0)
+    await serve_bare(grpc.method_handlers_generic_handler(
+        "streamingnode.v1.StreamingNode", {"Consume": grpc.stream_stream_rpc_method_handler(consume)}),
+        port, CHANNEL_OPTIONS)
 
 
 def _raw_floor(args: argparse.Namespace, streams: int, seconds: float = 5.0) -> dict[str, float]:

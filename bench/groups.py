@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import Run, prepare_process, repeat, tmpdir, verdict  # noqa: I001
+from _harness import Run, prepare_process, repeat, serve_bare, tmpdir, verdict  # noqa: I001
 import produce_consume as pc
 
 import grpc
@@ -226,15 +226,9 @@ async def _raw_server(port: int) -> None:
     async def nothing(request: bytes, context: Any) -> bytes:
         return b""
 
-    handler = grpc.method_handlers_generic_handler("streamingnode.v1.StreamingNode", {
-        name: grpc.unary_unary_rpc_method_handler(nothing) for name in ("CreateConsumerGroup", "SeekConsumerGroup")})
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
-    print("ready", flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-    await server.stop(0)
+    await serve_bare(grpc.method_handlers_generic_handler("streamingnode.v1.StreamingNode", {
+        name: grpc.unary_unary_rpc_method_handler(nothing) for name in ("CreateConsumerGroup", "SeekConsumerGroup")}),
+        port)
 
 
 def _raw_floor(args: argparse.Namespace) -> float:
