@@ -62,12 +62,13 @@ def pack_key(prefix: tuple[Hashable, ...], pack: MsgPack, min_ts: int) -> tuple[
     the entry's ``pack_check`` for the others to follow.  The time filter matters only until the
     scanner has passed it: a pack that begins below ``min_ts`` is keyed with it.
     """
-    return (*prefix, min_ts if pack.begin_ts < min_ts else 0, pack.start_position)
+    return position_key(prefix, pack.start_position, min_ts)
 
 
 def position_key(prefix: tuple[Hashable, ...], position: Position, min_ts: int) -> tuple[Hashable, ...]:
-    """The key ``pack_key`` gives a pack that starts at ``position``: where a reader that has sent up
-    to ``position`` looks for the next response (a pack's start position carries its begin tick)."""
+    """The key of a pack that starts at ``position``: where a reader that has sent up to ``position``
+    looks for the next response.  A pack's start position carries its begin tick (the scanner makes
+    them together, and joining keeps the first pack's both), so the position alone decides it."""
     return (*prefix, min_ts if position.timetick < min_ts else 0, position)
 
 
@@ -195,6 +196,9 @@ class SendingThreads:
             except OSError:  # the thread ended: what it used since the last reading is not counted
                 del self._clocks[tid]
                 continue
+            if value < last:  # the clock went back: the id is another thread's now (reused)
+                del self._clocks[tid]
+                continue
             total += value - last
             self._clocks[tid] = (clock, value)
         self.total = total
@@ -272,7 +276,8 @@ class DeliveryTurns:
 
     def sent(self, nbytes: int) -> None:
         """Delivery wrote ``nbytes`` to a stream (its part of gRPC's sending is charged by them)."""
-        self._sent += nbytes
+        if self._sending is not None:  # else nothing reads the count
+            self._sent += nbytes
 
     def _charge_sending(self, now: float) -> None:
         if self._sending is None:
@@ -387,7 +392,9 @@ class Fanout:
         # A share of 1 bounds nothing: no accounting then, only the per-turn bound.
         share = config.consume_delivery_share
         bounded = share < 1
-        self.turns = DeliveryTurns(share=share, appending=self._commits if bounded else None,
+        # The bytes committed move with every commit (each message counts at least 64), so they also
+        # answer whether appends go on.
+        self.turns = DeliveryTurns(share=share, appending=self._committed_bytes if bounded else None,
                                    appended_bytes=self._committed_bytes if bounded else None,
                                    sending=SendingThreads().cpu if bounded else None)
         self.streams: dict[int, HeldBytes] = {}
@@ -395,9 +402,6 @@ class Fanout:
         self._metrics = metrics
         if metrics is not None:
             metrics.consume_held_bytes.set_function(self.held_bytes)
-
-    def _commits(self) -> int:
-        return sum(wal.next_id for wal in self.wals)
 
     def _committed_bytes(self) -> int:
         return sum(wal.committed_bytes for wal in self.wals)

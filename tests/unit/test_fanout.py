@@ -412,3 +412,17 @@ async def test_a_quiet_readers_empty_packs_join_until_a_boundary_of_the_interval
 def test_the_quiet_pack_interval_is_checked(seconds: float) -> None:
     with pytest.raises(InvalidArgumentError, match="consume_quiet_pack_seconds must be >= 0 and <= 3600"):
         NodeConfig(consume_quiet_pack_seconds=seconds)
+
+
+def test_a_thread_id_taken_by_another_thread_is_dropped_not_counted_backwards(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fake task list holding one "event_engine" thread: this thread's id, so that its clock exists.
+    tid = threading.get_native_id()
+    (tmp_path / str(tid)).mkdir()
+    (tmp_path / str(tid) / "comm").write_text("event_engine\n")
+    readings = iter([5.0, 5.0, 7.0, 1.0])  # found, read at once, later, then a new thread's (the id reused)
+    monkeypatch.setattr(time, "clock_gettime", lambda clock: next(readings))
+    threads = SendingThreads(str(tmp_path))
+    assert threads.cpu(0.0) == 0.0  # counted from when it was found
+    assert threads.cpu(0.1) == 2.0
+    assert threads.cpu(0.2) == 2.0 and tid not in threads._clocks
