@@ -162,12 +162,20 @@ async def read_all(kv: KeyValue, within: float) -> dict[str, KeyValue.Entry]:
     try:
         async with asyncio.timeout(within):
             async for entry in watcher:
-                if entry is None:  # the end of what the bucket held when the sweep began
-                    break
+                if entry is None:
+                    # nats-py's "no more pending" marker.  It can come before any entry of a bucket that
+                    # is not empty: it is decided from the consumer's pending count, which is 0 once the
+                    # server has sent everything, whether or not the client has taken any of it yet.
+                    # Only an empty bucket ends the sweep here; otherwise its entries are on their way.
+                    if (await kv.status()).values == 0:
+                        break
+                    continue
                 if entry.operation in (KV_DEL, KV_PURGE):
                     out.pop(entry.key, None)
                 else:
                     out[entry.key] = entry
+                if entry.delta == 0:  # nothing pending after it: the end of what the bucket held
+                    break
     finally:
         await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it unannotated
     return out
