@@ -83,26 +83,57 @@ async def manager(open_manager: ManagerFactory) -> WALManager:
 # One local SparkSession for the whole run (a cold start costs ~10 s, a read on a warm session well under
 # one), shared by the Spark tests and the flusher crash test; pyspark is imported only when asked for.
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    from pyspark.sql import SparkSession  # noqa: PLC0415  (only the tests that ask pay for it)
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from pyspark import SparkConf, SparkContext  # noqa: PLC0415  (only the tests that ask pay for it)
+    from pyspark.sql import SparkSession  # noqa: PLC0415
 
     # Spark binds the machine's external interface unless told otherwise; tests stay on loopback.
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("streamingnode-tests")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
+    conf = (
+        SparkConf()
+        .setMaster("local[2]")
+        .setAppName("streamingnode-tests")
+        .set("spark.driver.host", "127.0.0.1")
+        .set("spark.driver.bindAddress", "127.0.0.1")
+        .set("spark.ui.enabled", "false")
+        .set("spark.ui.showConsoleProgress", "false")
+        .set("spark.sql.shuffle.partitions", "2")
+        .set("spark.default.parallelism", "2")
+        .set("spark.sql.session.timeZone", "UTC")
     )
+    log = tmp_path_factory.mktemp("spark") / "jvm.log"
+    gateway = launch_spark_gateway(conf, log)
+    session = SparkSession(SparkContext(conf=conf, gateway=gateway))
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+def launch_spark_gateway(conf: Any, log: Path) -> Any:
+    """Start Spark's JVM with its output in ``log``, so that a JVM that exits before it starts says why.
+
+    pyspark's own launch sends the JVM's output to the terminal, which pytest's capture of a session
+    fixture does not show; all a failed start then reports is "exited before sending its port number".
+    """
+    import gc  # noqa: PLC0415
+    import warnings  # noqa: PLC0415
+
+    from pyspark.errors import PySparkRuntimeError  # noqa: PLC0415
+    from pyspark.java_gateway import launch_gateway  # noqa: PLC0415
+
+    with log.open("ab") as out:
+        try:
+            return launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": out})
+        except PySparkRuntimeError as e:
+            failure = str(e)
+    # pyspark drops the failed JVM's Popen with its stdin pipe open; collect it here, where its
+    # ResourceWarning is expected, rather than let it surface later as an unraisable error that ends
+    # the whole run.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
+    text = log.read_text(errors="replace")
+    raise RuntimeError(f"Spark's JVM did not start ({failure}); its output ({log}):\n{text[-6000:]}")
 
 
 # --- tracing: each test its own provider, spans kept in memory (the global provider is never set)
