@@ -39,7 +39,10 @@ protobuf, the interceptor chain); the RocksDB writer and reader threads are prof
 ``--single`` instead measures only single-message produce: per run, ``--latency-count`` SDK sends
 with linger 0 against a fresh node, and as many ``await js.publish`` against JetStream with
 ``sync_interval: always`` (which goes first alternates); each side's server CPU per message, and
-the per-run ratio of the p50s.
+the per-run ratio of the p50s.  With ``--raw-floor`` each run adds a third side: the same SDK sends
+to a bare grpc.aio server that serves the Produce stream with no log at all, only an ``os.write`` of
+each batch's payloads to a file and an ``fdatasync`` before its answer (the raw limit of a durable
+lone message in Python on this machine: transport, protobuf and the sync).
 Benchmarks are not tests: they assert nothing about speed.
 """
 
@@ -54,6 +57,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import struct
 import subprocess
@@ -66,7 +70,7 @@ from typing import Any
 
 # Run as a script from anywhere: the harness makes the repository root importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import Run, prepare_process, repeat, tmpdir  # noqa: I001
+from _harness import Run, prepare_process, repeat, serve_bare, tmpdir  # noqa: I001
 
 import grpc
 
@@ -114,11 +118,13 @@ class _Proc:
     Logs go to files, not pipes, so that a chatty server can never block on a full pipe.
     """
 
-    def __init__(self, argv: list[str], log_dir: str, name: str, ready: str, timeout: float = 30.0) -> None:
+    def __init__(self, argv: list[str], log_dir: str, name: str, ready: str, timeout: float = 30.0,
+                 stdin: int | None = None) -> None:
         self.log_path = os.path.join(log_dir, f"{name}.log")
         self._log = open(self.log_path, "wb")  # noqa: SIM115  (closed in stop)
         env = dict(os.environ, GRPC_VERBOSITY="ERROR", PYTHONPATH=str(ROOT))
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT),
+                                     stdin=stdin)
         self.match = self._wait(re.compile(ready), timeout)
 
     def _wait(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
@@ -142,6 +148,8 @@ class _Proc:
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM (both servers drain and exit 0 on it), SIGKILL if that takes too long."""
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()  # a bare server (serve_bare) ends when its stdin closes
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -563,7 +571,8 @@ def _one_run(args: argparse.Namespace, root: str, index: int, lat: dict[str, lis
 
 # --- single message only ---------------------------------------------------------------------------
 def _single_run(args: argparse.Namespace, root: str, index: int, lat: dict[str, list[float]]) -> Run:
-    """One node (the comparison's channel set) and one sync-always JetStream, single-message sends."""
+    """One node (the comparison's channel set) and one sync-always JetStream, single-message sends;
+    with ``--raw-floor``, the bare durable server too."""
     r: Run = {}
     m, size, sdk = args.latency_count, args.size, _sdk()
 
@@ -580,18 +589,89 @@ def _single_run(args: argparse.Namespace, root: str, index: int, lat: dict[str, 
         lat["produce_nats_sync"] += samples
         r["p50_nats_sync"] = _pct(samples, 0.5)
 
-    for side in (ours, theirs) if index % 2 == 0 else (theirs, ours):
+    def raw() -> None:
+        with _raw_durable(tmpdir(root, "raw"), tmpdir(root, "raw-logs")) as server:
+            samples = _timed(server, m, r, "lat_raw", _latency_sdk(sdk, server.match.group(0), "raw", m, size))
+        lat["produce_raw"] += samples
+        r["p50_raw"] = _pct(samples, 0.5)
+
+    sides = [ours, theirs, raw] if args.raw_floor else [ours, theirs]
+    for side in sides[index % len(sides):] + sides[:index % len(sides)]:  # which goes first rotates
         side()
     r["p50_ratio"] = r["p50_sdk"] / r["p50_nats_sync"]
+    if args.raw_floor:
+        r["p50_ratio_raw"] = r["p50_sdk"] / r["p50_raw"]
     return r
+
+
+@contextlib.contextmanager
+def _raw_durable(data_dir: str, log_dir: str) -> Iterator[_Proc]:
+    """The bare durable Produce server (``--raw-server``) on a free port, its data in ``data_dir``."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = _Proc([PYTHON, __file__, "--raw-server", str(port), os.path.join(data_dir, "log")], log_dir, "raw",
+              r"(?m)^ready$", stdin=subprocess.PIPE)
+    p.match = re.match(r".*", f"127.0.0.1:{port}")  # type: ignore[assignment]  # group(0) is the address
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+async def _raw_server(port: int, path: str) -> None:
+    """Serve Produce with no log: each batch's payloads are written to ``path`` and synced before its
+    answer, on the loop, as the node does for a lone small append.  Answers carry what the SDK reads.
+    The file is zero-written ahead (as the node's journal is), so a sync commits no size change."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    zeros = bytes(1 << 20)
+    for _ in range(64):
+        os.write(fd, zeros)
+    os.fsync(fd)
+    offset = next_id = 0
+
+    async def produce(requests: Any, context: Any) -> None:
+        nonlocal next_id, offset
+        first = await context.read()
+        await context.write(spb.ProduceResponse(opened=spb.ProduceOpened(pchannel=first.open.pchannel, term=1)))
+        while (request := await context.read()) is not grpc.aio.EOF:
+            if request.WhichOneof("request") != "batch":
+                break
+            batch = request.batch
+            # The SDK sends columns (answered in column form, as the node does); a stub sends messages.
+            columns = batch.HasField("columns")
+            payloads = list(batch.columns.payloads) if columns else [msg.payload for msg in batch.messages]
+            offset += os.pwrite(fd, b"".join(payloads), offset)
+            os.fdatasync(fd)
+            envelope = spb.ProduceResponse()
+            envelope.result.request_id = batch.request_id
+            appended = envelope.result.appended
+            now = time.time_ns()
+            ids = range(next_id + 1, next_id + 1 + len(payloads))
+            next_id += len(payloads)
+            if columns:
+                appended.ids.extend(ids)
+                appended.timeticks.extend([now] * len(payloads))
+            else:
+                for i in ids:
+                    appended.results.add(timetick=now).id.id = i.to_bytes(8, "big")
+            await context.write(envelope)
+        await context.write(spb.ProduceResponse(closed=spb.ProduceClosed()))
+
+    await serve_bare(grpc.method_handlers_generic_handler("streamingnode.v1.StreamingNode", {
+        "Produce": grpc.stream_stream_rpc_method_handler(
+            produce, request_deserializer=spb.ProduceRequest.FromString,
+            response_serializer=spb.ProduceResponse.SerializeToString)}), port)
 
 
 def _single_report(args: argparse.Namespace, runs: list[Run], lat: dict[str, list[float]]) -> None:
     med = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
     print(f"\nsingle-message produce, {args.size} B, {args.latency_count:,} sends x {len(runs)} runs "
           f"(percentiles pool every run; CPU is the median of runs)")
-    rows = (("ours SDK (linger 0)", "produce_sdk", "lat_sdk"), ("JetStream sync always", "produce_nats_sync",
-                                                                "lat_nats_sync"))
+    rows = [("ours SDK (linger 0)", "produce_sdk", "lat_sdk"), ("JetStream sync always", "produce_nats_sync",
+                                                                "lat_nats_sync")]
+    if args.raw_floor:
+        rows.append(("bare server + fdatasync", "produce_raw", "lat_raw"))
     print(f"{'what':<22} | {'p50 ms':>7} | {'p99 ms':>7} | {'max ms':>7} | {'srv CPU µs/msg':>14} | "
           f"{'cli CPU µs/msg':>14} | p50 each run")
     for label, key, cpu in rows:
@@ -604,6 +684,11 @@ def _single_report(args: argparse.Namespace, runs: list[Run], lat: dict[str, lis
           f"{_mark(p99 <= 1.0)}; node CPU {cpu:.0f} µs/msg (<= 250): {_mark(cpu <= 250)}; "
           f"p50 / JetStream's {med['p50_ratio']:.2f} (median of per-run ratios, <= 1.2): "
           f"{_mark(med['p50_ratio'] <= 1.2)}")
+    if args.raw_floor:
+        print(f"raw limit, same runs (the same SDK sends to a bare grpc.aio Produce server that writes and syncs "
+              f"each batch): p50 {_pct(lat['produce_raw'], 0.5):.3f} ms, server CPU {med['lat_raw_srv_us']:.0f} "
+              f"µs/msg; ours / raw: p50 {med['p50_ratio_raw']:.2f}x (median of per-run ratios), CPU "
+              f"{cpu / med['lat_raw_srv_us']:.2f}x")
 
 
 # --- report ----------------------------------------------------------------------------------------
@@ -775,8 +860,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--single", action="store_true",
                    help="instead of the comparison: single-message produce only, SDK (linger 0) against "
                    "JetStream sync always, --latency-count sends per run")
+    p.add_argument("--raw-floor", action="store_true",
+                   help="with --single: also a bare grpc.aio Produce server that writes and syncs each batch "
+                   "(no log), the raw limit in the same run")
+    p.add_argument("--raw-server", nargs=2, metavar=("PORT", "FILE"), help=argparse.SUPPRESS)
     p.add_argument("--profile-out", default="/tmp/streamingnode-node.prof", help="where the node's profile goes")
     args = p.parse_args(argv)
+    if args.raw_server:
+        asyncio.run(_raw_server(int(args.raw_server[0]), args.raw_server[1]))
+        return 0
     if args.nats_count is None:
         args.nats_count = max(args.count // 10, 1)
     if min(args.count, args.nats_count, args.size, args.runs, args.batch, args.in_flight, args.latency_count) < 1:
@@ -788,7 +880,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"client SDK (streamingnode.client): {'found' if _sdk() else 'not available, raw stubs only'}",
           file=sys.stderr)
     lat: dict[str, list[float]] = {k: [] for k in (
-        "produce_stub", "deliver_stub", "produce_sdk", "deliver_sdk", "produce_nats_sync", "produce_nats_default")}
+        "produce_stub", "deliver_stub", "produce_sdk", "deliver_sdk", "produce_nats_sync", "produce_nats_default",
+        "produce_raw")}
 
     if args.profile_server:
         _profile(args, args.profile_server, os.path.abspath(args.profile_out))
@@ -799,7 +892,9 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--single needs the client SDK")
         runs = repeat(args, "single-message", lambda a, root, i: _single_run(a, root, i, lat),
                       lambda r: f"p50 ours {r['p50_sdk']:.3f} ms, JetStream {r['p50_nats_sync']:.3f} ms, "
-                                f"node CPU {r['lat_sdk_srv_us']:.0f} µs/msg")
+                                f"node CPU {r['lat_sdk_srv_us']:.0f} µs/msg"
+                                + (f"; bare {r['p50_raw']:.3f} ms, {r['lat_raw_srv_us']:.0f} µs/msg"
+                                   if "p50_raw" in r else ""))
         _single_report(args, runs, lat)
         return 0
 
