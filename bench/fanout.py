@@ -15,6 +15,10 @@ beside them sends one message at a time (linger 0, every 2 ms) and times each ac
 producer's ack times include its own queue of ``--window`` unanswered sends (Little's law: window /
 rate), the probe's show what an append waits for behind delivery work.
 
+``--consumer-nice 19`` runs the consumer processes at the lowest CPU priority: on a 2-core machine the
+readers otherwise take whatever CPU the node and the producer leave them, however little the node
+spends on them; niced, they stand for readers on other machines (the node's own cost of serving them
+is what remains).
 ``--stalled N`` adds a case of N consumers that open their stream and never read: its RSS is compared
 with 500 MB + N x the per-consumer cap (``consume_buffer_bytes``).  ``--node-flag`` passes extra serve
 flags; ``--baseline-flag`` runs each tailing case again with other flags, as its comparison in the
@@ -128,7 +132,7 @@ def _raw_floor(args: argparse.Namespace, streams: int, seconds: float = 5.0) -> 
         assert server.stdout is not None and server.stdin is not None
         if server.stdout.readline().strip() != "ready":
             raise RuntimeError("raw server failed to start")
-        group = _Consumers(f"127.0.0.1:{port}", streams, args.procs, False)
+        group = _Consumers(f"127.0.0.1:{port}", streams, args.procs, False, args.consumer_nice)
         try:
             cpu0 = _cpu_seconds(server.pid)
             readers0 = sum(_cpu_seconds(p.pid) for p in group.procs)
@@ -191,14 +195,14 @@ class _Probe:
 class _Consumers:
     """``total`` streams spread over ``procs`` worker processes."""
 
-    def __init__(self, addr: str, total: int, procs: int, stall: bool) -> None:
+    def __init__(self, addr: str, total: int, procs: int, stall: bool, nice: int = 0) -> None:
         self.procs: list[subprocess.Popen[str]] = []
         procs = max(1, min(procs, total))
         env = dict(os.environ, GRPC_VERBOSITY="ERROR", PYTHONPATH=str(ROOT))
         for i in range(procs if total else 0):
             n = total // procs + (1 if i < total % procs else 0)
             self.procs.append(subprocess.Popen(
-                [PYTHON, __file__, "--worker", addr, str(n), "stall" if stall else "read"],
+                ["nice", "-n", str(nice), PYTHON, __file__, "--worker", addr, str(n), "stall" if stall else "read"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(ROOT)))
         for p in self.procs:
             assert p.stdout is not None
@@ -300,7 +304,7 @@ def _one(args: argparse.Namespace, root: str, consumers: int, stall: bool, base:
                                     "--format", "raw" if args.profile.endswith(".txt") else "flamegraph",
                                     "-p", str(node.proc.pid), "--nonblocking"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        group = _Consumers(addr, consumers, args.procs, stall)
+        group = _Consumers(addr, consumers, args.procs, stall, args.consumer_nice)
         probe = _Probe(addr)
         try:
             before = _counters(url)
@@ -368,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--raw-floor", action="store_true",
                    help="per run, the transport's raw limit: a bare grpc.aio server and the same consumers")
     p.add_argument("--raw-bytes", type=int, default=512 << 10, help="the raw server's response size (512 KiB)")
+    p.add_argument("--consumer-nice", type=int, default=0,
+                   help="niceness of the consumer processes (default 0; 19: they take only the CPU that the "
+                   "node, producer and probe leave, as readers on other machines would)")
     p.add_argument("--dir", default=None, help="parent of the temporary directories")
     args = p.parse_args(argv)
     args.consumers = [int(x) for x in args.consumers.split(",") if x]
