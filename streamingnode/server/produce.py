@@ -42,8 +42,9 @@ class _EndOfStream(enum.Enum):
     END = enum.auto()
 
 
-# (request id, outcome, answer in column form, outcome is the chain's own future: never cancel it)
-_Pending = tuple[int, asyncio.Future[list[AppendResult]], bool, bool]
+# (request id, outcome, answer in column form, outcome is the chain's own future: never cancel it,
+# payload bytes counted against produce_max_in_flight_bytes)
+_Pending = tuple[int, asyncio.Future[list[AppendResult]], bool, bool, int]
 
 
 class _DuplicateRequestId(InvalidArgumentError):
@@ -65,6 +66,13 @@ class ProduceStream:
         self.servicer = servicer
         """Whose ``refusals`` count and log the batches refused in-band (``errors.refused``)."""
         self.slots = asyncio.Semaphore(self.node.config.produce_max_in_flight)
+        self.pending_bytes = 0
+        """Payload bytes of the batches read and not yet answered."""
+        self.room = asyncio.Event()
+        """Set while ``pending_bytes`` is under ``produce_max_in_flight_bytes``: the reader may read on.
+        Appends commit in the order they reach the chain, so a stream that kept reading would put all
+        it had sent ahead of every other stream's next append."""
+        self.room.set()
         # Batches in the order they came, each as (request id, outcome, answer in column form), then
         # _EndOfStream.END once the reader stopped.
         self.pending: collections.deque[_Pending | _EndOfStream] = collections.deque()
@@ -136,8 +144,10 @@ class ProduceStream:
         loop = asyncio.get_running_loop()
         seen = self.unanswered
         tracing = self.node.tracing  # decided once per node: off means not one extra call per batch
+        max_bytes = self.node.config.produce_max_in_flight_bytes
         while self.failed is None:
             await self.slots.acquire()  # backpressure: stop reading while too many batches are pending
+            await self.room.wait()  # ... or while they hold produce_max_in_flight_bytes
             request = await ctx.read()
             if request is grpc.aio.EOF or request.WhichOneof("request") == "close":
                 self.slots.release()
@@ -154,10 +164,11 @@ class ProduceStream:
                     f"request_id {rid} is already pending on this stream: the batch is refused and the stream "
                     f"ends once the batches before it are answered (give each pending batch its own request_id)",
                     field="request_id", request_id=rid))
-                self.pending.append((rid, fut, batch.HasField("columns"), False))
+                self.pending.append((rid, fut, batch.HasField("columns"), False, 0))
                 self.wake.set()
                 return  # nothing after it is read: the stream ends with this error
             chained = False
+            nbytes = 0
             try:
                 messages = self._messages(channel, batch, producer_id)
             except StreamingError as exc:
@@ -167,6 +178,7 @@ class ProduceStream:
                     skip_sequences(channel.stream.chain.interceptors, producer_id, batch.first_sequence,
                                    len(batch.messages) or len(batch.columns.payloads))
             else:
+                nbytes = sum([len(m.payload) for m in messages])
                 lean = None
                 if tracing is None:
                     # The lean path: the chain's own future, no task of ours around it (one task and
@@ -184,7 +196,10 @@ class ProduceStream:
                     fut = loop.create_task(tracing.produce(
                         channel.stream.pchannel, rid, messages, channel.stream.append_batch))
             seen.add(rid)  # pending until its answer is written (a refused batch's too)
-            self.pending.append((rid, fut, batch.HasField("columns"), chained))
+            self.pending.append((rid, fut, batch.HasField("columns"), chained, nbytes))
+            self.pending_bytes += nbytes
+            if self.pending_bytes >= max_bytes:
+                self.room.clear()
             self.wake.set()
 
     def _messages(self, channel: Channel, batch: spb.ProduceBatch, producer_id: str | None) -> list[Message]:
@@ -231,7 +246,7 @@ class ProduceStream:
             item = self.pending.popleft()
             if item is _EndOfStream.END:
                 return
-            rid, fut, columns, chained = item
+            rid, fut, columns, chained, nbytes = item
             # Filled in place inside its envelope: no copy of the result into the response.
             envelope = spb.ProduceResponse()
             response = envelope.result
@@ -272,6 +287,9 @@ class ProduceStream:
                             out.txn_id = txn_id
             finally:
                 self.slots.release()
+                self.pending_bytes -= nbytes
+                if self.pending_bytes < self.node.config.produce_max_in_flight_bytes:
+                    self.room.set()
             if self.failed is None or response.WhichOneof("outcome") == "appended":
                 await ctx.write(envelope)
             # Answered (or never to be, once the stream fails): the id may be used again.

@@ -172,10 +172,10 @@ async def test_a_produce_stream_cancelled_while_its_batch_is_in_the_chain_leaves
     await until(ready.done, "the chain ready")
     fut = adaptor.start_append([data("v", b"kept")])
     assert fut is not None
-    node = SimpleNamespace(config=SimpleNamespace(produce_max_in_flight=4))
+    node = SimpleNamespace(config=SimpleNamespace(produce_max_in_flight=4, produce_max_in_flight_bytes=1 << 20))
     stream = ProduceStream(node, SimpleNamespace())  # type: ignore[arg-type]
     await stream.slots.acquire()
-    stream.pending.append((1, fut, True, True))  # as the reader leaves a batch on the lean path
+    stream.pending.append((1, fut, True, True, 4))  # as the reader leaves a batch on the lean path
     stream.wake.set()
     writer = asyncio.ensure_future(stream._write_results())
     await until(lambda: len(chain.entered) == 1 and not stream.pending, "the writer waiting on the batch")
