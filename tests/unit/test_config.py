@@ -35,6 +35,7 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     ("", {"STREAMINGNODE_PRODUCE_MAX_IN_FLIGHT": "many"}, "STREAMINGNODE_PRODUCE_MAX_IN_FLIGHT"),
     ("", {"STREAMINGNODE_DURABILITY": "fast"}, "durability must be 'sync' or 'relaxed'"),
     ("max_message_bytes = 0\n", {}, "max_message_bytes must be > 0"),
+    ("", {"STREAMINGNODE_PRODUCE_MAX_IN_FLIGHT_BYTES": "0"}, "produce_max_in_flight_bytes must be > 0"),
     ("not toml at all [", {}, "is not valid TOML"),
 ])
 def test_bad_settings_are_refused_by_name(tmp_path: Path, text: str, env: dict[str, str], message: str) -> None:
