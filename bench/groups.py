@@ -19,7 +19,8 @@ then ``flush``), once on each:
   cost of 1,000 open readers too, which issue 21's fan-out work (``bench/fanout.py``) is about.
 
 ``--raw-floor`` adds, per run, the raw limit of the calls: the same driver, against a bare grpc.aio
-server whose CreateConsumerGroup and SeekConsumerGroup do nothing, for 8 intervals; its CPU per call
+server whose CreateConsumerGroup and SeekConsumerGroup do nothing, and whose Consume answers each ack
+and sends an empty pack every ``--quiet-seconds`` (0.5, the node's default), for 8 intervals; its CPU per call
 is printed beside the node's CPU per commit (what the node used beyond producing alone, over the acks
 done), with the cores the offered commits take at the raw cost alone.
 
@@ -224,30 +225,68 @@ class _DriverProc:
             self.proc.stdout.close()
 
 
-async def _raw_server(port: int) -> None:
-    """The raw limit of a commit: a bare grpc.aio server answering the driver's calls with nothing,
-    until stdin closes."""
+async def _raw_server(port: int, quiet_seconds: float) -> None:
+    """The raw limit of a commit: a bare grpc.aio server until stdin closes.  Its CreateConsumerGroup and
+    SeekConsumerGroup answer with nothing; its Consume opens, answers each ack with the positions it
+    carried, and sends an empty pack every ``quiet_seconds`` (as the node tells a reader of a quiet
+    vchannel that its position moved), with no log, no group record and no scanner behind any of it."""
     async def nothing(request: bytes, context: Any) -> bytes:
         return b""
 
-    await serve_bare(grpc.method_handlers_generic_handler("streamingnode.v1.StreamingNode", {
-        name: grpc.unary_unary_rpc_method_handler(nothing) for name in ("CreateConsumerGroup", "SeekConsumerGroup")}),
-        port)
+    async def consume(requests: Any, context: Any) -> None:
+        await context.read()
+        await context.write(spb.ConsumeResponse(opened=spb.ConsumeOpened(consumer_id=1, term=1)))
+        writing = asyncio.Lock()  # one write at a time on a stream, as gRPC requires
+        ts = time.time_ns()
+        empty = spb.ConsumeResponse()
+        empty.pack.begin_ts, empty.pack.end_ts = ts, ts
+        for where in (empty.pack.start_positions.add(), empty.pack.end_positions.add()):
+            where.CopyFrom(convert.position_to_pb(Position("busy", 1, ts), IDLE_VCHANNEL))
+
+        async def quiet() -> None:
+            while True:
+                await asyncio.sleep(quiet_seconds)
+                async with writing:
+                    await context.write(empty)
+
+        beat = asyncio.get_running_loop().create_task(quiet())
+        try:
+            while (request := await context.read()) is not grpc.aio.EOF:
+                kind = request.WhichOneof("request")
+                if kind == "ack":
+                    async with writing:
+                        await context.write(spb.ConsumeResponse(acked=spb.ConsumeAcked(
+                            positions=request.ack.positions)))
+                elif kind == "close":
+                    beat.cancel()
+                    async with writing:
+                        await context.write(spb.ConsumeResponse(closed=spb.ConsumeClosed()))
+                    return
+        finally:
+            beat.cancel()
+
+    handlers: dict[str, grpc.RpcMethodHandler] = {
+        name: grpc.unary_unary_rpc_method_handler(nothing) for name in ("CreateConsumerGroup", "SeekConsumerGroup")}
+    handlers["Consume"] = grpc.stream_stream_rpc_method_handler(
+        consume, request_deserializer=spb.ConsumeRequest.FromString,
+        response_serializer=spb.ConsumeResponse.SerializeToString)
+    await serve_bare(grpc.method_handlers_generic_handler("streamingnode.v1.StreamingNode", handlers), port)
 
 
 def _raw_floor(args: argparse.Namespace) -> float:
-    """Server CPU µs per call of the bare server under the same driver (SeekConsumerGroup only)."""
+    """Server CPU µs per commit of the bare server under the same driver (``--via`` as the run's)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, GRPC_VERBOSITY="ERROR", PYTHONPATH=str(pc.ROOT))
-    server = subprocess.Popen([pc.PYTHON, __file__, "--raw-server", str(port)], stdin=subprocess.PIPE,
+    server = subprocess.Popen([pc.PYTHON, __file__, "--raw-server", str(port), str(args.quiet_seconds)],
+                              stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True, env=env, cwd=str(pc.ROOT))
     try:
         assert server.stdout is not None
         if server.stdout.readline().strip() != "ready":
             raise RuntimeError("raw server failed to start")
-        driver = _DriverProc(f"127.0.0.1:{port}", argparse.Namespace(**{**vars(args), "via": "seek"}))
+        driver = _DriverProc(f"127.0.0.1:{port}", args)
         try:
             time.sleep(args.interval)
             driver.mark()
@@ -328,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--driver-nice", type=int, default=0,
                    help="niceness of the groups' driver process (default 0; 19: it takes only the CPU the node and "
                    "the producer leave, as clients on other machines would; check that its acks/s still hold)")
+    p.add_argument("--quiet-seconds", type=float, default=0.5,
+                   help="--raw-floor --via consume: the bare server's empty pack per stream every this many seconds "
+                   "(default 0.5, the node's consume_quiet_pack_seconds)")
     p.add_argument("--dir", default=None, help="parent of the temporary directories (default: system temp)")
     p.add_argument("--driver", metavar="ADDR", help=argparse.SUPPRESS)  # the ack driver's own process
     args = p.parse_args(argv)
@@ -363,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--raw-server":
-        asyncio.run(_raw_server(int(sys.argv[2])))
+    if len(sys.argv) == 4 and sys.argv[1] == "--raw-server":
+        asyncio.run(_raw_server(int(sys.argv[2]), float(sys.argv[3])))
         sys.exit(0)
     sys.exit(main())
