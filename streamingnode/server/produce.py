@@ -1,11 +1,13 @@
 """The Produce stream: batches in, appended pipelined, results out in the order the batches came.
 
 The node keeps reading a stream while its batches are being appended, up to
-``produce_max_in_flight`` pending batches; past that it stops reading, so gRPC flow control pushes
-back on the client and memory stays bounded.  A failed batch is answered in-band and the stream goes
-on, unless the failure means the channel is gone for this stream (``_STREAM_ENDING``): then the call
-ends with that status and the client reconnects (and, if idempotent, resends).  A batch reusing the
-request_id of a pending batch also ends the call (INVALID_ARGUMENT), so no two results carry one id.
+``produce_max_in_flight`` pending batches holding less than ``produce_max_in_flight_bytes``; past that
+it stops reading, so gRPC flow control pushes back on the client, memory stays bounded, and what one
+stream has handed to the log (which commits in order) stays short for the other streams' appends.
+A failed batch is answered in-band and the stream goes on, unless the failure means the channel is
+gone for this stream (``_STREAM_ENDING``): then the call ends with that status and the client
+reconnects (and, if idempotent, resends).  A batch reusing the request_id of a pending batch also ends
+the call (INVALID_ARGUMENT), so no two results carry one id.
 """
 
 from __future__ import annotations
@@ -68,13 +70,13 @@ class ProduceStream:
         self.slots = asyncio.Semaphore(self.node.config.produce_max_in_flight)
         self.pending_bytes = 0
         """Payload bytes of the batches read and not yet answered."""
+        self.max_bytes = self.node.config.produce_max_in_flight_bytes
         self.room = asyncio.Event()
-        """Set while ``pending_bytes`` is under ``produce_max_in_flight_bytes``: the reader may read on.
+        """Set while ``pending_bytes`` is under ``max_bytes``: the reader may read on.
         Appends commit in the order they reach the chain, so a stream that kept reading would put all
         it had sent ahead of every other stream's next append."""
         self.room.set()
-        # Batches in the order they came, each as (request id, outcome, answer in column form), then
-        # _EndOfStream.END once the reader stopped.
+        # Batches in the order they came (see _Pending), then _EndOfStream.END once the reader stopped.
         self.pending: collections.deque[_Pending | _EndOfStream] = collections.deque()
         self.wake = asyncio.Event()
         self.failed: StreamingError | None = None
@@ -144,7 +146,6 @@ class ProduceStream:
         loop = asyncio.get_running_loop()
         seen = self.unanswered
         tracing = self.node.tracing  # decided once per node: off means not one extra call per batch
-        max_bytes = self.node.config.produce_max_in_flight_bytes
         while self.failed is None:
             await self.slots.acquire()  # backpressure: stop reading while too many batches are pending
             await self.room.wait()  # ... or while they hold produce_max_in_flight_bytes
@@ -198,7 +199,7 @@ class ProduceStream:
             seen.add(rid)  # pending until its answer is written (a refused batch's too)
             self.pending.append((rid, fut, batch.HasField("columns"), chained, nbytes))
             self.pending_bytes += nbytes
-            if self.pending_bytes >= max_bytes:
+            if self.pending_bytes >= self.max_bytes:
                 self.room.clear()
             self.wake.set()
 
@@ -288,7 +289,7 @@ class ProduceStream:
             finally:
                 self.slots.release()
                 self.pending_bytes -= nbytes
-                if self.pending_bytes < self.node.config.produce_max_in_flight_bytes:
+                if self.pending_bytes < self.max_bytes:
                     self.room.set()
             if self.failed is None or response.WhichOneof("outcome") == "appended":
                 await ctx.write(envelope)
