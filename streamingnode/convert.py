@@ -387,14 +387,16 @@ def joined_pack_response(head: MsgPack, vchannel: str, responses: Sequence[bytes
     carry, as one pack with ``head``'s timestamps and positions (its messages are not read), without
     decoding or encoding a message: a fresh header, then each response's messages as they are
     (repeated fields concatenate).  None if one of them is not such a response."""
-    parts: list[bytes | memoryview] = [_pack_head(head, vchannel).SerializeToString()]
+    parts: list[bytes | memoryview] = [_PACK_FIELD_TAG, b"", _pack_head(head, vchannel).SerializeToString()]
     for response in responses:
         offset = pack_messages_offset(response)
         if offset is None:
             return None
         parts.append(memoryview(response)[offset:])
-    body = b"".join(parts)
-    return b"".join((_PACK_FIELD_TAG, _varint(len(body)), body))
+    # The body's length from its parts', so the messages are copied once (into the response), not
+    # once into a body and again behind its tag: a join is up to MERGE_BYTES, per follower.
+    parts[1] = _varint(sum(len(p) for p in parts[2:]))
+    return b"".join(parts)
 
 
 # Column packs are sent in fragments too (upb serializes one big fresh message several times slower

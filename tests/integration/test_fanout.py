@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
+from streamingnode import convert
 from streamingnode.server import ServerThread
 from streamingnode.server.fanout import fanout_of
 from streamingnode.v1 import common_pb2 as pb
@@ -335,7 +336,7 @@ async def test_readers_tailing_together_get_every_message_once_in_order_while_sh
 
 
 async def test_a_reader_behind_the_one_it_follows_joins_the_cached_packs_into_fewer_responses(
-    server_thread: ServerThread,
+    server_thread: ServerThread, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async with grpc.aio.insecure_channel(server_thread.address) as channel:
         stub = sgrpc.StreamingNodeStub(channel)
@@ -367,6 +368,19 @@ async def test_a_reader_behind_the_one_it_follows_joins_the_cached_packs_into_fe
         assert len(behind) < len(sent) / 2, (len(behind), len(sent))
         assert _as_sent_alone(behind, sent) == sent  # each joined response is exactly the packs it joins
         assert _sample(server_thread.node, "consume_cache_hits_total") - hits >= len(sent) - 1
+
+        # A second reader from the start sends the same joined responses, built once for both: their
+        # bytes are cached with the packs they join.
+        builds: list[int] = []
+        real = convert.joined_pack_response
+
+        def counted(*args: Any) -> bytes | None:
+            builds.append(1)
+            return real(*args)
+
+        monkeypatch.setattr(convert, "joined_pack_response", counted)
+        assert await _raw_read(channel, open_, last_id) == behind
+        assert not builds
 
 
 async def test_readers_at_the_head_with_the_same_options_read_each_commit_once(
