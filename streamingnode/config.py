@@ -68,10 +68,11 @@ class NodeConfig:
     produce_max_in_flight: int = 64
     """Batches a produce stream may have pending; the node stops reading the stream until one ends."""
     produce_max_in_flight_bytes: int = 2 << 20
-    """Bytes of messages a produce stream may have pending: the node stops reading the stream while its
-    pending batches hold this much (a batch is always read when none is pending).  Appends commit in
-    the order they came, so this is also what a lone append of another stream waits behind, per busy
-    stream: 2 MiB keeps two 1 MiB commits in the pipeline and about 20 ms of queue at 100 MB/s."""
+    """Bytes of messages a produce stream may have pending (payloads and 64 a message, as commits count
+    them): the node stops reading the stream while its pending batches hold this much (a batch is
+    always read when none is pending).  Appends commit in the order they came, so this is also what a
+    lone append of another stream waits behind, per busy stream: 2 MiB keeps two 1 MiB commits in the
+    pipeline and about 20 ms of queue at 100 MB/s."""
     consume_max_pack_messages: int = 4096
     """Default upper bound on the messages of one delivered MsgPack."""
     consume_max_pack_bytes: int = 2 << 20

@@ -41,6 +41,10 @@ from wal.options import ReadOption
 
 _new_tuple = tuple.__new__
 
+COMMIT_OVERHEAD = 64
+"""Bytes a message counts for in a commit beyond its payload (its id, tick, vchannel and framing, by a
+fixed estimate): what max_commit_bytes and a produce stream's pending bytes are weighed in."""
+
 if TYPE_CHECKING:
     from wal.manager import WALManager
     from wal.scanner import Scanner
@@ -89,7 +93,7 @@ class WAL:
         # everything below that id may release by it (it was made once every earlier append was acked).
         self._volatile_tick: tuple[MessageID, Message] | None = None
         self.committed_bytes = 0
-        """Bytes committed since this WAL opened (payloads and a fixed 64 per message): what the
+        """Bytes committed since this WAL opened (payloads and COMMIT_OVERHEAD per message): what the
         delivery budget weighs its own bytes against (streamingnode.server.fanout)."""
         # Open scanners, for metrics read at scrape time (weak: one dropped without aclose goes away).
         self.scanners: weakref.WeakSet[Scanner] = weakref.WeakSet()
@@ -177,7 +181,7 @@ class WAL:
             if (m._properties or m._txn is not None or len(m._vchannel) > PLAIN_VCHANNEL_CHARS
                     or size > PLAIN_PAYLOAD_BYTES or not 0 <= m._timetick <= MAX_TIMETICK):
                 check_encodable(m, f"messages[{next(i for i, x in enumerate(batch) if x is m)}]")
-            nbytes += size + 64
+            nbytes += size + COMMIT_OVERHEAD
         self._inflight += 1
         self._idle.clear()
         try:

@@ -29,6 +29,7 @@ from streamingnode.v1 import streaming_pb2 as spb
 from wal.errors import ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError
 from wal.lifecycle import cancel_and_wait
 from wal.message import AppendResult, Message, TxnContext, bind_txn, first_property, stamp_sequence
+from wal.wal import COMMIT_OVERHEAD
 
 log = structlog.get_logger(__name__)
 
@@ -45,7 +46,7 @@ class _EndOfStream(enum.Enum):
 
 
 # (request id, outcome, answer in column form, outcome is the chain's own future: never cancel it,
-# payload bytes counted against produce_max_in_flight_bytes)
+# bytes counted against produce_max_in_flight_bytes)
 _Pending = tuple[int, asyncio.Future[list[AppendResult]], bool, bool, int]
 
 
@@ -69,7 +70,7 @@ class ProduceStream:
         """Whose ``refusals`` count and log the batches refused in-band (``errors.refused``)."""
         self.slots = asyncio.Semaphore(self.node.config.produce_max_in_flight)
         self.pending_bytes = 0
-        """Payload bytes of the batches read and not yet answered."""
+        """Bytes of the batches read and not yet answered (payloads and COMMIT_OVERHEAD a message)."""
         self.max_bytes = self.node.config.produce_max_in_flight_bytes
         self.room = asyncio.Event()
         """Set while ``pending_bytes`` is under ``max_bytes``: the reader may read on.
@@ -179,7 +180,8 @@ class ProduceStream:
                     skip_sequences(channel.stream.chain.interceptors, producer_id, batch.first_sequence,
                                    len(batch.messages) or len(batch.columns.payloads))
             else:
-                nbytes = sum([len(m.payload) for m in messages])
+                # Weighed as the commit weighs them, so that the bound is in commits' bytes.
+                nbytes = sum([len(m.payload) for m in messages]) + COMMIT_OVERHEAD * len(messages)
                 lean = None
                 if tracing is None:
                     # The lean path: the chain's own future, no task of ours around it (one task and

@@ -9,6 +9,7 @@ commits.  A batch is always read when nothing is pending, however large.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,6 +20,7 @@ from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from tests.waiting import until
 from wal import AppendResult, Message
+from wal.wal import COMMIT_OVERHEAD
 
 
 class _Context:
@@ -66,6 +68,13 @@ def _batch(rid: int, *sizes: int) -> spb.ProduceRequest:
     return request
 
 
+async def _stop(writer: asyncio.Future[None]) -> None:
+    """The writer waits for the stream's end, which these tests do not send: cancel it, and wait."""
+    writer.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await writer
+
+
 def _stream(max_bytes: int) -> tuple[ProduceStream, _Context]:
     config = SimpleNamespace(produce_max_in_flight=64, produce_max_in_flight_bytes=max_bytes,
                              max_message_bytes=1 << 20)
@@ -75,23 +84,24 @@ def _stream(max_bytes: int) -> tuple[ProduceStream, _Context]:
 
 
 async def test_a_stream_stops_reading_while_its_pending_batches_hold_the_byte_limit() -> None:
-    stream, ctx = _stream(3000)
+    each = 1000 + 2 * COMMIT_OVERHEAD  # two messages of 600 and 400 bytes, weighed as a commit weighs them
+    stream, ctx = _stream(3 * each)
     channel = _Channel()
     for rid in range(1, 6):
-        ctx.requests.put_nowait(_batch(rid, 600, 400))  # 1,000 payload bytes each
+        ctx.requests.put_nowait(_batch(rid, 600, 400))
     reader = asyncio.ensure_future(stream._read_batches(channel, None))  # type: ignore[arg-type]
     writer = asyncio.ensure_future(stream._write_results())
     await until(lambda: len(channel.started) == 3, "three batches handed on")
     for _ in range(20):
         await asyncio.sleep(0)
-    # 3,000 bytes pending: the fourth batch is not even read (gRPC's flow control holds it back).
-    assert (ctx.reads, len(channel.started), stream.pending_bytes) == (3, 3, 3000)
+    # The limit pending: the fourth batch is not even read (gRPC's flow control holds it back).
+    assert (ctx.reads, len(channel.started), stream.pending_bytes) == (3, 3, 3 * each)
 
-    channel.finish(0)  # the first is answered: 2,000 pending, so one more is read
+    channel.finish(0)  # the first is answered: two batches' bytes pending, so one more is read
     await until(lambda: len(channel.started) == 4, "a fourth batch handed on once the first was answered")
     for _ in range(20):
         await asyncio.sleep(0)
-    assert (ctx.reads, stream.pending_bytes) == (4, 3000)
+    assert (ctx.reads, stream.pending_bytes) == (4, 3 * each)
     assert [r.result.request_id for r in ctx.responses] == [1]
 
     for i in (1, 2, 3):
@@ -103,7 +113,7 @@ async def test_a_stream_stops_reading_while_its_pending_batches_hold_the_byte_li
     await until(lambda: len(ctx.responses) == 5, "every batch answered")
     assert [r.result.request_id for r in ctx.responses] == [1, 2, 3, 4, 5]
     assert stream.pending_bytes == 0
-    writer.cancel()
+    await _stop(writer)
 
 
 async def test_a_batch_over_the_limit_is_read_when_nothing_is_pending_and_alone() -> None:
@@ -116,11 +126,11 @@ async def test_a_batch_over_the_limit_is_read_when_nothing_is_pending_and_alone(
     await until(lambda: len(channel.started) == 1, "the large batch handed on")
     for _ in range(20):
         await asyncio.sleep(0)
-    assert (ctx.reads, stream.pending_bytes) == (1, 5000)  # nothing read behind it meanwhile
+    assert (ctx.reads, stream.pending_bytes) == (1, 5000 + COMMIT_OVERHEAD)  # nothing read behind it meanwhile
     channel.finish(0)
     await until(lambda: len(channel.started) == 2, "the next read once the large one was answered")
     channel.finish(1)
     ctx.requests.put_nowait(grpc.aio.EOF)
     await reader
     await until(lambda: len(ctx.responses) == 2, "both answered")
-    writer.cancel()
+    await _stop(writer)
