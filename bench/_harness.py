@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,18 +34,63 @@ def prepare_process() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
 
-async def serve_bare(handler: Any, port: int, options: list[tuple[str, Any]] | None = None) -> None:
-    """A bare grpc.aio server with ``handler`` on ``port``: prints "ready", serves until stdin closes.
-    What a benchmark's raw limit is measured against (no log, no node: the transport alone)."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def serve_bare(handler: Any, options: list[tuple[str, Any]] | None = None) -> None:
+    """A bare grpc.aio server with ``handler`` on a free loopback port: prints "ready <address>", serves
+    until stdin closes.  What a benchmark's raw limit is measured against (no log, no node: the
+    transport alone); ``BareServer`` starts it in its own process."""
     import grpc  # noqa: PLC0415  (only the benchmarks with a raw limit need it here)
 
     server = grpc.aio.server(options=options)
     server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    port = server.add_insecure_port("127.0.0.1:0")  # the port it bound: no other process can take it
     await server.start()
-    print("ready", flush=True)
+    print(f"ready 127.0.0.1:{port}", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     await server.stop(0)
+
+
+class BareServer:
+    """``script --raw-server *args`` (a benchmark whose raw server calls ``serve_bare``) in its own
+    process, once it is ready; stopped by closing its stdin."""
+
+    def __init__(self, script: str, *args: str) -> None:
+        env = dict(os.environ, GRPC_VERBOSITY="ERROR", PYTHONPATH=_ROOT)
+        self.proc = subprocess.Popen([sys.executable, script, "--raw-server", *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env, cwd=_ROOT)
+        assert self.proc.stdout is not None
+        ready = self.proc.stdout.readline().split()
+        if ready[:1] != ["ready"] or len(ready) != 2:
+            self.stop()
+            raise RuntimeError(f"the bare server of {script} did not start: {ready!r}")
+        self.address = ready[1]
+
+    @property
+    def cpu(self) -> float:
+        return cpu_seconds(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> BareServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def tmpdir(root: str, name: str) -> str:

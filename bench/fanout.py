@@ -44,7 +44,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,11 +55,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import prepare_process, serve_bare, tmpdir  # noqa: I001
+from _harness import BareServer, cpu_seconds, prepare_process, serve_bare, tmpdir  # noqa: I001
 
 import grpc
 
-from produce_consume import CHANNEL_OPTIONS, PYTHON, ROOT, VCHANNEL, _cpu_seconds, _node, _sdk
+from produce_consume import CHANNEL_OPTIONS, PYTHON, ROOT, VCHANNEL, _node, _sdk
 
 PCHANNEL = "fan"
 PRODUCE_RATIO_TARGET = 0.5  # with 100 consumers, of the 0-consumer rate
@@ -104,7 +103,7 @@ async def _worker(addr: str, n: int, stall: bool) -> None:
     print(f"bytes {received[0]} responses {received[1]}", flush=True)
 
 
-async def _raw_server(port: int, size: int) -> None:
+async def _raw_server(size: int) -> None:
     """The raw limit: Consume answered by a bare grpc.aio server with ``size``-byte responses written as
     fast as the stream takes them, until stdin closes."""
     payload = os.urandom(size)
@@ -117,39 +116,25 @@ async def _raw_server(port: int, size: int) -> None:
 
     await serve_bare(grpc.method_handlers_generic_handler(
         "streamingnode.v1.StreamingNode", {"Consume": grpc.stream_stream_rpc_method_handler(consume)}),
-        port, CHANNEL_OPTIONS)
+        CHANNEL_OPTIONS)
 
 
 def _raw_floor(args: argparse.Namespace, streams: int, seconds: float = 5.0) -> dict[str, float]:
     """CPU per MB of the bare server and of the consumer processes, ``streams`` streams for ``seconds``."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, GRPC_VERBOSITY="ERROR", PYTHONPATH=str(ROOT))
-    server = subprocess.Popen([PYTHON, __file__, "--raw-server", str(port), str(args.raw_bytes)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))
-    try:
-        assert server.stdout is not None and server.stdin is not None
-        if server.stdout.readline().strip() != "ready":
-            raise RuntimeError("raw server failed to start")
-        group = _Consumers(f"127.0.0.1:{port}", streams, args.procs, False, args.consumer_nice)
+    with BareServer(__file__, str(args.raw_bytes)) as server:
+        group = _Consumers(server.address, streams, args.procs, False, args.consumer_nice)
         try:
-            cpu0 = _cpu_seconds(server.pid)
-            readers0 = sum(_cpu_seconds(p.pid) for p in group.procs)
+            cpu0 = server.cpu
+            readers0 = sum(cpu_seconds(p.pid) for p in group.procs)
             t0 = time.perf_counter()
             time.sleep(seconds)
             elapsed = time.perf_counter() - t0
-            cpu = _cpu_seconds(server.pid) - cpu0
-            readers_cpu = sum(_cpu_seconds(p.pid) for p in group.procs) - readers0
+            cpu = server.cpu - cpu0
+            readers_cpu = sum(cpu_seconds(p.pid) for p in group.procs) - readers0
         finally:
             got, _ = group.stop()
-        mb = got / 1e6  # read until the workers stopped: a little more than in the window, so a floor
-        return {"raw_mb_s": mb / elapsed, "raw_server_us_mb": cpu / mb * 1e6,
-                "raw_readers_us_mb": readers_cpu / mb * 1e6}
-    finally:
-        if server.stdin is not None:
-            server.stdin.close()
-        server.wait(60)
+    mb = got / 1e6  # read until the workers stopped: a little more than in the window, so a floor
+    return {"raw_mb_s": mb / elapsed, "raw_server_us_mb": cpu / mb * 1e6, "raw_readers_us_mb": readers_cpu / mb * 1e6}
 
 
 async def _probe(addr: str) -> None:
@@ -308,13 +293,13 @@ def _one(args: argparse.Namespace, root: str, consumers: int, stall: bool, base:
         probe = _Probe(addr)
         try:
             before = _counters(url)
-            cpu0 = _cpu_seconds(node.proc.pid)
-            readers0 = sum(_cpu_seconds(p.pid) for p in group.procs)
+            cpu0 = cpu_seconds(node.proc.pid)
+            readers0 = sum(cpu_seconds(p.pid) for p in group.procs)
             t0 = time.perf_counter()
             rate, lat = asyncio.run(_produce(_sdk(), addr, args.count, args.size, args.linger, args.window))
             elapsed = time.perf_counter() - t0
-            cpu = _cpu_seconds(node.proc.pid) - cpu0
-            readers_cpu = sum(_cpu_seconds(p.pid) for p in group.procs) - readers0
+            cpu = cpu_seconds(node.proc.pid) - cpu0
+            readers_cpu = sum(cpu_seconds(p.pid) for p in group.procs) - readers0
             after = _counters(url)
             peak[0] = max(peak[0], _rss_mb(node.proc.pid))
         finally:
@@ -451,8 +436,8 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--probe":
         asyncio.run(_probe(sys.argv[2]))
         sys.exit(0)
-    if len(sys.argv) == 4 and sys.argv[1] == "--raw-server":
-        asyncio.run(_raw_server(int(sys.argv[2]), int(sys.argv[3])))
+    if len(sys.argv) == 3 and sys.argv[1] == "--raw-server":
+        asyncio.run(_raw_server(int(sys.argv[2])))
         sys.exit(0)
     if len(sys.argv) == 5 and sys.argv[1] == "--worker":
         asyncio.run(_worker(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "stall"))

@@ -42,7 +42,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -52,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import Run, prepare_process, repeat, serve_bare, tmpdir, verdict  # noqa: I001
+from _harness import BareServer, Run, prepare_process, repeat, serve_bare, tmpdir, verdict  # noqa: I001
 import produce_consume as pc
 
 import grpc
@@ -225,7 +224,7 @@ class _DriverProc:
             self.proc.stdout.close()
 
 
-async def _raw_server(port: int, quiet_seconds: float) -> None:
+async def _raw_server(quiet_seconds: float) -> None:
     """The raw limit of a commit: a bare grpc.aio server until stdin closes.  Its CreateConsumerGroup and
     SeekConsumerGroup answer with nothing; its Consume opens, answers each ack with the positions it
     carried, and sends an empty pack every ``quiet_seconds`` (as the node tells a reader of a quiet
@@ -270,37 +269,23 @@ async def _raw_server(port: int, quiet_seconds: float) -> None:
     handlers["Consume"] = grpc.stream_stream_rpc_method_handler(
         consume, request_deserializer=spb.ConsumeRequest.FromString,
         response_serializer=spb.ConsumeResponse.SerializeToString)
-    await serve_bare(grpc.method_handlers_generic_handler("streamingnode.v1.StreamingNode", handlers), port)
+    await serve_bare(grpc.method_handlers_generic_handler("streamingnode.v1.StreamingNode", handlers))
 
 
 def _raw_floor(args: argparse.Namespace) -> float:
     """Server CPU µs per commit of the bare server under the same driver (``--via`` as the run's)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, GRPC_VERBOSITY="ERROR", PYTHONPATH=str(pc.ROOT))
-    server = subprocess.Popen([pc.PYTHON, __file__, "--raw-server", str(port), str(args.quiet_seconds)],
-                              stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, env=env, cwd=str(pc.ROOT))
-    try:
-        assert server.stdout is not None
-        if server.stdout.readline().strip() != "ready":
-            raise RuntimeError("raw server failed to start")
-        driver = _DriverProc(f"127.0.0.1:{port}", args)
+    with BareServer(__file__, str(args.quiet_seconds)) as server:
+        driver = _DriverProc(server.address, args)
         try:
             time.sleep(args.interval)
             driver.mark()
-            cpu0 = pc._cpu_seconds(server.pid)
+            cpu0 = server.cpu
             time.sleep(8 * args.interval)
-            cpu = pc._cpu_seconds(server.pid) - cpu0
+            cpu = server.cpu - cpu0
             calls = int(driver.mark()["acks"])
         finally:
             driver.stop()
-        return float(cpu) / max(calls, 1) * 1e6
-    finally:
-        if server.stdin is not None:
-            server.stdin.close()
-        server.wait(60)
+    return float(cpu) / max(calls, 1) * 1e6
 
 
 def _one_run(args: argparse.Namespace, root: str, index: int, lat: list[float]) -> Run:
@@ -405,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--raw-server":
-        asyncio.run(_raw_server(int(sys.argv[2]), float(sys.argv[3])))
+    if len(sys.argv) == 3 and sys.argv[1] == "--raw-server":
+        asyncio.run(_raw_server(float(sys.argv[2])))
         sys.exit(0)
     sys.exit(main())

@@ -57,7 +57,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import struct
 import subprocess
@@ -70,7 +69,7 @@ from typing import Any
 
 # Run as a script from anywhere: the harness makes the repository root importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import Run, prepare_process, repeat, serve_bare, tmpdir  # noqa: I001
+from _harness import BareServer, Run, cpu_seconds, prepare_process, repeat, serve_bare, tmpdir  # noqa: I001
 
 import grpc
 
@@ -105,26 +104,17 @@ def _sdk() -> Any:
 
 
 # --- processes -------------------------------------------------------------------------------------
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
 class _Proc:
     """A server process whose output goes to a log file; waits for a line matching ``ready``.
 
     Logs go to files, not pipes, so that a chatty server can never block on a full pipe.
     """
 
-    def __init__(self, argv: list[str], log_dir: str, name: str, ready: str, timeout: float = 30.0,
-                 stdin: int | None = None) -> None:
+    def __init__(self, argv: list[str], log_dir: str, name: str, ready: str, timeout: float = 30.0) -> None:
         self.log_path = os.path.join(log_dir, f"{name}.log")
         self._log = open(self.log_path, "wb")  # noqa: SIM115  (closed in stop)
         env = dict(os.environ, GRPC_VERBOSITY="ERROR", PYTHONPATH=str(ROOT))
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT),
-                                     stdin=stdin)
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))
         self.match = self._wait(re.compile(ready), timeout)
 
     def _wait(self, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
@@ -144,12 +134,10 @@ class _Proc:
 
     @property
     def cpu(self) -> float:
-        return _cpu_seconds(self.proc.pid)
+        return cpu_seconds(self.proc.pid)
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM (both servers drain and exit 0 on it), SIGKILL if that takes too long."""
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()  # a bare server (serve_bare) ends when its stdin closes
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -502,7 +490,7 @@ async def _nats_latency(url: str, n: int, size: int) -> list[float]:
 
 
 # --- one run ---------------------------------------------------------------------------------------
-def _timed(proc: _Proc, n: int, r: Run, key: str, coro: Any) -> Any:
+def _timed(proc: _Proc | BareServer, n: int, r: Run, key: str, coro: Any) -> Any:
     """Run ``coro`` and record the server's and the client's CPU per message (µs) under ``key``."""
     gc.collect()
     s0, c0 = proc.cpu, time.process_time()
@@ -590,8 +578,8 @@ def _single_run(args: argparse.Namespace, root: str, index: int, lat: dict[str, 
         r["p50_nats_sync"] = _pct(samples, 0.5)
 
     def raw() -> None:
-        with _raw_durable(tmpdir(root, "raw"), tmpdir(root, "raw-logs")) as server:
-            samples = _timed(server, m, r, "lat_raw", _latency_sdk(sdk, server.match.group(0), "raw", m, size))
+        with BareServer(__file__, os.path.join(tmpdir(root, "raw"), "log")) as server:
+            samples = _timed(server, m, r, "lat_raw", _latency_sdk(sdk, server.address, "raw", m, size))
         lat["produce_raw"] += samples
         r["p50_raw"] = _pct(samples, 0.5)
 
@@ -604,22 +592,7 @@ def _single_run(args: argparse.Namespace, root: str, index: int, lat: dict[str, 
     return r
 
 
-@contextlib.contextmanager
-def _raw_durable(data_dir: str, log_dir: str) -> Iterator[_Proc]:
-    """The bare durable Produce server (``--raw-server``) on a free port, its data in ``data_dir``."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    p = _Proc([PYTHON, __file__, "--raw-server", str(port), os.path.join(data_dir, "log")], log_dir, "raw",
-              r"(?m)^ready$", stdin=subprocess.PIPE)
-    p.match = re.match(r".*", f"127.0.0.1:{port}")  # type: ignore[assignment]  # group(0) is the address
-    try:
-        yield p
-    finally:
-        p.stop()
-
-
-async def _raw_server(port: int, path: str) -> None:
+async def _raw_server(path: str) -> None:
     """Serve Produce with no log: each batch's payloads are written to ``path`` and synced before its
     answer, on the loop, as the node does for a lone small append.  Answers carry what the SDK reads.
     The file is zero-written ahead (as the node's journal is), so a sync commits no size change."""
@@ -661,7 +634,7 @@ async def _raw_server(port: int, path: str) -> None:
     await serve_bare(grpc.method_handlers_generic_handler("streamingnode.v1.StreamingNode", {
         "Produce": grpc.stream_stream_rpc_method_handler(
             produce, request_deserializer=spb.ProduceRequest.FromString,
-            response_serializer=spb.ProduceResponse.SerializeToString)}), port)
+            response_serializer=spb.ProduceResponse.SerializeToString)}))
 
 
 def _single_report(args: argparse.Namespace, runs: list[Run], lat: dict[str, list[float]]) -> None:
@@ -863,11 +836,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--raw-floor", action="store_true",
                    help="with --single: also a bare grpc.aio Produce server that writes and syncs each batch "
                    "(no log), the raw limit in the same run")
-    p.add_argument("--raw-server", nargs=2, metavar=("PORT", "FILE"), help=argparse.SUPPRESS)
+    p.add_argument("--raw-server", metavar="FILE", help=argparse.SUPPRESS)
     p.add_argument("--profile-out", default="/tmp/streamingnode-node.prof", help="where the node's profile goes")
     args = p.parse_args(argv)
     if args.raw_server:
-        asyncio.run(_raw_server(int(args.raw_server[0]), args.raw_server[1]))
+        asyncio.run(_raw_server(args.raw_server))
         return 0
     if args.nats_count is None:
         args.nats_count = max(args.count // 10, 1)
