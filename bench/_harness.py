@@ -56,6 +56,18 @@ async def serve_bare(handler: Any, options: list[tuple[str, Any]] | None = None)
     await server.stop(0)
 
 
+def reap(proc: subprocess.Popen[Any], timeout: float) -> None:
+    """Wait up to ``timeout`` for a benchmark's child that was told to stop (SIGKILL after that), then
+    close its stdout pipe."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
 class BareServer:
     """``script --raw-server *args`` (a benchmark whose raw server calls ``serve_bare``) in its own
     process, once it is ready; stopped by closing its stdin."""
@@ -78,13 +90,7 @@ class BareServer:
     def stop(self) -> None:
         if self.proc.stdin is not None:
             self.proc.stdin.close()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        reap(self.proc, 60)
 
     def __enter__(self) -> BareServer:
         return self

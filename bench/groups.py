@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _harness import BareServer, Run, prepare_process, repeat, serve_bare, tmpdir, verdict  # noqa: I001
+from _harness import BareServer, Run, prepare_process, reap, repeat, serve_bare, tmpdir, verdict  # noqa: I001
 import produce_consume as pc
 
 import grpc
@@ -215,13 +215,7 @@ class _DriverProc:
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        reap(self.proc, 30)
 
 
 async def _raw_server(quiet_seconds: float) -> None:

@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import reap  # the harness also makes the repository root importable
 
 from streamingnode.client import AsyncClient
 
@@ -72,13 +73,7 @@ class Node:
             time.sleep(0.5)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        reap(self.proc, 60)
         self._log.close()
 
 
