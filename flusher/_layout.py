@@ -65,8 +65,14 @@ def deletes_dir(collection: str) -> str:
     return f"{DELETES_DIR}/{collection}"
 
 
-def file_name(first_id: int, last_id: int) -> str:
-    return f"{first_id:020d}-{last_id:020d}{SUFFIX}"
+def file_name(first_id: int, last_id: int, generation: int | None = None) -> str:
+    """``<first>-<last>.parquet`` for a file the flusher writes; a compaction output of ``generation``
+    is ``<first>-<last>.g<generation>.parquet``: a name no flusher file and no other generation's
+    output has, so an output never takes the name of an input (a pass rewriting one file keeps its
+    first and last ids)."""
+    if generation is None:
+        return f"{first_id:020d}-{last_id:020d}{SUFFIX}"
+    return f"{first_id:020d}-{last_id:020d}.g{generation:020d}{SUFFIX}"
 
 
 def encode_key(key: DeliveryKey) -> bytes:
@@ -125,7 +131,13 @@ def parse_name(name: str) -> tuple[int, int] | None:
     return None if m is None else (int(m[1]), int(m[2]))
 
 
-_NAME = re.compile(r"(\d{20})-(\d{20})" + re.escape(SUFFIX))
+def name_generation(name: str) -> int | None:
+    """The compaction generation a file name states (``file_name``), or None (a flusher's file)."""
+    m = _NAME.fullmatch(name)
+    return None if m is None or m[3] is None else int(m[3])
+
+
+_NAME = re.compile(r"(\d{20})-(\d{20})(?:\.g(\d{20}))?" + re.escape(SUFFIX))
 _MAGIC = b"PAR1"
 # Everything pyarrow raises for a file it cannot decode: ArrowInvalid is a ValueError, not an OSError.
 _UNREADABLE = (OSError, ValueError, pa.ArrowException)
@@ -295,6 +307,12 @@ class CompactionRecord:
     outputs: tuple[str, ...]
     flushed: dict[str, DeliveryKey]
 
+    def overlap(self) -> list[str]:
+        """The paths listed as both input and output, sorted: never in a record this code writes
+        (``check_record``); a record of older code that holds one lost the file's contents once its
+        inputs were deleted (flusher/README.md, Compaction, "Repair")."""
+        return sorted(set(self.inputs) & set(self.outputs))
+
     def to_json(self) -> bytes:
         return json.dumps({"generation": self.generation, "horizon": self.horizon, "inputs": list(self.inputs),
                            "outputs": list(self.outputs),
@@ -310,6 +328,29 @@ class CompactionRecord:
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             raise LayoutError(f"{where}: not a compaction record ({str(exc)[:200]})") from exc
         return rec
+
+
+class OverlappingRecordError(LayoutError):
+    """A compaction record lists a path as both input and output.  Readers refuse it (subtracting the
+    inputs would drop the output too, and the file is deleted with the inputs once the grace period
+    is over): ``collection``, ``record`` (its path) and ``paths`` name what is wrong."""
+
+    def __init__(self, collection: str, record: str, paths: list[str]) -> None:
+        super().__init__(
+            f"collection {collection[:200]!r}: compaction record {record} lists {', '.join(paths)} as both input "
+            f"and output: the entries of that file are lost once its inputs are deleted; a node's flusher rebuilds "
+            f"them from the WAL on start (flusher/README.md, Compaction, Repair)")
+        self.collection = collection
+        self.record = record
+        self.paths = paths
+
+
+def check_record(root: Path | str, collection: str, rec: CompactionRecord) -> None:
+    """Raise OverlappingRecordError when ``rec`` lists a path as both input and output."""
+    both = rec.overlap()
+    if both:
+        raise OverlappingRecordError(collection, str(Path(root) / compactions_dir(collection) /
+                                                     record_name(rec.generation)), both)
 
 
 def compactions_dir(collection: str) -> str:
@@ -376,20 +417,23 @@ def visible_files(root: Path | str, collection: str) -> tuple[list[str], list[st
     compaction): a read as of an earlier timetick must raise ``AsOfBeforeHorizonError``
     (``check_as_of``).  The set is every visible data and delete file, minus the inputs of every
     committed compaction record, plus its outputs (under the visible name, or the hidden one while it
-    is not yet linked).  The files are listed before the records are read: a compaction that commits in
-    between is then seen whole (its inputs, still present during the grace period, are subtracted),
-    never half.
+    is not yet linked).  A record listing a path as both input and output raises
+    OverlappingRecordError: its set cannot be read right.  The files are listed before the records
+    are read: a compaction that commits in between is then seen whole (its inputs, still present
+    during the grace period, are subtracted), never half.
     """
     base = Path(root)
     data = _listed(base, collection, skip_hidden_dirs=True)
     deletes = _listed(base, deletes_dir(collection), skip_hidden_dirs=False)
     records = read_records(base, collection)
+    for r in records:
+        check_record(base, collection, r)
     consumed = {p for r in records for p in r.inputs}
     prefix = deletes_dir(collection) + "/"
     for r in records:
         for out in r.outputs:
             if out in consumed:
-                continue
+                continue  # compacted again by a later record (an output of one, an input of the next)
             # The hidden name stays until the grace period after the visible one was linked.
             if (base / out).exists():
                 chosen = out
@@ -425,14 +469,17 @@ __all__ = [
     "DamagedFileError",
     "DeliveryKey",
     "LayoutError",
+    "OverlappingRecordError",
     "check_as_of",
     "check_data",
+    "check_record",
     "committed_files",
     "compacted_keys",
     "compactions_dir",
     "deletes_dir",
     "file_name",
     "hidden",
+    "name_generation",
     "parse_name",
     "quarantine",
     "read_keys",

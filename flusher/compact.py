@@ -51,7 +51,7 @@ crash_point = CrashPoints(KILL_ENV, STEPS)
 _TS = "_ts"
 _ID = "_id"
 _PRIMARY_KEY = b"streamingnode.primary_key"
-_HIDDEN_OUTPUT = re.compile(r"\.\d{20}-\d{20}\.parquet")
+_HIDDEN_OUTPUT = re.compile(r"\.\d{20}-\d{20}(?:\.g\d{20})?\.parquet")
 _DEAD_SHARE = 0.2
 """A file at least this share of whose rows are dead is rewritten even when it is not small."""
 
@@ -159,6 +159,9 @@ def recover(root: Path, collection: str, grace_seconds: float = 0.0, *, now: flo
     wall = time.time() if now is None else now
     waiting = 0
     referenced: set[str] = set()
+    # A path a record lists as both input and output (older code wrote such records) is never deleted
+    # here: it is the only copy of that output; the flusher's repair (``repair_overlaps``) replaces it.
+    kept = {q for rec in records for p in rec.overlap() for q in (p, _layout.hidden(p))}
     for rec in records:
         referenced.update(_layout.hidden(o) for o in rec.outputs)
         linked: set[Path] = set()
@@ -171,7 +174,8 @@ def recover(root: Path, collection: str, grace_seconds: float = 0.0, *, now: flo
             fsync_dir(d)
         if linked:
             crash_point("link")
-        leftovers = [p for p in (*rec.inputs, *map(_layout.hidden, rec.outputs)) if (root / p).exists()]
+        leftovers = [p for p in (*rec.inputs, *map(_layout.hidden, rec.outputs))
+                     if p not in kept and (root / p).exists()]
         if not leftovers:
             continue
         record = root / _layout.compactions_dir(collection) / _layout.record_name(rec.generation)
@@ -421,7 +425,7 @@ def compact_collection(root: Path | str, collection: str, config: CompactionConf
         result.rows_after += merged.num_rows
         if merged.num_rows:
             partition = group[0].rel.rsplit("/", 2)[0]
-            rel = f"{partition}/segment=-{generation}/{_layout.file_name(first[1], last[1])}"
+            rel = f"{partition}/segment=-{generation}/{_layout.file_name(first[1], last[1], generation)}"
             result.bytes_after += _write_hidden(base, rel, merged, cfg.compression, throttle)
             result.files_after += 1
             outputs.append(rel)
@@ -460,7 +464,9 @@ def compact_collection(root: Path | str, collection: str, config: CompactionConf
                 result.bytes_before += f.size
             flushed[_layout.deletes_dir(collection)] = last
             if merged.num_rows:
-                rel = f"{_layout.deletes_dir(collection)}/{_layout.file_name(first[1], last[1])}"
+                # The generation in the name: one delete file rewritten keeps its first and last ids,
+                # and without it would take its input's name (the record would list it as both).
+                rel = f"{_layout.deletes_dir(collection)}/{_layout.file_name(first[1], last[1], generation)}"
                 result.bytes_after += _write_hidden(base, rel, merged, cfg.compression, throttle)
                 result.files_after += 1
                 outputs.append(rel)
@@ -471,6 +477,7 @@ def compact_collection(root: Path | str, collection: str, config: CompactionConf
         fsync_dir(out_dir)
     crash_point("output")
     rec = CompactionRecord(generation, horizon, tuple(inputs), tuple(outputs), flushed)
+    _layout.check_record(base, collection, rec)  # never published: readers would drop the output with the input
     _write_record(base, collection, rec, staging)
     crash_point("record")
     say(f"{collection}: committed generation {generation} (horizon {horizon})")
