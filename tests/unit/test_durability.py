@@ -47,6 +47,7 @@ class FileCalls:
         self.written: dict[str, int] = {}
         self.synced: dict[str, int] = {}
         self.created: dict[str, int] = {}  # path -> event index of its creation
+        self.sizes: dict[str, int] = {}  # regular file -> its size when last synced
         self.events: list[tuple[str, str, str]] = []  # (what, path, other path)
         self.syncs = 0
         self._lock = threading.Lock()
@@ -69,7 +70,10 @@ class FileCalls:
                 with self._lock:
                     self.synced[path] = max(self.synced.get(path, 0), upto)
                     self.syncs += 1
-                    kind = "dirsync" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync"
+                    st = os.fstat(fd)
+                    kind = "dirsync" if stat.S_ISDIR(st.st_mode) else "fsync"
+                    if kind == "fsync":
+                        self.sizes[path] = st.st_size
                     self.events.append((kind, path, ""))
             return sync
 
@@ -330,3 +334,33 @@ async def test_a_parquet_file_is_synced_renamed_and_its_directory_synced_before_
         await f.aclose()
         await swal.aclose()
         await manager.aclose()
+
+
+# --- compaction: outputs are durable before the record that publishes them --------------------------
+def test_compaction_outputs_and_their_directories_are_synced_before_the_record_publishes_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flusher import _layout  # noqa: PLC0415
+    from flusher.compact import CompactionConfig, compact_collection  # noqa: PLC0415
+    from tests.unit.test_compact import _write  # noqa: PLC0415
+
+    for i in range(3):  # three small data files of two partitions' worth, and two delete files
+        _write(tmp_path, "c/partition=p/segment=1", [2 * i, 2 * i + 1], 10 + i, i)
+        _write(tmp_path, "c/partition=q/segment=2", [100 + i], 10 + i, 10 + i)
+    _write(tmp_path, _layout.deletes_dir("c"), [0], 20, 20, data=False)
+    _write(tmp_path, _layout.deletes_dir("c"), [100], 21, 21, data=False)
+    calls = FileCalls(monkeypatch)
+    r = compact_collection(tmp_path, "c", CompactionConfig(min_files=2, horizon_seconds=0, grace_seconds=60),
+                           drop_deletes=False)
+    [rec] = _layout.read_records(tmp_path, "c")
+    assert r.generation == rec.generation == 1 and len(rec.outputs) == 3  # two partitions and the deletes
+    record = str((tmp_path / _layout.compactions_dir("c") / _layout.record_name(1)).resolve())
+    [published] = [i for i, e in enumerate(calls.events) if e[0] == "rename" and e[2] == record]
+    for out in rec.outputs:
+        path = str((tmp_path / _layout.hidden(out)).resolve())  # the name it was written under
+        synced = [i for i, e in enumerate(calls.events[:published]) if e == ("fsync", path, "")]
+        assert synced, f"compaction output {out} was published before it was fsynced"
+        assert calls.sizes[path] == os.path.getsize(path), f"{out} grew after its fsync"
+        assert calls.dir_synced_after(os.path.dirname(path), synced[-1]) and any(
+            e == ("dirsync", os.path.dirname(path), "") for e in calls.events[synced[-1]:published]), (
+            f"the directory of compaction output {out} was not fsynced before the record published it")
