@@ -299,7 +299,7 @@ def _merged(tables: list[pa.Table], meta: dict[bytes, bytes], first: DeliveryKey
     return t.replace_schema_metadata(out)
 
 
-def _write_record(root: Path, collection: str, rec: CompactionRecord, staging: Path | None) -> None:
+def write_record(root: Path, collection: str, rec: CompactionRecord, staging: Path | None) -> None:
     """Commit ``rec``: the pass's one visible step.  With ``staging`` (a flusher's directory of its
     term, see ``flusher.commit``) the temporary is written there, so a pass of a term whose staging
     directory a newer flusher removed fails here (StagingFencedError) and changes nothing readers see."""
@@ -331,7 +331,7 @@ def compact_collection(root: Path | str, collection: str, config: CompactionConf
     are left alone, and when any belongs to this collection no delete entry is dropped (a buffered
     row may be older than it).  ``drop_deletes=False`` keeps every delete entry (offline, where rows
     not yet flushed may be older than an entry).  ``staging``: the calling flusher's staging directory
-    (``_write_record``); None offline."""
+    (``write_record``); None offline."""
     cfg = config or CompactionConfig()
     base = Path(root)
     say = progress or (lambda _msg: None)
@@ -478,7 +478,7 @@ def compact_collection(root: Path | str, collection: str, config: CompactionConf
     crash_point("output")
     rec = CompactionRecord(generation, horizon, tuple(inputs), tuple(outputs), flushed)
     _layout.check_record(base, collection, rec)  # never published: readers would drop the output with the input
-    _write_record(base, collection, rec, staging)
+    write_record(base, collection, rec, staging)
     crash_point("record")
     say(f"{collection}: committed generation {generation} (horizon {horizon})")
     recover(base, collection, cfg.grace_seconds)
@@ -594,4 +594,5 @@ __all__ = [
     "crash_point",
     "recover",
     "run_offline",
+    "write_record",
 ]

@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 
-from flusher import _layout, _probe, _repair
+from flusher import _layout, _overlaps, _probe, _repair
 from flusher import compact as _compact
 from flusher._buffers import Buffer, delete_rows, insert_destination, upsert_delete_rows
 from flusher.commit import StagingFencedError, commit_file, crash_point, inside, open_staging, remove_temporaries
@@ -430,6 +430,7 @@ class Flusher:
 
     # --- the reader loop -------------------------------------------------------------------------
     async def _run(self, scanner: Scanner) -> None:
+        await self._repair_overlaps()
         if self._damaged:
             damaged, self._damaged = self._damaged, []
             await self._rebuild(damaged)
@@ -616,18 +617,22 @@ class Flusher:
         for c in _compact.collections(self._root):
             _compact.recover(self._root, c, grace)
 
-    async def compact(self, collection: str | None = None,
-                      progress: Callable[[str], None] | None = None) -> list[_compact.CompactionResult]:
+    async def compact(self, collection: str | None = None, progress: Callable[[str], None] | None = None, *,
+                      config: _compact.CompactionConfig | None = None,
+                      now_ms: int | None = None) -> list[_compact.CompactionResult]:
         """One compaction pass over ``collection`` (or every collection), on the flusher's own thread,
-        so no commit runs meanwhile.  Directories with buffered rows are left alone."""
-        cfg = self._cfg.compaction or _compact.CompactionConfig()
+        so no commit runs meanwhile.  Directories with buffered rows are left alone.  ``config``
+        replaces the flusher's compaction settings for this pass; ``now_ms`` the wall clock the
+        horizon is counted back from (a model test picks its horizons)."""
+        cfg = config or self._cfg.compaction or _compact.CompactionConfig()
         busy = set(self._buffers)  # a buffer opened later holds only messages delivered later
         names = [collection] if collection is not None else await self._in_thread(_compact.collections, self._root)
         results = []
         for name in names:
             try:
                 r = await self._in_thread(functools.partial(_compact.compact_collection, self._root, name, cfg,
-                                                            busy=busy, progress=progress, staging=self._staging))
+                                                            busy=busy, progress=progress, staging=self._staging,
+                                                            now_ms=now_ms))
             except StagingFencedError as exc:
                 raise self._fenced(exc) from exc
             self._compactions.add(r)
@@ -706,6 +711,65 @@ class Flusher:
             await asyncio.sleep(delay)
             delay = min(delay * 2, _FULL_RETRY_MAX_SECONDS)
 
+    # --- records listing a path as input and output (flusher/_overlaps.py) ----------------------
+    async def _repair_overlaps(self) -> None:
+        """Give each output an older pass named after its input its own name, from the file while it
+        is there, else from the WAL; report the ones lost (``problems``)."""
+        for o in await self._in_thread(_overlaps.find, self._root):
+            log.error("compaction record lists a path as both input and output", pchannel=self._wal.pchannel,
+                      collection=o.collection, record=o.record_path, paths=list(o.paths))
+            replacements: dict[str, str] = {}
+            for rel in o.paths:
+                new = _overlaps.renamed(rel, o.record.generation)
+                directory, _, name = new.rpartition("/")
+                found = await self._in_thread(_overlaps.source, self._root, rel)
+                if found is not None:
+                    data = await self._in_thread(found.read_bytes)
+                    await self._commit_when_space(directory, name, functools.partial(_write_bytes, data))
+                    replacements[rel] = new
+                    continue
+                why = await self._rebuild_lost_output(rel, directory, name)
+                if why is None:
+                    replacements[rel] = new
+                    continue
+                self._lost += 1
+                line = (f"collection {o.collection!r}: compaction record {o.record_path} lists {rel} as both input "
+                        f"and output, and the file is gone; it cannot be rebuilt: {why}.  The collection's "
+                        "readers refuse it (reading on would show the rows its delete entries removed)")
+                self.problems.append(line)
+                log.error("compaction output lost", pchannel=self._wal.pchannel, collection=o.collection,
+                          record=o.record_path, file=rel, reason=why)
+            if len(replacements) == len(o.paths):
+                await self._in_thread(_overlaps.publish, self._root, o, replacements, self._staging)
+                log.warning("compaction record repaired", pchannel=self._wal.pchannel, collection=o.collection,
+                            record=o.record_path, outputs=sorted(replacements.values()))
+
+    async def _rebuild_lost_output(self, rel: str, directory: str, name: str) -> str | None:
+        """Write ``directory/name`` with the messages the name of ``rel`` states, read from the WAL;
+        None when done, else why it cannot be."""
+        ids = _layout.parse_name(rel.rpartition("/")[2])
+        if ids is None:
+            return "its name states no message ids"
+        if ids[0] < self._wal.first_id:
+            return (f"its messages {ids[0]}..{ids[1]} are no longer in the WAL (retention truncated it up to "
+                    f"{self._wal.first_id})")
+        target = _repair.Target(rel.rpartition("/")[0], ids[0], ids[1])
+        found = await _repair.rebuild(self._wal, [target], self._collections, self._cfg.read_batch_bytes)
+        b = found.get(target)
+        if b is None:
+            return f"its messages {ids[0]}..{ids[1]} were not found whole in the WAL"
+        table = b.to_table(self._wal.pchannel)
+        compression = self._cfg.compression
+
+        def write(f: Any) -> None:
+            pq.write_table(table, f, compression=compression, coerce_timestamps="us",
+                           allow_truncated_timestamps=True, write_page_checksum=True)
+
+        await self._commit_when_space(directory, name, write)
+        log.warning("lost compaction output rebuilt from the WAL", pchannel=self._wal.pchannel, file=rel,
+                    rebuilt=f"{directory}/{name}", rows=b.rows)
+        return None
+
     # --- damaged files ---------------------------------------------------------------------------
     async def _move_aside(self, d: _layout.Damaged) -> None:
         moved = await self._in_thread(_layout.quarantine, self._root, d.rel)
@@ -781,6 +845,10 @@ def _commit_under(root: Path, directory: str, name: str, write: Callable[[Binary
     """``commit_file`` into ``root/directory``, a directory derived from collection and partition
     names read back from the log: checked to lie inside ``root`` before anything is written."""
     return commit_file(inside(root, directory), name, write, staging=staging)
+
+
+def _write_bytes(data: bytes, f: BinaryIO) -> None:
+    f.write(data)
 
 
 def _key(m: Message, ts: int) -> _layout.DeliveryKey:

@@ -13,7 +13,9 @@ whatever that path makes of it:
 - the channel records (one a node marked damaged is a finding) and the recovery snapshot(s) of each
   pchannel;
 - every Parquet file under the Parquet root: footer, row-group statistics, every row group read back,
-  and the ids its name gives against the delivery keys its metadata holds.
+  and the ids its name gives against the delivery keys its metadata holds;
+- every compaction record: it parses, lists no path as both input and output (older code could; the
+  collection's readers refuse it until a node's flusher repairs it), and its outputs exist.
 
 One line per finding names the file (and the byte offset or key range where known).  The database is
 opened read-only while a lock on RocksDB's own LOCK file keeps a node from opening it meanwhile; a
@@ -43,7 +45,7 @@ from streamingnode.verify.access import (
 )
 from streamingnode.verify.channels import ChannelScan, Extent, WalScan, check_snapshots, scan_wal
 from streamingnode.verify.journal import JOURNAL_DIR, JournalRecord, scan_journal
-from streamingnode.verify.parquet import PARQUET_DIR, check_parquet, parquet_files
+from streamingnode.verify.parquet import PARQUET_DIR, check_compactions, check_parquet, parquet_files
 from streamingnode.verify.tables import Unreadable, describe_key, rocks_file, scan_rocks
 from wal.errors import StreamingError
 
@@ -62,7 +64,7 @@ def verify(data_dir: str, pchannel: str | None = None, parquet_dir: str | None =
         raise StreamingError(f"data directory {data_dir} does not exist", path=data_dir)
     findings: list[Finding] = []
     notes: list[str] = []
-    counted = {"journal records": 0, "keys": 0, "blocks": 0, "parquet files": 0}
+    counted = {"journal records": 0, "keys": 0, "blocks": 0, "parquet files": 0, "compaction records": 0}
     with offline(data_dir):
         if os.path.exists(os.path.join(data_dir, "CURRENT")):
             try:
@@ -100,6 +102,8 @@ def verify(data_dir: str, pchannel: str | None = None, parquet_dir: str | None =
             counted["parquet files"] += 1
             if progress is not None:
                 progress.tick(f"{counted['parquet files']} Parquet files")
+        found, counted["compaction records"] = check_compactions(root, pchannel)
+        findings.extend(found)
     return Report(findings, notes, counted)
 
 
@@ -133,6 +137,7 @@ __all__ = [
     "Report",
     "Unreadable",
     "WalScan",
+    "check_compactions",
     "check_parquet",
     "check_snapshots",
     "describe_key",

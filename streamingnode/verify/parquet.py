@@ -57,10 +57,9 @@ def check_parquet(path: Path) -> list[Finding]:
         if first is None or last is None:
             out.append(Finding(where, "no delivery-key metadata: not written by the flusher"))
         else:
-            stem = path.name[: -len(".parquet")]
-            a, _, b = stem.partition("-")
+            stem = path.name.lstrip(".")[: -len(".parquet")]
             ids = (_layout.decode_key(first)[1], _layout.decode_key(last)[1])
-            if not (a.isdigit() and b.isdigit()) or (int(a), int(b)) != ids:
+            if _layout.parse_name(path.name.lstrip(".")) != ids:
                 out.append(Finding(where, f"the name's ids {stem!r} are not its first and last message ids {ids}"))
     except (OSError, pa.ArrowException, ValueError, KeyError) as exc:
         out.append(Finding(where, f"damaged Parquet data: {one_line(str(exc))}"))
@@ -69,4 +68,44 @@ def check_parquet(path: Path) -> list[Finding]:
     return out
 
 
-__all__ = ["PARQUET_DIR", "check_parquet", "parquet_files"]
+def check_compactions(root: Path, only: str | None) -> tuple[list[Finding], int]:
+    """The compaction records under ``root`` (``<pchannel>/<collection>/_compactions/*.json``): one that
+    does not parse, lists a path as both input and output (the file is lost once its inputs are
+    deleted: flusher/README.md, Compaction, Repair), or publishes an output missing under both its
+    names.  Returns the findings and how many records were read."""
+    from flusher import _layout  # noqa: PLC0415
+
+    out: list[Finding] = []
+    read = 0
+    pchannels = [root / only] if only is not None else sorted(
+        p for p in root.iterdir() if p.is_dir() and not p.name.startswith(_HIDDEN)) if root.is_dir() else []
+    for base in pchannels:
+        collections = sorted(c.name for c in base.iterdir() if (c / _layout.COMPACTIONS_DIR).is_dir()) \
+            if base.is_dir() else []
+        for c in collections:
+            try:
+                records = _layout.read_records(base, c)
+            except _layout.LayoutError as exc:
+                out.append(Finding(str(base / _layout.compactions_dir(c)), one_line(str(exc)), channel=base.name))
+                continue
+            consumed = {p for r in records for p in r.inputs}
+            for rec in records:
+                read += 1
+                where = str(base / _layout.compactions_dir(c) / _layout.record_name(rec.generation))
+                both = rec.overlap()
+                if both:
+                    out.append(Finding(where, f"collection {c!r}: compaction record {rec.generation} lists "
+                                              f"{', '.join(both)} as both input and output: readers refuse the "
+                                              "collection; start the node to rebuild the file from the WAL",
+                                       channel=base.name))
+                for o in rec.outputs:
+                    if o in both or o in consumed:
+                        continue
+                    if not (base / o).exists() and not (base / _layout.hidden(o)).exists():
+                        out.append(Finding(where, f"collection {c!r}: output {o} of compaction record "
+                                                  f"{rec.generation} is missing under both its names",
+                                           channel=base.name))
+    return out, read
+
+
+__all__ = ["PARQUET_DIR", "check_compactions", "check_parquet", "parquet_files"]
