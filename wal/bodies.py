@@ -33,7 +33,9 @@ of what each becomes in Parquet, Spark and DuckDB):
 * ``list<scalar>`` (a Milvus ARRAY; elements may be null) and ``struct`` of scalar fields (at least
   one field, names non-empty and distinct).  Nothing nests deeper.
 * vectors, 1 <= dim <= 32768 (``MAX_VECTOR_DIM``), never with null components (a whole vector may be
-  null when its field is nullable):
+  null when its field is nullable) and, for every float kind (float, float16, bfloat16, sparse), never
+  a NaN or an infinite component (Milvus refuses them; ``SchemaMismatchError`` names the column and the
+  row: "column 'v' row 3 (a float vector) holds a NaN or infinite value"):
 
   - float: ``fixed_size_list<float32>[dim]``;
   - float16: ``fixed_size_list<float16>[dim]``;
@@ -280,7 +282,7 @@ class RowCheck:
     are never visited in Python.
     """
 
-    __slots__ = ("_collection", "_nonnull", "_pk_index", "_pk_type", "_schema", "_valued", "_vectors")
+    __slots__ = ("_bfloat16", "_collection", "_nonnull", "_pk_index", "_pk_type", "_schema", "_valued", "_vectors")
 
     def __init__(self, schema: pa.Schema, primary_key: str, collection: str = "") -> None:
         self._schema = schema
@@ -290,6 +292,7 @@ class RowCheck:
         self._nonnull = tuple(i for i, f in enumerate(schema) if not f.nullable)
         self._vectors = tuple(i for i, f in enumerate(schema) if is_vector(f.type) or is_float16_vector(f.type))
         self._valued = tuple(i for i, f in enumerate(schema) if _needs_value_check(f.type))
+        self._bfloat16 = tuple(i for i, f in enumerate(schema) if is_bfloat16_vector(f))
 
     def _mismatch(self, text: str, field: str) -> SchemaMismatchError:
         return SchemaMismatchError(f"{text} (collection {self._collection!r})", collection=self._collection,
@@ -312,6 +315,15 @@ class RowCheck:
             if _null_components(batch.column(i)):
                 name = self._schema.field(i).name
                 raise self._mismatch(f"vector column {name!r} holds null components", name)
+            row = _non_finite_vector(batch.column(i))
+            if row is not None:  # Milvus refuses them, as it does in a sparse vector (_sparse_problem)
+                name = self._schema.field(i).name
+                raise self._mismatch(f"column {name!r} row {row} (a float vector) {_NON_FINITE}", name)
+        for i in self._bfloat16:
+            row = _non_finite_bfloat16(batch.column(i))
+            if row is not None:
+                name = self._schema.field(i).name
+                raise self._mismatch(f"column {name!r} row {row} (a bfloat16 vector) {_NON_FINITE}", name)
         for i in self._valued:
             problem = _value_problem(batch.column(i), self._schema.field(i).type)
             if problem is not None:
@@ -368,6 +380,42 @@ class RowCheck:
         if len(keys) == 0:
             raise InvalidArgumentError(f"a delete needs keys (collection {self._collection!r})",
                                        collection=self._collection)
+
+
+_NON_FINITE = "holds a NaN or infinite value"
+"""One message for every vector kind (dense, 16-bit, sparse): Milvus refuses such values in each."""
+
+
+def _first_false_row(finite: pa.Array, parents: pa.Array | None, per_row: int) -> int | None:
+    """The row of the first false of ``finite`` (its parent index, or its index // ``per_row``)."""
+    if pc.all(finite).as_py() is not False:
+        return None
+    at = pc.index(finite, False).as_py()
+    return int(parents[at].as_py()) if parents is not None else at // per_row
+
+
+def _non_finite_vector(vectors: pa.FixedSizeListArray) -> int | None:
+    """The row of the first float (or float16) vector holding a NaN or an infinity, or None."""
+    values = vectors.values
+    size = vectors.type.list_size
+    if vectors.null_count == 0 and vectors.offset == 0 and len(values) == len(vectors) * size:
+        return _first_false_row(pc.is_finite(values), None, size)  # the common case: no copy
+    return _first_false_row(pc.is_finite(pc.list_flatten(vectors)), pc.list_parent_indices(vectors), size)
+
+
+def _non_finite_bfloat16(vectors: pa.FixedSizeBinaryArray) -> int | None:
+    """The row of the first bfloat16 vector holding a NaN or an infinity (every exponent bit set), or None."""
+    if len(vectors) == 0 or vectors.null_count == len(vectors):
+        return None
+    per_row = vectors.type.byte_width // 2
+    halves = pa.Array.from_buffers(pa.uint16(), len(vectors) * per_row, [None, vectors.buffers()[1]],
+                                   offset=vectors.offset * per_row)
+    finite = pc.not_equal(pc.bit_wise_and(halves, 0x7F80), 0x7F80)  # little-endian, as the SDK sends them
+    if vectors.null_count:  # the bytes under a null vector mean nothing
+        valid = pc.is_valid(vectors)
+        finite = pc.or_(finite, pc.invert(pc.take(valid, pc.divide(pa.array(range(len(halves)), pa.int64()),
+                                                                     per_row))))
+    return _first_false_row(finite, None, per_row)
 
 
 def _null_components(vectors: pa.FixedSizeListArray) -> int:
@@ -457,13 +505,15 @@ def _sparse_problem(column: pa.MapArray) -> str | None:
     # Compute kernels do not all take map arrays (some abort the process): the keys and values are
     # read as plain lists over the map's offsets instead.
     keys_by_row = pa.ListArray.from_arrays(column.offsets, column.keys)
-    values = pc.list_flatten(pa.ListArray.from_arrays(column.offsets, column.items))
+    values_by_row = pa.ListArray.from_arrays(column.offsets, column.items)
+    values = pc.list_flatten(values_by_row)
     if values.null_count:
         return "(a sparse vector) holds a null value"
     if len(values) == 0:
         return None
-    if not pc.all(pc.is_finite(values)).as_py():
-        return "(a sparse vector) holds a NaN or infinite value"
+    row = _first_false_row(pc.is_finite(values), pc.list_parent_indices(values_by_row), 1)
+    if row is not None:
+        return f"row {row} (a sparse vector) {_NON_FINITE}"
     keys = pc.list_flatten(keys_by_row).cast(pa.int64())
     if pc.max(keys).as_py() > _MAX_SPARSE_INDEX:
         return f"(a sparse vector) holds index {pc.max(keys).as_py()}; indices are below 2**32 - 1"

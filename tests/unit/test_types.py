@@ -127,8 +127,8 @@ def _values(**columns: list[Any]) -> pa.RecordBatch:
     ({"sp": [[(5, 1.0), (1, 2.0)]]}, "'sp' \\(a sparse vector\\) holds indices that do not strictly increase"),
     ({"sp": [[(1, 1.0)], [(3, 1.0), (3, 2.0)]]}, "do not strictly increase within a vector"),
     ({"sp": [[(2**32 - 1, 1.0)]]}, "holds index 4294967295; indices are below 2\\*\\*32 - 1"),
-    ({"sp": [[(1, float("nan"))]]}, "'sp' \\(a sparse vector\\) holds a NaN or infinite value"),
-    ({"sp": [[], [(1, float("-inf"))]]}, "NaN or infinite"),
+    ({"sp": [[(1, float("nan"))]]}, "column 'sp' row 0 \\(a sparse vector\\) holds a NaN or infinite value"),
+    ({"sp": [[], [(1, float("-inf"))]]}, "column 'sp' row 1 \\(a sparse vector\\) holds a NaN or infinite value"),
     ({"sp": [[(1, None)]]}, "holds a null value"),
     # 10**17 seconds would overflow int64 as microseconds, which is how the flusher writes it
     ({"t": [10**17]}, "'t' holds 100000000000000000 \\(seconds since 1970\\), outside years 1..9999"),
@@ -159,6 +159,54 @@ def test_edge_values_and_nulls_pass_the_checks() -> None:
     sliced = _values(sp=[[(3, 1.0), (1, 1.0)], [(1, 1.0), (3, 1.0)]]).slice(1)
     assert check.check_insert(sliced) == 1
     assert bodies.RowCheck(typed_rows.SCHEMA, "pk", "c").check_insert(typed_rows.batch(typed_rows.EXPECTED)) == 3
+
+
+VECTORS = _schema(pa.field("vec", pa.list_(pa.float32(), 2)), pa.field("h", pa.list_(pa.float16(), 2)),
+                  pa.field("b", pa.binary(4), metadata=BF16))
+_BF16_ONE = struct.pack("<H", 0x3F80)
+
+
+def _vectors(vec: list[Any], h: list[Any] | None = None, b: list[Any] | None = None) -> pa.RecordBatch:
+    n = len(vec)
+    return pa.record_batch([pa.array(range(n), pa.int64()), pa.array(vec, VECTORS.field("vec").type),
+                            pa.array(h or [[1.0, 1.0]] * n, VECTORS.field("h").type),
+                            pa.array(b or [_BF16_ONE * 2] * n, pa.binary(4))], schema=VECTORS)
+
+
+@pytest.mark.parametrize(("batch", "match"), [
+    (lambda: _vectors([[1.0, 2.0], [3.0, float("nan")]]), "column 'vec' row 1 \\(a float vector\\)"),
+    (lambda: _vectors([[float("inf"), 2.0]]), "column 'vec' row 0 \\(a float vector\\)"),
+    # A null vector before it: the row is still the batch's row.
+    (lambda: _vectors([None, [1.0, 2.0], [-float("inf"), 0.0]]), "column 'vec' row 2 \\(a float vector\\)"),
+    # Sliced: the row counts from the slice's start.
+    (lambda: _vectors([[float("nan"), 0.0], [1.0, 1.0], [1.0, float("nan")]]).slice(1),
+     "column 'vec' row 1 \\(a float vector\\)"),
+    (lambda: _vectors([[1.0, 1.0], [1.0, 1.0]], h=[[1.0, 1.0], [float("inf"), 1.0]]),
+     "column 'h' row 1 \\(a float vector\\)"),
+    (lambda: _vectors([[1.0, 1.0]], b=[_BF16_ONE + struct.pack("<H", 0x7FC0)]),  # a bfloat16 NaN
+     "column 'b' row 0 \\(a bfloat16 vector\\)"),
+    (lambda: _vectors([[1.0, 1.0]] * 2, b=[_BF16_ONE * 2, struct.pack("<H", 0xFF80) + _BF16_ONE]),  # -inf
+     "column 'b' row 1 \\(a bfloat16 vector\\)"),
+])
+def test_a_vector_holding_a_nan_or_an_infinity_is_refused_naming_column_and_row(batch: Any, match: str) -> None:
+    """As a sparse vector is (Milvus refuses both): one message, SCHEMA_MISMATCH (gRPC INVALID_ARGUMENT)."""
+    from streamingnode.status import to_grpc_status  # noqa: PLC0415
+
+    with pytest.raises(SchemaMismatchError, match=match + " holds a NaN or infinite value \\(collection 'c'\\)") as e:
+        bodies.RowCheck(VECTORS, "id", "c").check_insert(batch())
+    assert to_grpc_status(e.value).code.name == "INVALID_ARGUMENT"
+
+
+def test_finite_vectors_and_null_ones_pass() -> None:
+    check = bodies.RowCheck(VECTORS, "id", "c")
+    big = 3.0e38
+    assert check.check_insert(_vectors([[big, -big], None, [0.0, -0.0]])) == 3
+    # Under a null bfloat16 vector the bytes mean nothing, even when they spell a NaN.
+    raw = pa.Array.from_buffers(pa.binary(4), 2, [pa.py_buffer(bytes([0b01])),
+                                                  pa.py_buffer(_BF16_ONE * 2 + struct.pack("<2H", 0x7FC0, 0x7FC0))])
+    nullable = pa.record_batch([pa.array([0, 1], pa.int64()), pa.array([[1.0, 1.0]] * 2, VECTORS.field("vec").type),
+                                pa.array([[1.0, 1.0]] * 2, VECTORS.field("h").type), raw], schema=VECTORS)
+    assert check.check_insert(nullable) == 2
 
 
 def test_nested_fields_may_be_declared_stricter_than_the_schema() -> None:
@@ -208,6 +256,9 @@ def test_the_node_refuses_types_and_values_with_precise_errors(tmp_path: Path) -
                 await data.create_collection("v", "c", VALUES, primary_key="id")
                 with pytest.raises(SchemaMismatchError, match="'sp' \\(a sparse vector\\) holds indices"):
                     await data.insert("v", "c", _values(sp=[[(2, 1.0), (2, 1.0)]]))
+                await data.create_collection("v", "vectors", VECTORS, primary_key="id")
+                with pytest.raises(SchemaMismatchError, match="column 'vec' row 1 \\(a float vector\\) holds a NaN"):
+                    await data.insert("v", "vectors", _vectors([[1.0, 1.0], [float("nan"), 1.0]]))
                 with pytest.raises(SchemaMismatchError, match="'t' holds -62135596801 \\(seconds"):
                     await data.insert("v", "c", _values(t=[-62135596801]))
                 await data.insert("v", "c", _values(t=[0]))
