@@ -194,6 +194,8 @@ class Flusher:
         self._damaged: list[_layout.Damaged] = []  # moved aside at start, rebuilt before reading
         self._unchecked: list[str] = []  # sound footers whose data the check task has still to read
         self._holding = False
+        self._checked = asyncio.Event()
+        """Set once ``_holding`` ended, or the flusher stopped: on-demand compaction waits for it."""
         self._staging: Path | None = None
         self._check_task: asyncio.Task[None] | None = None
         self._compact_task: asyncio.Task[None] | None = None
@@ -324,6 +326,7 @@ class Flusher:
         if self._state is FlusherState.CLOSED:
             return
         self._state = FlusherState.DRAINING
+        self._checked.set()
         if self._check_task is not None:
             await cancel_and_wait(self._check_task)
         if self._compact_task is not None:
@@ -360,6 +363,7 @@ class Flusher:
         else:
             log.error("flusher stopped", pchannel=self._wal.pchannel, error=repr(exc))
         self._error = exc
+        self._checked.set()
         self._fail_waiters(exc)
 
     def _fenced(self, exc: StagingFencedError) -> ChannelFencedError:
@@ -625,6 +629,13 @@ class Flusher:
         replaces the flusher's compaction settings for this pass; ``now_ms`` the wall clock the
         horizon is counted back from (a model test picks its horizons)."""
         cfg = config or self._cfg.compaction or _compact.CompactionConfig()
+        if self._holding:
+            # The files committed before the start are still being checked (a damaged one moved aside
+            # and rebuilt): a pass deleting one meanwhile would look like damage to the check.
+            await self._checked.wait()
+            if self._holding:
+                raise OnShutdownError(f"flusher of {self._wal.pchannel!r} stopped before its files were checked",
+                                      channel=self._wal.pchannel)
         busy = set(self._buffers)  # a buffer opened later holds only messages delivered later
         names = [collection] if collection is not None else await self._in_thread(_compact.collections, self._root)
         results = []
@@ -799,6 +810,7 @@ class Flusher:
             log.exception("flusher could not check its files", pchannel=self._wal.pchannel)
             self.problems.append(f"the check of the committed Parquet files stopped: {exc!r:.200}")
         self._holding = False
+        self._checked.set()
 
     async def _rebuild(self, damaged: list[_layout.Damaged]) -> None:
         """Write each moved-aside file again from the WAL, or report it lost (``problems``)."""

@@ -9,7 +9,9 @@ flusher (now and then of the whole chain).  A check flushes everything, then ask
 the rows as of random timeticks at or after the compaction horizon (and as of "now"), and compares
 them with ``Model.visible``: a plain replay of the operations in (ts, id) order with a dict.
 
-A failure names the seed and the step, and prints the walk's last operations; ``STREAMINGNODE_MODEL_SEED``
+A failure names the seed and the step, and prints the walk's last operations (the tests report it with
+``pytest.fail(..., pytrace=False)``: pytest's own traceback of a long walk once failed inside its AST
+parser, hiding the finding); ``STREAMINGNODE_MODEL_SEED``
 replays a seed.  ``tests/unit/test_compaction_model.py`` runs it with pyarrow and DuckDB,
 ``tests/spark/test_compaction_model_spark.py`` a smaller walk with Spark too.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import random
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -75,8 +78,9 @@ class Walk:
     """One walk: ``await run(steps)``; raises AssertionError naming the seed and step on a mismatch."""
 
     def __init__(self, manager: WALManager, root: Path, seed: int, readers: dict[str, Reader],
-                 pchannel: str = "p") -> None:
+                 pchannel: str = "p", *, as_of_per_check: int = 3) -> None:
         self.manager = manager
+        self.as_of_per_check = as_of_per_check
         self.pchannel = pchannel
         self.root = root
         self.seed = seed
@@ -88,6 +92,7 @@ class Walk:
         self.history: list[str] = []
         self.figures = Figures()
         self._next_value = 0
+        self._last_now_ms = 0
 
     # --- lifecycle ---------------------------------------------------------------------------------
     async def _open(self) -> None:
@@ -139,8 +144,9 @@ class Walk:
             await getattr(self, f"_{kind}")()
         except AssertionError as exc:
             raise AssertionError(self._context(i, kind, str(exc))) from None
-        except Exception as exc:
-            raise AssertionError(self._context(i, kind, repr(exc))) from exc
+        except Exception as exc:  # its traceback in the message: the test reports it without pytest's own
+            trace = "".join(traceback.format_exception(exc))[-4000:]
+            raise AssertionError(self._context(i, kind, f"{exc!r}\n{trace}")) from None
 
     def _context(self, i: int, kind: str, what: str) -> str:
         tail = "\n  ".join(self.history[-40:])
@@ -200,8 +206,15 @@ class Walk:
         return horizon or 0
 
     async def _compact(self) -> None:
+        await self._pass(0)
+        if self.rng.random() < 0.4:
+            # A second pass at once, its clock later or equal: what a node's periodic passes meet while
+            # the horizon moves on (a delete file the first pass merged is the only one the second sees).
+            await self._pass(self._last_now_ms)
+
+    async def _pass(self, not_before_ms: int) -> None:
         assert self.flusher is not None and self.writer is not None
-        ticks = self.writer.model.timeticks()
+        ticks = [t for t in self.writer.model.timeticks() if t >> 18 >= not_before_ms]
         cfg = CompactionConfig(
             target_bytes=self.rng.choice((2_000, 8_000, 128 << 20)),
             target_rows=self.rng.choice((None, None, 4, 16)),
@@ -211,6 +224,7 @@ class Walk:
         )
         # The horizon: the physical part of a timetick of the walk's past, or "now".
         now_ms = self.rng.choice(ticks) >> 18 if ticks and self.rng.random() < 0.85 else int(time.time() * 1000)
+        self._last_now_ms = now_ms
         if self.rng.random() < 0.7:
             # As a node's passes mostly find: nothing buffered (buffered rows keep every delete entry).
             await self.flusher.flush("v")
@@ -242,7 +256,7 @@ class Walk:
         horizon = self._horizon()
         model = self.writer.model
         later = [t for t in model.timeticks() if t >= horizon]
-        picks: list[int | None] = [None, horizon, *self.rng.sample(later, min(len(later), 3))]
+        picks: list[int | None] = [None, horizon, *self.rng.sample(later, min(len(later), self.as_of_per_check))]
         for as_of in picks:
             want = model.visible(as_of)
             for name, reader in self.readers.items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -214,3 +215,56 @@ def test_a_delete_entry_stays_while_a_row_it_removes_is_left_in_a_file_not_compa
     assert sorted(k for k, _, _ in _tuples(deletes)) == [7]
     assert sorted(k for k, _, _ in _tuples(data)) == [7, 10, 12, 20, 21, 22, 23, 24]  # q's 7 is still there
     assert [k for k, _ in visible(tmp_path)] == [10, 12, 20, 21, 22, 23, 24]  # and still removed
+
+
+async def test_a_pass_asked_for_while_the_files_are_still_checked_waits_for_the_check(
+    manager: WALManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the model walk: a pass right after a restart deleted a file the check of the committed
+    files was about to read, and the check took the missing file for damage."""
+    import asyncio  # noqa: PLC0415
+
+    from flusher import _probe  # noqa: PLC0415
+    from flusher import compact as compact_module  # noqa: PLC0415
+    from tests.waiting import until  # noqa: PLC0415
+
+    swal = await open_stream(manager)
+    f = Flusher(swal, tmp_path, FlusherConfig())
+    await f.start()
+    await _small_files(swal, f, 4)
+    expected = visible(tmp_path)
+    await f.aclose()
+    order: list[str] = []
+    release = asyncio.Event()
+    real_probe, real_pass = _probe.probe, compact_module.compact_collection
+
+    async def held_probe(mode: str, *args: object) -> AsyncIterator[object]:
+        data = mode == _probe.DATA  # the check of the data; the footers' scan at start goes through
+        if data:
+            order.append("check started")
+            await release.wait()
+        async for answer in real_probe(mode, *args):  # type: ignore[arg-type]
+            yield answer
+        if data:
+            order.append("check done")
+
+    def watched_pass(*args: object, **kwargs: object) -> object:
+        order.append("pass")
+        return real_pass(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_probe, "probe", held_probe)
+    monkeypatch.setattr(compact_module, "compact_collection", watched_pass)
+    g = Flusher(swal, tmp_path, FlusherConfig())
+    await g.start()
+    try:
+        passing = asyncio.get_running_loop().create_task(g.compact("c", config=EAGER))
+        await until(lambda: "check started" in order, "the check of the committed files to start")
+        assert not passing.done() and "pass" not in order
+        release.set()
+        [r] = await passing
+        assert r.generation == 1
+        assert order == ["check started", "check done", "pass"]
+        assert g.problems == [] and visible(tmp_path) == expected
+    finally:
+        await g.aclose()
+        await swal.aclose()

@@ -20,7 +20,7 @@ from tests.compaction_model import SECONDS_ENV, SEED_ENV, Figures, Walk, arrow_r
 from tests.seeds import draw_seed
 from wal import WALManager
 
-STEPS = 400
+STEPS = 300
 READERS = {"pyarrow": arrow_reader, "duckdb": duckdb_reader}
 
 
@@ -31,7 +31,10 @@ async def test_readers_agree_with_the_model_through_flushes_compactions_and_rest
     budget = float(os.environ.get(SECONDS_ENV) or 0)
     seed = draw_seed(SEED_ENV, record_property)
     if not budget:
-        figures = await Walk(manager, tmp_path / "out", seed, READERS).run(STEPS)
+        try:
+            figures = await Walk(manager, tmp_path / "out", seed, READERS).run(STEPS)
+        except AssertionError as exc:
+            pytest.fail(str(exc), pytrace=False)
         print(figures.line())
         return
     # The long run: fresh seeds, one walk after another, each in its own directory and pchannel.
@@ -42,7 +45,10 @@ async def test_readers_agree_with_the_model_through_flushes_compactions_and_rest
     while time.monotonic() - started < budget:
         walk_seed = rng.randrange(1 << 32)
         walk = Walk(manager, tmp_path / f"out{walks}", walk_seed, READERS, pchannel=f"p{walks}")
-        figures = await walk.run(STEPS)
+        try:
+            figures = await walk.run(STEPS)
+        except AssertionError as exc:
+            pytest.fail(f"long run, walk {walks + 1}: {exc}", pytrace=False)
         walks += 1
         total.steps.update(figures.steps)
         total.reads += figures.reads
