@@ -1,7 +1,7 @@
 PY ?= .venv/bin/python
 VENV_STAMP := .venv/.installed
 
-.PHONY: install run test lint tools proto bench clean
+.PHONY: install run test lint tools proto bench clean model-long
 
 # Create the virtualenv and install the project with its dev extra (once per pyproject change).
 $(VENV_STAMP): pyproject.toml
@@ -43,6 +43,12 @@ tools:
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm; \
 	fi
 	@[ -d examples/node/node_modules ] || (cd examples/node && npm ci --no-audit --no-fund)
+
+# The compaction model walk (tests/compaction_model.py) for 20 minutes: fresh seeds one after another,
+# pyarrow and DuckDB against the model; prints its figures (walks, steps, compactions, reads compared).
+model-long: $(VENV_STAMP)
+	STREAMINGNODE_MODEL_SECONDS=$${STREAMINGNODE_MODEL_SECONDS:-1200} $(PY) -m pytest \
+	  tests/unit/test_compaction_model.py -q --capture=sys -p no:cacheprovider -o timeout=0
 
 # Regenerate streamingnode/v1/ from proto/streamingnode/v1/*.proto (commit the result).
 proto: $(VENV_STAMP)

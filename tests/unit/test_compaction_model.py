@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,11 +51,14 @@ async def test_readers_agree_with_the_model_through_flushes_compactions_and_rest
         except AssertionError as exc:
             pytest.fail(f"long run, walk {walks + 1}: {exc}", pytrace=False)
         walks += 1
+        print(f"walk {walks} (seed {walk_seed}), {time.monotonic() - started:.0f} s: {figures.line()}",
+              file=sys.__stderr__, flush=True)  # progress, should the run be cut short
         total.steps.update(figures.steps)
         total.reads += figures.reads
         total.compactions += figures.compactions
         total.delete_entries_dropped += figures.delete_entries_dropped
     line = f"{walks} walks of {STEPS} steps in {time.monotonic() - started:.0f} s: {total.line()}"
     print(line)
+    print(line, file=sys.__stderr__)  # past pytest's capture of sys.stdout (``make model-long``)
     record_property("long_run", line)
 
