@@ -7,8 +7,10 @@
 ```
 
 Ids are the WAL message ids of the first and last message in the file, in delivery order, zero-padded
-to 20 digits so that names sort.  Names starting with ``_`` or ``.`` are hidden from Spark and Hive
-readers of ``<root>/<collection>``, which is why the drop marker uses one.  Delete files live outside
+to 20 digits so that names sort.  A compaction output adds its generation (``.g<generation>``, 20
+digits) before the suffix, so that it never takes the name of an input (``file_name``).  Names
+starting with ``_`` or ``.`` are hidden from Spark and Hive readers of ``<root>/<collection>``, which
+is why the drop marker uses one.  Delete files live outside
 the collection's directory altogether (``<root>/_deletes/``, a name collections cannot take), so that
 a plain glob ``<root>/<collection>/**/*.parquet`` (DuckDB's, say) reads data files only: a delete file
 there would add its keys as rows with NULL user columns.

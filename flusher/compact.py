@@ -10,10 +10,13 @@ flusher commit):
    rows, in delivery order, cut into groups of at most the target size.  A row is dead when a delete
    entry at or before the horizon removes it (the row rule: ``(row._ts, row._id) < (del._ts,
    del._id)``); no read as of the horizon or later can see it.
-3. Write each group, minus its dead rows, as one hidden output ``.<first>-<last>.parquet`` under
-   ``<collection>/partition=<p>/segment=-<generation>/`` (a negative segment: never a real one, so no
-   flusher buffer writes there, and names never collide across generations), and the delete files
-   as one, minus the entries that can no longer remove any row; fsync all.  Step ``output``.
+3. Write each group, minus its dead rows, as one hidden output ``.<first>-<last>.g<generation>.parquet``
+   under ``<collection>/partition=<p>/segment=-<generation>/`` (a negative segment: never a real one,
+   so no flusher buffer writes there), and the delete files as one, minus the entries that can no
+   longer remove any row; fsync each, then the directories.  Step ``output``.  The generation in
+   every name keeps an output from ever taking an input's name (a lone delete file rewritten keeps
+   its first and last ids), and ``_layout.check_record`` refuses a record that would list a path as
+   both.
 4. Commit the record ``<collection>/_compactions/<generation>.json`` (temporary, fsync, rename,
    directory fsync).  Step ``record``.  From here readers (``_layout.visible_files``) see the new set.
 5. Link each output's visible name (its hidden one stays readable for readers that listed it).
