@@ -48,3 +48,39 @@ def test_a_kill_after_each_step_leaves_the_visible_rows_exactly_once(tmp_path: P
     assert visible(tmp_path) == expected
     data, deletes, _ = _layout.visible_files(tmp_path, "c")
     assert len(data) == 1 and len(deletes) <= 1
+
+
+_PASS_B = """
+import sys
+from pathlib import Path
+from flusher.compact import CompactionConfig, compact_collection
+compact_collection(Path(sys.argv[1]), "c", CompactionConfig(min_files=2, horizon_seconds=0, grace_seconds=0),
+                   now_ms=31)
+"""
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_a_kill_while_the_only_delete_file_is_rewritten_loses_no_entry(tmp_path: Path, step: str) -> None:
+    """The two-pass reproduction (tests/unit/test_compact_names.py), killed after each step of pass B."""
+    from wal.clock import compose  # noqa: PLC0415
+
+    _write(tmp_path, "c/partition=p/segment=1", [1, 2, 3, 4], compose(10, 0), 1)
+    _write(tmp_path, "c/partition=p/segment=1", [5, 6, 7, 8], compose(20, 0), 2)
+    for i, k in enumerate((1, 2, 3)):
+        _write(tmp_path, _layout.deletes_dir("c"), [k], compose(30 + i, 0), 3 + i, data=False)
+    compact_collection(tmp_path, "c", CompactionConfig(min_files=2, horizon_seconds=0, grace_seconds=0), now_ms=30)
+    _write(tmp_path, "c/partition=p/segment=2", [9], compose(40, 0), 6)
+    _write(tmp_path, "c/partition=p/segment=2", [10], compose(41, 0), 7)
+    expected = [(k, ts) for k, ts in visible(tmp_path)]
+    assert [k for k, _ in expected] == list(range(4, 11))
+    child = subprocess.run([sys.executable, "-c", _PASS_B, str(tmp_path)], env={**os.environ, KILL_ENV: step},
+                           capture_output=True, timeout=120, check=False)
+    assert child.returncode == -9, child.stderr.decode()[-2000:]
+    assert visible(tmp_path) == expected
+    recover(tmp_path, "c")
+    assert visible(tmp_path) == expected
+    for rec in _layout.read_records(tmp_path, "c"):
+        assert set(rec.inputs).isdisjoint(rec.outputs)
+    compact_collection(tmp_path, "c", CompactionConfig(min_files=2, horizon_seconds=0, grace_seconds=0),
+                       now_ms=1 << 40)
+    assert visible(tmp_path) == expected
