@@ -158,3 +158,21 @@ def test_verify_names_the_collection_and_the_record(tmp_path: Path) -> None:
         f"{root / 'p' / 'c' / '_compactions' / _layout.record_name(2)}: collection 'c': compaction record 2 lists "
         f"{rel} as both input and output: readers refuse the collection; start the node to rebuild the file from "
         "the WAL")
+
+
+def test_the_verify_command_reports_it_and_exits_1(tmp_path: Path) -> None:
+    import io  # noqa: PLC0415
+
+    from streamingnode.verify import run  # noqa: PLC0415
+
+    data_dir = tmp_path / "data"
+    rel = f"{_layout.deletes_dir('c')}/{_layout.file_name(3, 5)}"
+    records = data_dir / "parquet" / "p" / _layout.compactions_dir("c")
+    records.mkdir(parents=True)
+    (records / _layout.record_name(2)).write_bytes(_layout.CompactionRecord(2, 7, (rel,), (rel,), {}).to_json())
+    out, err = io.StringIO(), io.StringIO()
+    assert run(str(data_dir), None, None, out, err) == 1, err.getvalue()
+    lines = out.getvalue().splitlines()
+    assert f"{records / _layout.record_name(2)}: collection 'c': compaction record 2 lists {rel} as both" in \
+        out.getvalue(), lines
+    assert lines[-1].startswith(f"verify {data_dir}: 1 finding(s)") and "1 compaction records" in lines[-1], lines
