@@ -646,6 +646,14 @@ class Flusher:
                                                             now_ms=now_ms))
             except StagingFencedError as exc:
                 raise self._fenced(exc) from exc
+            except _layout.OverlappingRecordError as exc:
+                if collection is not None:
+                    raise
+                # A record older code wrote that could not be repaired (``problems``): this collection
+                # waits, the others are compacted.
+                log.error("compaction skipped", pchannel=self._wal.pchannel, collection=name,  # noqa: TRY400
+                          error=str(exc)[:300])  # the reason is the record, not this stack
+                continue
             self._compactions.add(r)
             if r.generation is not None:
                 log.info("compacted", pchannel=self._wal.pchannel, collection=name, generation=r.generation,

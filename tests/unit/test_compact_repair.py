@@ -138,6 +138,15 @@ async def test_an_output_lost_past_retention_is_reported_and_readers_keep_refusi
         assert g.stats().files_lost == 1
         with pytest.raises(_layout.OverlappingRecordError):
             _keys(tmp_path)
+        # A pass over every collection leaves this one alone and compacts the others.
+        await swal.append(bodies.create_collection("v", "d", SCHEMA, "pk"))
+        for start in (1, 2):
+            await swal.append(bodies.insert("v", "d", rows(start, 1)))
+            await g.flush("v", "d")
+        results = await g.compact(config=EAGER)
+        assert [(r.collection, r.generation) for r in results] == [("d", 1)]
+        with pytest.raises(_layout.OverlappingRecordError):
+            await g.compact("c", config=EAGER)
     finally:
         await g.aclose()
 
