@@ -21,7 +21,7 @@ from tests.compaction_model import SECONDS_ENV, SEED_ENV, Figures, Walk, arrow_r
 from tests.seeds import draw_seed
 from wal import WALManager
 
-STEPS = 250
+STEPS = 300
 READERS = {"pyarrow": arrow_reader, "duckdb": duckdb_reader}
 
 
