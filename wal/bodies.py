@@ -63,6 +63,7 @@ Builders raise ``InvalidArgumentError`` for bad arguments; parsers raise only ``
 
 from __future__ import annotations
 
+import math
 import re
 import zoneinfo
 from collections.abc import Sequence
@@ -394,12 +395,22 @@ def _first_false_row(finite: pa.Array, parents: pa.Array | None, per_row: int) -
     return int(parents[at].as_py()) if parents is not None else at // per_row
 
 
+def _sum_is_finite(values: pa.Array) -> bool:
+    """True when the sum of ``values`` is finite, so that none is a NaN or an infinity: one pass and no
+    allocation, about a third cheaper than ``is_finite`` over every component on this path of every
+    insert.  False does not by itself mean a bad value: the caller asks ``is_finite`` which one."""
+    total = pc.sum(values).as_py()
+    return total is None or math.isfinite(total)
+
+
 def _non_finite_vector(vectors: pa.FixedSizeListArray) -> int | None:
     """The row of the first float (or float16) vector holding a NaN or an infinity, or None."""
     values = vectors.values
     size = vectors.type.list_size
     if vectors.null_count == 0 and vectors.offset == 0 and len(values) == len(vectors) * size:
-        return _first_false_row(pc.is_finite(values), None, size)  # the common case: no copy
+        if values.type == pa.float32() and _sum_is_finite(values):  # the common case: no copy, one pass
+            return None  # (Arrow has no sum of float16)
+        return _first_false_row(pc.is_finite(values), None, size)
     return _first_false_row(pc.is_finite(pc.list_flatten(vectors)), pc.list_parent_indices(vectors), size)
 
 

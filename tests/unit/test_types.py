@@ -201,6 +201,7 @@ def test_finite_vectors_and_null_ones_pass() -> None:
     check = bodies.RowCheck(VECTORS, "id", "c")
     big = 3.0e38
     assert check.check_insert(_vectors([[big, -big], None, [0.0, -0.0]])) == 3
+    assert check.check_insert(_vectors([[big, big], [big, big]])) == 2  # large, finite: their sum too (in double)
     # Under a null bfloat16 vector the bytes mean nothing, even when they spell a NaN.
     raw = pa.Array.from_buffers(pa.binary(4), 2, [pa.py_buffer(bytes([0b01])),
                                                   pa.py_buffer(_BF16_ONE * 2 + struct.pack("<2H", 0x7FC0, 0x7FC0))])
