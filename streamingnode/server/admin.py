@@ -160,10 +160,11 @@ class AdminHandlers:
                 wanted = [g for g in wanted if channel.groups.exists(g)]
             await channel.groups.refresh()  # after a restart: the high-water of what groups lag behind
             for group in wanted:
+                problems = channel.groups.problems(group)
                 progress = [
                     spb.ConsumerGroupProgress(
                         vchannel=p.vchannel, committed=convert.position_to_pb(p.committed, p.vchannel),
-                        lag_messages=p.lag_messages, lag_ms=p.lag_ms,
+                        lag_messages=p.lag_messages, lag_ms=p.lag_ms, problem=problems.get(p.vchannel, ""),
                     )
                     for p in channel.groups.progress(group)
                 ]
@@ -190,7 +191,9 @@ class AdminHandlers:
             pos = await self._resolve(channel, convert.policy_from_pb(request.policy))
         else:
             raise InvalidArgumentError("seek needs a policy or a position", field="target")
-        await channel.groups.commit(group, [(vchannel, pos)])
+        # Checked as an ack is, against the pchannel's range instead of a stream's: a position past the
+        # newest message or the read point is refused (OUT_OF_RANGE), never stored to stall the group.
+        await channel.groups.commit(group, [(vchannel, pos)], fields=[target])
         return spb.SeekConsumerGroupResponse(position=convert.position_to_pb(pos, vchannel))
 
     async def _resolve(self, channel: Channel, policy: DeliverPolicy) -> Position:
