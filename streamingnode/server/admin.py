@@ -20,7 +20,7 @@ from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from wal._codec import check_keepalive
 from wal.bodies import PROP_COLLECTION
-from wal.errors import InvalidArgumentError, InvalidTxnStateError, StreamingError
+from wal.errors import InvalidArgumentError, InvalidTxnStateError, OutOfRangeError, StreamingError
 from wal.message import Message, MessageType, Position
 from wal.names import COLLECTION, VCHANNEL
 from wal.options import DeliverPolicy, PolicyKind, ReadOption
@@ -184,6 +184,11 @@ class AdminHandlers:
             pos, _ = convert.position_from_pb(request.position)
             if not pos.pchannel:
                 pos = pos._replace(pchannel=channel.stream.pchannel)
+            why = channel.groups.problem(pos.message_id, 0) if pos.pchannel == channel.stream.pchannel else None
+            if why is not None:  # past the end is refused, not read as "latest": seek with policy latest for that
+                raise OutOfRangeError(f"position: cannot seek consumer group {group!r} on pchannel "
+                                      f"{channel.stream.pchannel!r}: {why}", channel=channel.stream.pchannel,
+                                      group=group, field="position", message_id=pos.message_id)
             if pos.timetick == 0 and pos.pchannel == channel.stream.pchannel:
                 # An id without a time resumes as StartFrom(id) does: store that position's real time.
                 pos = await self._resolve(channel, DeliverPolicy.start_from(pos.message_id))
