@@ -412,14 +412,16 @@ class ConsumerGroups:
         return out
 
     async def commit(self, group: str, positions: list[tuple[str, Position]], *,
-                     ceiling: tuple[MessageID, int] | None = None, fields: list[str] | None = None) -> None:
+                     ceiling: tuple[MessageID, int] | None = None, reads: str | None = None,
+                     fields: list[str] | None = None) -> None:
         """Replace the group's committed position on each (vchannel, position), all or none; the
         vchannel "" holds the position of a read of every vchannel.
 
         Each position must lie in the retained range, no further than the next id and the read point.
         An ack (``ceiling`` given: the (message id, timetick) its stream has delivered up to) must also
         lie at or below ``ceiling`` and not behind the group's committed position on its vchannel; a
-        seek or a call of the embedded API may move the group back.  Refusals name ``fields[i]``
+        seek or a call of the embedded API may move the group back.  ``reads``: the vchannel the
+        acking stream reads ("" = every one): a position of another vchannel is refused.  Refusals name ``fields[i]``
         (default ``positions[i]``): OUT_OF_RANGE for a position outside the range or above the ceiling,
         INVALID_ARGUMENT otherwise.
         """
@@ -427,12 +429,19 @@ class ConsumerGroups:
         named = fields if fields is not None else [f"positions[{i}]" for i in range(len(positions))]
         read_point = max(self.read_point(), wal.last_timetick)
         top = (wal.next_id, read_point) if ceiling is None else ceiling
+        if reads:
+            for (vchannel, _), field in zip(positions, named, strict=True):
+                if vchannel != reads:
+                    raise InvalidArgumentError(
+                        f"{field}.vchannel: this stream reads vchannel {names.shorten(reads)}, so it can commit "
+                        f"only that vchannel's position, not {names.shorten(vchannel)}; nothing was committed",
+                        channel=wal.pchannel, group=group, field=f"{field}.vchannel")
         for (vchannel, pos), field in zip(positions, named, strict=True):
             names.VCHANNEL.check(vchannel, f"{field}.vchannel", allow_empty=True)
             if pos.pchannel != wal.pchannel:
                 raise InvalidArgumentError(
                     f"{field}: position of pchannel {names.shorten(pos.pchannel)} cannot be committed on "
-                    f"{wal.pchannel!r}", channel=wal.pchannel, field=field,
+                    f"{wal.pchannel!r}; nothing was committed", channel=wal.pchannel, field=field,
                 )
             why = range_problem(pos.message_id, pos.timetick, wal.first_id, wal.next_id, read_point)
             if why is None and (pos.message_id > top[0] or pos.timetick > top[1]):

@@ -467,15 +467,8 @@ class ConsumeStream:
                              for p, field in zip(request.ack.positions, fields, strict=True)]
                 if not positions:
                     raise InvalidArgumentError("ack has no positions", field="positions")
-                if vchannel:
-                    for (_, v), field in zip(positions, fields, strict=True):
-                        if v != vchannel:
-                            raise InvalidArgumentError(
-                                f"{field}.vchannel: this stream reads vchannel {vchannel!r}, so it can commit "
-                                f"only that vchannel's position, not {v[:200]!r}; nothing was committed",
-                                field=f"{field}.vchannel")
                 await channel.groups.commit(group, [(v, pos) for pos, v in positions], ceiling=self.ceiling,
-                                            fields=fields)
+                                            reads=vchannel, fields=fields)
             except StreamingError as exc:
                 refused(self.servicer, "Consume", exc, self.context, in_band=True)
                 await self._write(spb.ConsumeResponse(error=to_error_detail(exc)))
