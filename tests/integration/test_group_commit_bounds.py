@@ -6,6 +6,8 @@ DescribeConsumerGroups and ``verify``, and opening the group fails naming it, ne
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +16,7 @@ import grpc
 import pytest
 from google.protobuf.empty_pb2 import Empty
 
+from streamingnode.client import AsyncClient, Consumer, MsgPack
 from streamingnode.groups import META_KEY
 from streamingnode.server import ServerThread
 from streamingnode.v1 import common_pb2 as pb
@@ -23,6 +26,7 @@ from streamingnode.verify import verify
 from tests.factories import ins, tick
 from tests.integration.conftest import node_config
 from tests.integration.rpc_helpers import data, payloads, produce, status_of
+from tests.waiting import until
 from wal import WALManager
 
 pytestmark = pytest.mark.integration
@@ -265,3 +269,42 @@ async def test_a_position_stored_out_of_range_is_reported_and_refuses_the_open(t
     report = verify(str(data_dir))
     found = [f.problem for f in report.findings]
     assert len(found) == 1 and "consumer group 'gone'" in found[0] and "out of range" in found[0], found
+
+
+async def _pack_with(consumer: Consumer, payload: bytes) -> MsgPack:
+    async with asyncio.timeout(10):
+        async for pack in consumer:
+            if any(m.payload == payload for m in pack.messages):
+                return pack
+    raise AssertionError(f"the read ended before {payload!r}")
+
+
+async def test_an_ack_pending_at_a_reconnect_lands_once_the_new_stream_delivered_it(tmp_path: Path) -> None:
+    # The new stream starts at the group's position (before the pending ack), so the node would
+    # refuse the ack until that stream has delivered up to it: the SDK holds it back until then.
+    thread = ServerThread(node_config(tmp_path / "data")).start()
+    address = thread.address
+    try:
+        async with AsyncClient(address, reconnect_timeout=20.0) as client:
+            await client.create_channels(["p"])
+            await client.create_group("p", "g")
+            consumer = client.consumer("p", "v", group="g")
+            await consumer.wait_opened()
+            async with client.producer("p") as producer:
+                await producer.send("v", b"one")
+            await consumer.ack(await _pack_with(consumer, b"one"))
+            async with client.producer("p") as producer:
+                await producer.send("v", b"two")
+            second = await _pack_with(consumer, b"two")
+            config = dataclasses.replace(thread.config, listen=address)
+            thread.stop(grace=0.2)
+            await until(lambda: not consumer.connected, "the consumer to see the node gone")
+            acked = asyncio.ensure_future(consumer.ack(second))  # unanswered: nobody is there
+            thread = ServerThread(config).start()
+            await asyncio.wait_for(acked, 30)
+            assert consumer.reconnects >= 1
+            (described,) = await client.describe_groups("p", ["g"])
+            assert described.committed("v") == second.end_position
+            await consumer.aclose()
+    finally:
+        thread.stop()
