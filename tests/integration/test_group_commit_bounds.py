@@ -26,6 +26,7 @@ from streamingnode.verify import verify
 from tests.factories import ins, tick
 from tests.integration.conftest import node_config
 from tests.integration.rpc_helpers import data, payloads, produce, status_of
+from tests.integration.test_cli import cli
 from tests.waiting import until
 from wal import WALManager
 
@@ -243,6 +244,14 @@ async def test_a_position_stored_out_of_range_is_reported_and_refuses_the_open(t
             assert problems["fine"] == [""]
             assert "in the future" in problems["stuck"][0] and f"timetick {TOP}" in problems["stuck"][0]
             assert "past the pchannel's newest message" in problems["gone"][0]
+            # The CLI and the SDK show it too, with the way out.
+            shown = await asyncio.to_thread(cli, server.address, "groups", "describe", "--channel", "p")
+            assert shown.returncode == 0, shown.stderr
+            assert "problem: group 'stuck' of pchannel 'p', vchannel 'v'" in shown.stderr, shown.stderr
+            assert "groups seek --channel p" in shown.stderr and "'fine'" not in shown.stderr
+            async with AsyncClient(server.address) as client:
+                by_group = {d.group: d.vchannels[0].problem for d in await client.describe_groups("p")}
+            assert by_group["fine"] == "" and "past the pchannel's newest message" in by_group["gone"]
             for name in ("stuck", "gone"):
                 s = _Stream(stub)
                 try:
