@@ -143,9 +143,9 @@ class _Change:
     group: str
     positions: list[tuple[str, Position]]
     done: asyncio.Future[None]
+    """Settled when the store holding the change ended: None once durable, else the error."""
     fields: list[str]
     """The request field of each position, for the refusal that names it."""
-    """Settled when the store holding the change ended: None once durable, else the error."""
 
 
 def _settle(done: asyncio.Future[None], error: BaseException | None) -> None:
@@ -421,9 +421,9 @@ class ConsumerGroups:
         An ack (``ceiling`` given: the (message id, timetick) its stream has delivered up to) must also
         lie at or below ``ceiling`` and not behind the group's committed position on its vchannel; a
         seek or a call of the embedded API may move the group back.  ``reads``: the vchannel the
-        acking stream reads ("" = every one): a position of another vchannel is refused.  Refusals name ``fields[i]``
-        (default ``positions[i]``): OUT_OF_RANGE for a position outside the range or above the ceiling,
-        INVALID_ARGUMENT otherwise.
+        acking stream reads ("" = every one): a position of another vchannel is refused.  Refusals
+        name ``fields[i]`` (default ``positions[i]``): OUT_OF_RANGE for a position outside the range
+        or above the ceiling, INVALID_ARGUMENT otherwise.
         """
         wal = self._wal
         named = fields if fields is not None else [f"positions[{i}]" for i in range(len(positions))]
