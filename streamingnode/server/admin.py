@@ -178,7 +178,7 @@ class AdminHandlers:
         channel = self.node.channel(require(request.pchannel, "pchannel"))
         group = require(request.group, "group")
         channel.groups.require(group)
-        vchannel = request.vchannel
+        vchannel = VCHANNEL.check(request.vchannel, "vchannel", allow_empty=True)
         target = request.WhichOneof("target")
         if target == "position":
             pos, _ = convert.position_from_pb(request.position)
