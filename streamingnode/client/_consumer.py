@@ -19,7 +19,8 @@ The node commits an ack only up to what the stream it arrives on has delivered. 
 answered when a stream breaks goes again on the new stream once that stream has delivered up to it
 (its first pack, normally: the new read skips what was received by its timetick); acks after it
 wait behind it, as answers come in order.  An ack of a position this consumer never received is
-sent at once, and the node's refusal is raised.
+sent at once, and the node's refusal is raised.  An ack answered ON_SHUTDOWN (the pchannel closed
+under it, as when its owner goes away) is not failed: the stream is opened again and the ack resent.
 
 In a cluster the consumer reaches its pchannel through a ``Route``: an open refused with NOT_OWNER
 goes to the owner it names, and after the owner went away the next open resolves it again through
@@ -44,7 +45,7 @@ from streamingnode.client._routing import Route
 from streamingnode.status import from_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
-from wal.errors import InvalidArgumentError, OnShutdownError, StreamingError, UnavailableError
+from wal.errors import ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError, UnavailableError
 from wal.lifecycle import cancel_and_wait
 from wal.message import Position
 from wal.options import DeliverFilter, DeliverPolicy, PolicyKind
@@ -431,6 +432,10 @@ class Consumer:
             elif kind in ("acked", "error"):
                 if not self._acks:
                     continue
+                if kind == "error" and resp.error.code == ErrorCode.ON_SHUTDOWN:
+                    # The pchannel closed under the ack (its owner is going away, the stream ends next):
+                    # the ack stays pending and goes again, with those after it, on the next stream.
+                    raise from_error_detail(resp.error)
                 _, fut, _ = self._acks.popleft()
                 self._written = max(self._written - 1, 0)
                 if fut.done():

@@ -12,8 +12,10 @@ import grpc
 
 from streamingnode import convert
 from streamingnode.client import Consumer
+from streamingnode.status import to_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
 from tests.waiting import until
+from wal.errors import OnShutdownError
 from wal.message import Position
 from wal.scanner import MsgPack
 
@@ -102,6 +104,34 @@ async def test_an_unanswered_ack_waits_for_the_new_stream_to_deliver_it() -> Non
         await until(lambda: (10_000, 10_000) in second.acks(), "sent at once")
         second.feed_acked()
         await asyncio.wait_for(never, 10)
+        second.responses.put_nowait(spb.ConsumeResponse(closed=spb.ConsumeClosed()))
+    finally:
+        await consumer.aclose()
+
+
+async def test_an_ack_answered_on_shutdown_goes_again_on_the_next_stream() -> None:
+    # The pchannel closed under the commit (its owner going away): the ack is not failed but resent.
+    stub = _Stub()
+    consumer = Consumer(stub, "p", "v", group="g", reconnect_timeout=10.0)  # type: ignore[arg-type]
+    consumer.start()
+    try:
+        await until(lambda: len(stub.calls) == 1, "the first open")
+        first = stub.calls[0]
+        first.responses.put_nowait(_opened())
+        first.feed_pack((0, 0), (10, 100))
+        pack = await asyncio.wait_for(anext(consumer), 10)
+        acked = asyncio.ensure_future(consumer.ack(pack))
+        await until(lambda: first.acks() == [(10, 100)], "the ack written")
+        first.responses.put_nowait(spb.ConsumeResponse(error=to_error_detail(
+            OnShutdownError("WAL of pchannel 'p' is closed", channel="p"))))
+        await until(lambda: len(stub.calls) == 2, "the reopen")
+        second = stub.calls[1]
+        second.responses.put_nowait(_opened())
+        second.feed_pack((10, 100), (12, 150))
+        await until(lambda: second.acks() == [(10, 100)], "the ack sent again")
+        assert not acked.done()
+        second.feed_acked()
+        await asyncio.wait_for(acked, 10)
         second.responses.put_nowait(spb.ConsumeResponse(closed=spb.ConsumeClosed()))
     finally:
         await consumer.aclose()
