@@ -22,12 +22,23 @@ receive.  The newest message of each vchannel (its high-water) is kept in memory
 (``observe_append``, fed by the channel's append observer); after a restart it is rebuilt, once, by
 reading what follows the oldest committed position (``refresh``): what lies before every group's
 position cannot make any group lag.
+
+A group's position moves only where its readers have been.  A commit names, for each vchannel, a
+position within the pchannel's retained range (``message_id`` from the oldest retained id through
+the next id to be written, a timetick no newer than the read point).  An ack of a Consume stream
+must also lie no further than the end of the last pack that stream sent (its *ceiling*), and not
+behind the group's committed position on that vchannel (the Kafka rule: between where the group
+stands and what was delivered); that check runs against the state the store starts from, so two
+acks racing cannot both pass it on a stale view.  A seek may move a group back.  Any refusal fails
+the whole commit: nothing of it is stored.  ``problems`` names stored positions that are out of range
+(left by an older version that checked less), so that they are reported rather than obeyed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from wal import names
@@ -37,6 +48,7 @@ from wal.errors import (
     ConsumerGroupNotExistError,
     CorruptedError,
     InvalidArgumentError,
+    OutOfRangeError,
     StreamingError,
 )
 from wal.message import BROADCAST_VCHANNEL, Message, MessageID, MessageType, Position
@@ -75,6 +87,28 @@ Newest = tuple[MessageID, int]
 """The largest id and the largest timetick among a vchannel's messages."""
 
 
+def behind(position: tuple[MessageID, int], of: tuple[MessageID, int]) -> bool:
+    """Whether ``position`` (message id, timetick) lies behind ``of`` in either part: resuming from
+    it would deliver again something resuming from ``of`` would not."""
+    return position[0] < of[0] or position[1] < of[1]
+
+
+def range_problem(
+    message_id: int, timetick: int, first_id: MessageID, next_id: MessageID, read_point: int,
+) -> str | None:
+    """Why a position cannot be resumed from on a pchannel whose retained ids are ``[first_id,
+    next_id)`` and whose newest timetick is ``read_point`` (None: it can).  A position's id may be
+    ``next_id`` itself (everything stored delivered); a timetick above the read point hides every
+    message until the clock reaches it, which for 2^64-1 is never."""
+    if message_id > next_id:
+        return f"message_id {message_id} is past the pchannel's newest message (the next id is {next_id})"
+    if message_id < first_id:
+        return f"message_id {message_id} is below the oldest retained id {first_id}"
+    if timetick > read_point:
+        return f"timetick {timetick} is in the future (the pchannel's newest timetick is {read_point})"
+    return None
+
+
 def lag(newest: Newest | None, message_id: MessageID, timetick: int) -> tuple[int, int]:
     """(WAL ids, milliseconds) a position ``(message_id, timetick)`` is behind ``newest``.
 
@@ -110,6 +144,8 @@ class _Change:
     positions: list[tuple[str, Position]]
     done: asyncio.Future[None]
     """Settled when the store holding the change ended: None once durable, else the error."""
+    fields: list[str]
+    """The request field of each position, for the refusal that names it."""
 
 
 def _settle(done: asyncio.Future[None], error: BaseException | None) -> None:
@@ -126,6 +162,9 @@ class ConsumerGroups:
 
     def __init__(self, wal: WAL, groups: _State) -> None:
         self._wal = wal
+        self.read_point: Callable[[], int] = lambda: wal.last_timetick
+        """The newest timetick a position may carry; the node sets it to its streaming WAL's read
+        point (a tick delivered without being stored is newer than the WAL's last timetick)."""
         self._groups = groups
         """The durable state: what the record holds (a stored state is replaced, never changed)."""
         self._encoded = {g: _encode_group(g, vs) for g, vs in groups.items()}
@@ -157,9 +196,10 @@ class ConsumerGroups:
                 ) from None
         return cls(wal, groups)
 
-    async def _change(self, kind: str, group: str, positions: list[tuple[str, Position]] | None = None) -> None:
+    async def _change(self, kind: str, group: str, positions: list[tuple[str, Position]] | None = None,
+                      fields: list[str] | None = None) -> None:
         """Queue a change, have it stored, return once the store that held it is durable."""
-        change = _Change(kind, group, positions or [], asyncio.get_running_loop().create_future())
+        change = _Change(kind, group, positions or [], asyncio.get_running_loop().create_future(), fields or [])
         self._queue.append(change)
         if self._storing is None:
             self._storing = asyncio.get_running_loop().create_task(self._store_queued())
@@ -223,6 +263,18 @@ class ConsumerGroups:
             if change.kind == "destroy":
                 del groups[group]
             else:
+                current = groups[group]
+                for k, (vchannel, pos) in enumerate(change.positions):
+                    # Every position is checked before any is applied: a refused commit stores nothing.
+                    was = current.get(vchannel)
+                    if change.kind == "ack" and was is not None and behind((pos.message_id, pos.timetick), was):
+                        field = change.fields[k] if k < len(change.fields) else "position"
+                        raise InvalidArgumentError(
+                            f"{field}: position ({pos.message_id}, {pos.timetick}) of vchannel "
+                            f"{names.shorten(vchannel)} is behind consumer group {group!r}'s committed position "
+                            f"({was[0]}, {was[1]}) on pchannel {self._wal.pchannel!r}: another consumer of the group "
+                            "or a seek moved it; nothing was committed",
+                            channel=self._wal.pchannel, group=group, field=field)
                 if group not in changed:
                     groups[group] = dict(groups[group])
                 for vchannel, pos in change.positions:
@@ -344,17 +396,63 @@ class ConsumerGroups:
     async def destroy(self, group: str) -> None:
         await self._change("destroy", group)
 
-    async def commit(self, group: str, positions: list[tuple[str, Position]]) -> None:
-        """Replace the group's committed position on each (vchannel, position); the vchannel "" holds
-        the position of a read of every vchannel."""
-        for vchannel, pos in positions:
-            names.VCHANNEL.check(vchannel, allow_empty=True)
-            if pos.pchannel != self._wal.pchannel:
+    def problem(self, message_id: int, timetick: int) -> str | None:
+        """Why a position cannot be resumed from on this pchannel now (see ``range_problem``)."""
+        wal = self._wal
+        read_point = max(self.read_point(), wal.last_timetick)
+        return range_problem(message_id, timetick, wal.first_id, wal.next_id, read_point)
+
+    def problems(self, group: str) -> dict[str, str]:
+        """The group's stored positions that are out of range now, by vchannel, and why."""
+        out = {}
+        for vchannel, (mid, ts) in self.require(group).items():
+            why = self.problem(mid, ts)
+            if why is not None:
+                out[vchannel] = why
+        return out
+
+    async def commit(self, group: str, positions: list[tuple[str, Position]], *,
+                     ceiling: tuple[MessageID, int] | None = None, reads: str | None = None,
+                     fields: list[str] | None = None) -> None:
+        """Replace the group's committed position on each (vchannel, position), all or none; the
+        vchannel "" holds the position of a read of every vchannel.
+
+        Each position must lie in the retained range, no further than the next id and the read point.
+        An ack (``ceiling`` given: the (message id, timetick) its stream has delivered up to) must also
+        lie at or below ``ceiling`` and not behind the group's committed position on its vchannel; a
+        seek or a call of the embedded API may move the group back.  ``reads``: the vchannel the
+        acking stream reads ("" = every one): a position of another vchannel is refused.  Refusals
+        name ``fields[i]`` (default ``positions[i]``): OUT_OF_RANGE for a position outside the range
+        or above the ceiling, INVALID_ARGUMENT otherwise.
+        """
+        wal = self._wal
+        named = fields if fields is not None else [f"positions[{i}]" for i in range(len(positions))]
+        read_point = max(self.read_point(), wal.last_timetick)
+        top = (wal.next_id, read_point) if ceiling is None else ceiling
+        if reads:
+            for (vchannel, _), field in zip(positions, named, strict=True):
+                if vchannel != reads:
+                    raise InvalidArgumentError(
+                        f"{field}.vchannel: this stream reads vchannel {names.shorten(reads)}, so it can commit "
+                        f"only that vchannel's position, not {names.shorten(vchannel)}; nothing was committed",
+                        channel=wal.pchannel, group=group, field=f"{field}.vchannel")
+        for (vchannel, pos), field in zip(positions, named, strict=True):
+            names.VCHANNEL.check(vchannel, f"{field}.vchannel", allow_empty=True)
+            if pos.pchannel != wal.pchannel:
                 raise InvalidArgumentError(
-                    f"position of pchannel {names.shorten(pos.pchannel)} cannot be committed on {self._wal.pchannel!r}",
-                    channel=self._wal.pchannel,
+                    f"{field}: position of pchannel {names.shorten(pos.pchannel)} cannot be committed on "
+                    f"{wal.pchannel!r}; nothing was committed", channel=wal.pchannel, field=field,
                 )
-        await self._change("commit", group, positions)
+            why = range_problem(pos.message_id, pos.timetick, wal.first_id, wal.next_id, read_point)
+            if why is None and (pos.message_id > top[0] or pos.timetick > top[1]):
+                why = f"({pos.message_id}, {pos.timetick}) is past ({top[0]}, {top[1]})"
+                why += ", the end of what this stream has delivered" if ceiling is not None else ""
+            if why is not None:
+                raise OutOfRangeError(
+                    f"{field}: cannot commit consumer group {group!r} on pchannel {wal.pchannel!r}: {why}; "
+                    "nothing was committed", channel=wal.pchannel, group=group, field=field,
+                    message_id=pos.message_id, timetick=pos.timetick)
+        await self._change("commit" if ceiling is None else "ack", group, positions, named)
 
 
-__all__ = ["ConsumerGroups", "VchannelProgress", "check_group_name"]
+__all__ = ["ConsumerGroups", "VchannelProgress", "behind", "check_group_name", "range_problem"]

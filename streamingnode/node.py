@@ -408,6 +408,7 @@ class Node:
         try:
             await stream.ready()
             groups = await ConsumerGroups.load(stream.wal)
+            groups.read_point = stream.mvcc_timetick  # ticks delivered unstored are newer than the WAL's last
             if self.config.flusher:
                 cfg = self.config
                 # This incarnation's own directory: one left by a destroyed channel of the same name

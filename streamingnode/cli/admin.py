@@ -134,7 +134,8 @@ def group_json(g: GroupDescription) -> dict[str, Any]:
     return {"pchannel": g.pchannel, "group": g.group, "vchannels": [
         {"vchannel": p.vchannel, "committed": {"message_id": p.committed.message_id,
                                                "timetick": p.committed.timetick},
-         "lag_messages": p.lag_messages, "lag_ms": p.lag_ms} for p in g.vchannels]}
+         "lag_messages": p.lag_messages, "lag_ms": p.lag_ms, **({"problem": p.problem} if p.problem else {})}
+        for p in g.vchannels]}
 
 
 async def groups_create(args: argparse.Namespace, addr: str) -> int:
@@ -207,6 +208,12 @@ async def groups_describe(args: argparse.Namespace, addr: str) -> int:
                      rows))
     else:
         print("no consumer groups", file=sys.stderr)
+    for g in groups:
+        for p in g.vchannels:
+            if p.problem:  # opening the group there fails: say so, and how to repair it
+                print(f"problem: group {g.group!r} of pchannel {g.pchannel!r}, vchannel {p.vchannel!r}: {p.problem}; "
+                      f"repair with: groups seek --channel {g.pchannel} --vchannel {p.vchannel!r} {g.group!r} "
+                      "--to earliest|latest|...", file=sys.stderr)
     return 0
 
 

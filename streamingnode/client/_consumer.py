@@ -15,6 +15,13 @@ With a consumer group the node replaces the policy by the group's committed posi
 before what this consumer received, unless someone moved the group), but it keeps the filters, so the
 ``timetick_gt`` filter still cuts everything already received.
 
+The node commits an ack only up to what the stream it arrives on has delivered.  So an ack not yet
+answered when a stream breaks goes again on the new stream once that stream has delivered up to it
+(its first pack, normally: the new read skips what was received by its timetick); acks after it
+wait behind it, as answers come in order.  An ack of a position this consumer never received is
+sent at once, and the node's refusal is raised.  An ack answered ON_SHUTDOWN (the pchannel closed
+under it, as when its owner goes away) is not failed: the stream is opened again and the ack resent.
+
 In a cluster the consumer reaches its pchannel through a ``Route``: an open refused with NOT_OWNER
 goes to the owner it names, and after the owner went away the next open resolves it again through
 the seeds; the resume rule above makes the new owner continue exactly after the last pack received.
@@ -38,7 +45,7 @@ from streamingnode.client._routing import Route
 from streamingnode.status import from_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
-from wal.errors import InvalidArgumentError, OnShutdownError, StreamingError, UnavailableError
+from wal.errors import ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError, UnavailableError
 from wal.lifecycle import cancel_and_wait
 from wal.message import Position
 from wal.options import DeliverFilter, DeliverPolicy, PolicyKind
@@ -115,7 +122,15 @@ class Consumer:
         self._ended = False
         self._received: Position | None = None
         self._delivered: Position | None = None
-        self._acks: collections.deque[tuple[spb.ConsumeRequest, asyncio.Future[None]]] = collections.deque()
+        self._acks: collections.deque[tuple[spb.ConsumeRequest, asyncio.Future[None], tuple[int, int]]] = \
+            collections.deque()
+        """Acks not answered yet, in order: (request, its future, the largest id and timetick it names)."""
+        self._written = 0
+        """How many of ``_acks`` (from the left) went out on the current stream."""
+        self._stream_end: tuple[int, int] | None = None
+        """(id, timetick) of the end of the last pack received on the current stream."""
+        self._high: tuple[int, int] | None = None
+        """The same, the largest over every stream so far."""
         self._write_lock = asyncio.Lock()
         self._call: Any = None
         self.reconnects = 0
@@ -195,14 +210,13 @@ class Consumer:
             positions = list(what)
         request = spb.ConsumeRequest(ack=spb.ConsumeAck(
             positions=[convert.position_to_pb(p, self.vchannel) for p in positions]))
+        top = (max((p.message_id for p in positions), default=0), max((p.timetick for p in positions), default=0))
         fut: asyncio.Future[None] = self._loop.create_future()
         async with self._write_lock:
             # Registered and written under the lock that a reconnect holds while it resends pending
             # acks: each ack goes out once per stream, so answers match acks one to one.
-            self._acks.append((request, fut))
-            if self._call is not None:
-                with contextlib.suppress(StreamingError):  # a broken stream: the reconnect resends it
-                    await write(self._call, request)
+            self._acks.append((request, fut, top))
+            await self._send_acks()
         self._space.set()  # the reader must read on to see the answer, even with a full buffer
         await fut
 
@@ -267,9 +281,24 @@ class Consumer:
         self._fail_acks(self._error or OnShutdownError(f"consumer on {self.pchannel!r} closed",
                                                        channel=self.pchannel))
 
+    async def _send_acks(self) -> None:
+        """Write the acks not yet sent on this stream, in order, stopping at one that must wait: one
+        naming a position received on an earlier stream that this one has not delivered yet (the
+        node would refuse it).  Hold ``_write_lock``."""
+        if self._call is None:
+            return
+        while self._written < len(self._acks):
+            request, _, top = self._acks[self._written]
+            if _covered(top, self._high) and not _covered(top, self._stream_end):
+                return
+            with contextlib.suppress(StreamingError):  # a broken stream: the reconnect resends it
+                await write(self._call, request)
+            self._written += 1
+
     def _fail_acks(self, exc: StreamingError) -> None:
+        self._written = 0
         while self._acks:
-            _, fut = self._acks.popleft()
+            _, fut, _ = self._acks.popleft()
             if not fut.done():
                 fut.set_exception(exc)
                 fut.exception()
@@ -355,9 +384,11 @@ class Consumer:
         await open_stream(call, spb.ConsumeRequest(open=open_), "consume", self.pchannel)
         try:
             async with self._write_lock:
-                for request, _ in self._acks:  # acks not yet answered go again on the new stream
-                    await write(call, request)
+                # Acks not yet answered go again on the new stream, each once it has delivered up to it.
+                self._written = 0
+                self._stream_end = None
                 self._call = call
+                await self._send_acks()
         except BaseException:
             call.cancel()
             raise
@@ -392,10 +423,21 @@ class Consumer:
                 self._received = pack.end_position
                 self._packs.append(pack)
                 self._ready.set()
+                end = (pack.end_position.message_id, pack.end_position.timetick)
+                self._stream_end = end
+                self._high = end if self._high is None else (max(self._high[0], end[0]), max(self._high[1], end[1]))
+                if self._written < len(self._acks):
+                    async with self._write_lock:
+                        await self._send_acks()
             elif kind in ("acked", "error"):
                 if not self._acks:
                     continue
-                _, fut = self._acks.popleft()
+                if kind == "error" and resp.error.code == ErrorCode.ON_SHUTDOWN:
+                    # The pchannel closed under the ack (its owner is going away, the stream ends next):
+                    # the ack stays pending and goes again, with those after it, on the next stream.
+                    raise from_error_detail(resp.error)
+                _, fut, _ = self._acks.popleft()
+                self._written = max(self._written - 1, 0)
                 if fut.done():
                     continue
                 if kind == "acked":
@@ -404,6 +446,11 @@ class Consumer:
                     fut.set_exception(from_error_detail(resp.error))
             elif kind == "closed":
                 return
+
+
+def _covered(top: tuple[int, int], end: tuple[int, int] | None) -> bool:
+    """Whether a position (id, timetick) lies at or before ``end`` in both parts."""
+    return end is not None and top[0] <= end[0] and top[1] <= end[1]
 
 
 __all__ = ["Consumer", "resume_read"]

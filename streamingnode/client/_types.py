@@ -81,6 +81,9 @@ class GroupProgress:
     committed: Position
     lag_messages: int
     lag_ms: int
+    problem: str = ""
+    """Empty, or why the committed position cannot be resumed from (stored out of range by an older
+    version): opening the group on this vchannel fails until a seek moves it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +97,7 @@ class GroupDescription:
     @classmethod
     def from_pb(cls, d: spb.ConsumerGroupDescription) -> GroupDescription:
         progress = tuple(
-            GroupProgress(p.vchannel, convert.position_from_pb(p.committed)[0], p.lag_messages, p.lag_ms)
+            GroupProgress(p.vchannel, convert.position_from_pb(p.committed)[0], p.lag_messages, p.lag_ms, p.problem)
             for p in d.vchannels
         )
         return cls(d.pchannel, d.group, progress)

@@ -20,7 +20,7 @@ from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from wal._codec import check_keepalive
 from wal.bodies import PROP_COLLECTION
-from wal.errors import InvalidArgumentError, InvalidTxnStateError, StreamingError
+from wal.errors import InvalidArgumentError, InvalidTxnStateError, OutOfRangeError, StreamingError
 from wal.message import Message, MessageType, Position
 from wal.names import COLLECTION, VCHANNEL
 from wal.options import DeliverPolicy, PolicyKind, ReadOption
@@ -160,10 +160,11 @@ class AdminHandlers:
                 wanted = [g for g in wanted if channel.groups.exists(g)]
             await channel.groups.refresh()  # after a restart: the high-water of what groups lag behind
             for group in wanted:
+                problems = channel.groups.problems(group)
                 progress = [
                     spb.ConsumerGroupProgress(
                         vchannel=p.vchannel, committed=convert.position_to_pb(p.committed, p.vchannel),
-                        lag_messages=p.lag_messages, lag_ms=p.lag_ms,
+                        lag_messages=p.lag_messages, lag_ms=p.lag_ms, problem=problems.get(p.vchannel, ""),
                     )
                     for p in channel.groups.progress(group)
                 ]
@@ -177,12 +178,17 @@ class AdminHandlers:
         channel = self.node.channel(require(request.pchannel, "pchannel"))
         group = require(request.group, "group")
         channel.groups.require(group)
-        vchannel = request.vchannel
+        vchannel = VCHANNEL.check(request.vchannel, "vchannel", allow_empty=True)
         target = request.WhichOneof("target")
         if target == "position":
             pos, _ = convert.position_from_pb(request.position)
             if not pos.pchannel:
                 pos = pos._replace(pchannel=channel.stream.pchannel)
+            why = channel.groups.problem(pos.message_id, 0) if pos.pchannel == channel.stream.pchannel else None
+            if why is not None:  # past the end is refused, not read as "latest": seek with policy latest for that
+                raise OutOfRangeError(f"position: cannot seek consumer group {group!r} on pchannel "
+                                      f"{channel.stream.pchannel!r}: {why}", channel=channel.stream.pchannel,
+                                      group=group, field="position", message_id=pos.message_id)
             if pos.timetick == 0 and pos.pchannel == channel.stream.pchannel:
                 # An id without a time resumes as StartFrom(id) does: store that position's real time.
                 pos = await self._resolve(channel, DeliverPolicy.start_from(pos.message_id))
@@ -190,7 +196,9 @@ class AdminHandlers:
             pos = await self._resolve(channel, convert.policy_from_pb(request.policy))
         else:
             raise InvalidArgumentError("seek needs a policy or a position", field="target")
-        await channel.groups.commit(group, [(vchannel, pos)])
+        # Checked as an ack is, against the pchannel's range instead of a stream's: a position past the
+        # newest message or the read point is refused (OUT_OF_RANGE), never stored to stall the group.
+        await channel.groups.commit(group, [(vchannel, pos)], fields=[target])
         return spb.SeekConsumerGroupResponse(position=convert.position_to_pb(pos, vchannel))
 
     async def _resolve(self, channel: Channel, policy: DeliverPolicy) -> Position:

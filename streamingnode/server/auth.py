@@ -8,8 +8,16 @@ principal and its permissions::
     sha256 = "<64 hex digits: streamingnode token hash < token-file>"
     permissions = ["produce:orders-*", "consume:*"]
 
-A permission is ``admin`` or ``produce:<glob>`` / ``consume:<glob>``, the glob matched against the
-pchannel name as ``fnmatch.fnmatchcase`` does.  ``RULES`` says which permission each RPC needs.
+A permission is ``admin``, ``produce:<glob>``, ``consume:<glob>`` or ``consume:<glob>:<group glob>``,
+each glob matched as ``fnmatch.fnmatchcase`` does (the first against the pchannel name, the second
+against a consumer group's).  ``RULES`` says which permission each RPC needs.
+
+Consumer groups are shared: whoever reads with a group moves its position for every reader of it.
+``consume:<glob>:<group glob>`` grants reading the pchannels and using the groups the group glob
+names there (an empty group glob names none: reading without a group only).  A token that has at
+least one such rule may use only the groups its rules name; a token with none (every token written
+before group rules existed) keeps the behaviour documented for it then: any group of the pchannels
+it may consume.
 
 Clients send ``authorization: Bearer <token>``.  The interceptor sees only the method and the
 metadata, so it authenticates there (one hash and one dict lookup per call) and, for RPCs whose
@@ -97,12 +105,29 @@ class Principal:
     admin: bool = False
     produce: tuple[str, ...] = ()
     consume: tuple[str, ...] = ()
+    groups: tuple[tuple[str, str], ...] | None = None
+    """(pchannel glob, group glob) of each ``consume:<glob>:<group glob>`` rule; None when the token
+    has none, and so may use any group of the pchannels it may consume (the rule before groups had
+    permissions of their own)."""
 
     def may(self, action: Need, pchannel: str) -> bool:
         """True when ``action`` (PRODUCE or CONSUME) on ``pchannel`` is allowed.  admin is not a
         superset: an operator token does not also write data unless it says so."""
         patterns = self.produce if action is Need.PRODUCE else self.consume
         return any(fnmatch.fnmatchcase(pchannel, p) for p in patterns)
+
+    def may_use_group(self, pchannel: str, group: str) -> bool:
+        """True when this principal may read with (and so commit) consumer group ``group`` on
+        ``pchannel``; consuming the pchannel is checked separately (``may``)."""
+        if self.groups is None:
+            return True
+        return any(fnmatch.fnmatchcase(pchannel, p) and fnmatch.fnmatchcase(group, g) for p, g in self.groups)
+
+    def _group_denial(self, pchannel: str, groups: list[str], what: str) -> StreamingError | None:
+        for group in groups:
+            if not self.may_use_group(pchannel, group):
+                return self._denied(f"consume:{pchannel}:{group}", pchannel, what)
+        return None
 
     def denial(self, need: Need, request: Any) -> StreamingError | None:
         """Why this principal may not make the call ``request`` (None: it may)."""
@@ -119,12 +144,20 @@ class Principal:
         if need is Need.CONSUME_OR_ALL:
             if not request.pchannel:
                 return None if self.admin else self._denied("admin", None, "describing the groups of every pchannel")
-            need = Need.CONSUME
+            if not self.may(Need.CONSUME, request.pchannel):
+                return self._denied(f"consume:{request.pchannel}", request.pchannel)
+            if not request.groups and self.groups is not None:
+                # Listing every group would name other teams' groups and positions.
+                return self._denied(f"consume:{request.pchannel}:*", request.pchannel,
+                                    "describing every group of the pchannel: name the groups")
+            return self._group_denial(request.pchannel, list(request.groups), "consumer group")
         streamed = isinstance(request, (spb.ProduceRequest, spb.ConsumeRequest))
         pchannel: str = request.open.pchannel if streamed else request.pchannel
-        if self.may(need, pchannel):
-            return None
-        return self._denied(f"{need.value}:{pchannel}", pchannel)
+        if not self.may(need, pchannel):
+            return self._denied(f"{need.value}:{pchannel}", pchannel)
+        if need is Need.CONSUME and streamed and request.open.consumer_group:
+            return self._group_denial(pchannel, [request.open.consumer_group], "consumer group")
+        return None
 
     def _denied(self, permission: str, pchannel: str | None, what: str = "") -> PermissionDeniedError:
         shown = permission if len(permission) <= 200 else permission[:200] + "..."
@@ -208,16 +241,24 @@ def _principal(name: str, permissions: Any, bad: Callable[[str], InvalidArgument
     admin = False
     produce: list[str] = []
     consume: list[str] = []
+    groups: list[tuple[str, str]] | None = None
     for permission in permissions:
         kind, sep, pattern = permission.partition(":")
         if permission == "admin":
             admin = True
-        elif sep and kind in ("produce", "consume") and pattern:
-            (produce if kind == "produce" else consume).append(pattern)
+        elif sep and kind == "produce" and pattern:
+            produce.append(pattern)
+        elif sep and kind == "consume" and pattern and not pattern.startswith(":"):
+            # A pchannel name has no ':', so the first one after the kind ends the pchannel glob; the
+            # group glob is the rest (a group name may hold ':').
+            pchannels, scoped, group_glob = pattern.partition(":")
+            consume.append(pchannels)
+            if scoped:
+                groups = [*(groups or []), (pchannels, group_glob)]
         else:
-            raise bad(f"unknown permission {permission[:200]!r} (expected 'admin', 'produce:<pchannel glob>' "
-                      "or 'consume:<pchannel glob>')")
-    return Principal(name, admin, tuple(produce), tuple(consume))
+            raise bad(f"unknown permission {permission[:200]!r} (expected 'admin', 'produce:<pchannel glob>', "
+                      "'consume:<pchannel glob>' or 'consume:<pchannel glob>:<group glob>')")
+    return Principal(name, admin, tuple(produce), tuple(consume), None if groups is None else tuple(groups))
 
 
 def bearer_token(metadata: Any) -> str | None:

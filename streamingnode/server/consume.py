@@ -13,6 +13,13 @@ never starved however many readers wake on a commit; and each response is at mos
 ``consume_buffer_bytes`` (the node's bytes and gRPC's copy of the one in flight), which bounds what
 a client that stops reading costs.  Acks commit the group's position and are answered in-band, so a failed ack
 leaves the stream open.  When the node drains, the stream ends with ON_SHUTDOWN at once.
+
+An ack may commit only what this stream has delivered: positions of its own vchannel (any vchannel,
+for a read of the whole pchannel), no further than the end of the last pack the stream has sent
+(``ConsumeStream.ceiling``, where the read starts until then), and not behind the group's committed
+position (``ConsumerGroups.commit``).  Anything else refuses the whole ack, naming the field, and
+commits nothing.  A group whose stored position is out of range (left by an older version) cannot be
+opened: the open fails with OUT_OF_RANGE naming the group, rather than read nothing in silence.
 """
 
 from __future__ import annotations
@@ -45,7 +52,13 @@ from streamingnode.server.fanout import (
 from streamingnode.status import to_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
 from wal.clock import physical_ms
-from wal.errors import InvalidArgumentError, MessageTooLargeError, OnShutdownError, StreamingError
+from wal.errors import (
+    InvalidArgumentError,
+    MessageTooLargeError,
+    OnShutdownError,
+    OutOfRangeError,
+    StreamingError,
+)
 from wal.lifecycle import cancel_and_wait
 from wal.message import Position
 from wal.names import VCHANNEL
@@ -87,6 +100,15 @@ class ConsumeStream:
         message larger than half of it, which goes alone."""
         self.held_peak = 0
         """The most ``held_bytes`` has been."""
+        self.ceiling: tuple[int, int] = (0, 0)
+        """(message id, timetick) of the end of the last pack sent (before the first: where the read
+        starts): an ack may commit no further."""
+
+    def _sending(self, end: Position) -> None:
+        """A pack ending at ``end`` is about to go out: acks may commit up to it from now on (its
+        responses are written next, and an ack of it can only follow them)."""
+        mid, ts = self.ceiling
+        self.ceiling = (max(mid, end.message_id), max(ts, end.timetick))
 
     async def _write(self, response: spb.ConsumeResponse | bytes) -> None:
         # Shielded: a write cancelled half-way would leave gRPC's send operation pending, and the next
@@ -128,6 +150,13 @@ class ConsumeStream:
         group = check_group_name(opened.consumer_group, "open.consumer_group") if opened.consumer_group else None
         if group is not None:
             committed = channel.groups.committed(group, vchannel)
+            why = None if committed is None else channel.groups.problem(committed.message_id, committed.timetick)
+            if why is not None:
+                raise OutOfRangeError(
+                    f"consumer group {group!r} cannot be read on pchannel {channel.stream.pchannel!r}, vchannel "
+                    f"{vchannel!r}: its committed position is out of range ({why}); an administrator can move it "
+                    "with SeekConsumerGroup", channel=channel.stream.pchannel, group=group,
+                    field="open.consumer_group")
             if committed is not None:
                 # Resume after the committed position (the rule of Position), like auto.offset.reset.
                 policy = DeliverPolicy.start_from(committed.message_id)
@@ -140,6 +169,8 @@ class ConsumeStream:
         self.max_bytes = min(config.consume_max_pack_bytes, self.receive_limit, half_cap)
         option = ReadOption(vchannel or None, policy, filters)
         self.scanner = channel.stream.read(option)
+        start = self.scanner.position
+        self.ceiling = (start.message_id, start.timetick)
         # What decides a response's bytes besides the pack itself (see fanout.pack_key).
         types = option.message_types()
         prefix: tuple[Hashable, ...] = (
@@ -269,11 +300,13 @@ class ConsumeStream:
                     if entry is not None and entry[0] == check:
                         cache.hit()
                         joined = True
+                        self._sending(position)
                         if making is not None:
                             cache.made(*making)  # cached already: the others need not wait for our write
                         await self._send_cached(entry[1], metrics)
                         continue
                     cache.miss()
+                    self._sending(pack.end_position)
                     responses, error = self._encode(pack, vchannel, limit, encode)
                     if error is None:
                         cache.put(key, check, responses)  # before writing: the others need not wait for this client
@@ -290,6 +323,7 @@ class ConsumeStream:
                     continue
                 pack, pending = _merge(pack, scanner, limit, min(max_bytes, MERGE_BYTES))
                 for part, nbytes in split_pack(pack, limit, max_bytes):
+                    self._sending(part.end_position)
                     if tracing is not None and part.messages:  # a span per pack with messages, linked to producers
                         with tracing.consume_span(part.start_position.pchannel, vchannel, part.messages):
                             for data in self._part_responses(part, nbytes, vchannel, encode):
@@ -316,6 +350,7 @@ class ConsumeStream:
         check, responses = entry
         single = _single(responses) if join else None
         if single is None:
+            self._sending(check.end_position)
             await self._send_cached(responses, metrics)
             return check.end_position
         run, last, end = [single], check, check.end_position
@@ -332,6 +367,7 @@ class ConsumeStream:
             n, nbytes, size = n + nxt[0].n_messages, nbytes + nxt[1][0][2], size + len(following)
             last, end = nxt[0], nxt[0].end_position
         if len(run) == 1:
+            self._sending(end)
             await self._send_cached(responses, metrics)
             return end
         # The readers following at one position join the same run (the same messages from ``position``
@@ -343,12 +379,14 @@ class ConsumeStream:
         if data is None:
             data = convert.joined_pack_response(MsgPack(check.begin_ts, last.end_ts, [], position, end), vchannel, run)
             if data is None:  # not message packs after all: one at a time, as they were cached
+                self._sending(check.end_position)
                 await self._send_cached(responses, metrics)
                 return check.end_position
             cache.put(joined_key, PackCheck(check.begin_ts, last.end_ts, end, n, check.first, last.last),
                       (((data,), n, nbytes),))
         for _ in run[1:]:  # the first was counted by the caller
             cache.hit()
+        self._sending(end)
         await self._write(data)
         if metrics is not None:
             metrics.observe_pack(n, nbytes)
@@ -424,11 +462,13 @@ class ConsumeStream:
                     raise InvalidArgumentError("'open' may only be the first request of a Consume stream")
                 if group is None:
                     raise InvalidArgumentError("ack needs a consumer_group on open", field="consumer_group")
-                positions = [convert.position_from_pb(p, f"ack.positions[{i}]")
-                             for i, p in enumerate(request.ack.positions)]
+                fields = [f"ack.positions[{i}]" for i in range(len(request.ack.positions))]
+                positions = [convert.position_from_pb(p, field)
+                             for p, field in zip(request.ack.positions, fields, strict=True)]
                 if not positions:
                     raise InvalidArgumentError("ack has no positions", field="positions")
-                await channel.groups.commit(group, [(v, pos) for pos, v in positions])
+                await channel.groups.commit(group, [(v, pos) for pos, v in positions], ceiling=self.ceiling,
+                                            reads=vchannel, fields=fields)
             except StreamingError as exc:
                 refused(self.servicer, "Consume", exc, self.context, in_band=True)
                 await self._write(spb.ConsumeResponse(error=to_error_detail(exc)))

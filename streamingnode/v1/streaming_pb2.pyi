@@ -316,16 +316,18 @@ class ConsumerGroupDescription(_message.Message):
     def __init__(self, pchannel: _Optional[str] = ..., group: _Optional[str] = ..., vchannels: _Optional[_Iterable[_Union[ConsumerGroupProgress, _Mapping]]] = ...) -> None: ...
 
 class ConsumerGroupProgress(_message.Message):
-    __slots__ = ("vchannel", "committed", "lag_messages", "lag_ms")
+    __slots__ = ("vchannel", "committed", "lag_messages", "lag_ms", "problem")
     VCHANNEL_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     LAG_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     LAG_MS_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
     vchannel: str
     committed: _common_pb2.Position
     lag_messages: int
     lag_ms: int
-    def __init__(self, vchannel: _Optional[str] = ..., committed: _Optional[_Union[_common_pb2.Position, _Mapping]] = ..., lag_messages: _Optional[int] = ..., lag_ms: _Optional[int] = ...) -> None: ...
+    problem: str
+    def __init__(self, vchannel: _Optional[str] = ..., committed: _Optional[_Union[_common_pb2.Position, _Mapping]] = ..., lag_messages: _Optional[int] = ..., lag_ms: _Optional[int] = ..., problem: _Optional[str] = ...) -> None: ...
 
 class SeekConsumerGroupRequest(_message.Message):
     __slots__ = ("group", "pchannel", "vchannel", "policy", "position")

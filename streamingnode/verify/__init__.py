@@ -10,8 +10,8 @@ whatever that path makes of it:
   unreadable region to the next key range;
 - every stored block (its CRC and framing) and, per pchannel, that the blocks (with those only the
   journal holds) cover the ids without a gap;
-- the channel records (one a node marked damaged is a finding) and the recovery snapshot(s) of each
-  pchannel;
+- the channel records (one a node marked damaged is a finding), the recovery snapshot(s) of each
+  pchannel, and its consumer groups' committed positions (one out of range is a finding);
 - every Parquet file under the Parquet root: footer, row-group statistics, every row group read back,
   and the ids its name gives against the delivery keys its metadata holds;
 - every compaction record: it parses, lists no path as both input and output (older code could; the
@@ -43,7 +43,7 @@ from streamingnode.verify.access import (
     one_line,
     open_read_only,
 )
-from streamingnode.verify.channels import ChannelScan, Extent, WalScan, check_snapshots, scan_wal
+from streamingnode.verify.channels import ChannelScan, Extent, WalScan, check_groups, check_snapshots, scan_wal
 from streamingnode.verify.journal import JOURNAL_DIR, JournalRecord, scan_journal
 from streamingnode.verify.parquet import PARQUET_DIR, check_compactions, check_parquet, parquet_files
 from streamingnode.verify.tables import Unreadable, describe_key, rocks_file, scan_rocks
@@ -77,6 +77,7 @@ def verify(data_dir: str, pchannel: str | None = None, parquet_dir: str | None =
                 try:
                     scan = scan_wal(data_dir, db, progress)
                     check_snapshots(data_dir, db, scan, pchannel)
+                    check_groups(data_dir, db, scan, pchannel)
                 finally:
                     db.close()
                 keep = {ch.name for ch in scan.channels.values()}
@@ -138,6 +139,7 @@ __all__ = [
     "Unreadable",
     "WalScan",
     "check_compactions",
+    "check_groups",
     "check_parquet",
     "check_snapshots",
     "describe_key",

@@ -272,4 +272,45 @@ def check_snapshots(data_dir: str, db: Any, scan: WalScan, only: str | None) -> 
             del it
 
 
-__all__ = ["ChannelScan", "Extent", "WalScan", "check_snapshots", "scan_wal"]
+def check_groups(data_dir: str, db: Any, scan: WalScan, only: str | None) -> None:
+    """A finding for every consumer group position stored out of range (left by a version that
+    checked less): past the last stored id, below the oldest retained one, or with a timetick above
+    any the pchannel has allocated (its timetick mark and its timestamp window).  Such a group would
+    fail to open, or read nothing until the clock reached that time."""
+    from streamingnode.groups import META_KEY, range_problem  # noqa: PLC0415
+    from wal.clock import WINDOW_META, decode_window  # noqa: PLC0415
+
+    rocks_name = os.path.join(data_dir, "(rocksdb)")
+    for ch in scan.channels.values():
+        if only is not None and ch.name != only:
+            continue
+        key = b"X" + _U32.pack(ch.key) + META_KEY.encode()
+        raw = db.get(key)
+        if raw is None:
+            continue
+        try:
+            doc = json.loads(bytes(raw))
+            groups = {str(g): {str(v): (int(p[0]), int(p[1])) for v, p in vs.items()} for g, vs in doc.items()}
+        except (ValueError, TypeError, AttributeError, IndexError):
+            scan.findings.append(Finding(rocks_name, f"consumer groups of pchannel {ch.name!r} are not readable",
+                                         key=describe_key(key), channel=ch.name))
+            continue
+        firsts = [e.first for e in ch.extents if e.end is not None]
+        first = max(ch.truncated_before, min(firsts, default=0))
+        end = max(ch.end(), ch.truncated_before)
+        mark = db.get(b"H" + _U32.pack(ch.key))
+        newest = _U64.unpack(bytes(mark))[0] if mark is not None and len(mark) == _U64.size else 0
+        window = db.get(b"X" + _U32.pack(ch.key) + WINDOW_META.encode())
+        newest = max(newest, decode_window(None if window is None else bytes(window)))
+        for group, positions in sorted(groups.items()):
+            for vchannel, (mid, ts) in sorted(positions.items()):
+                why = range_problem(mid, ts, first, end, newest)
+                if why is not None:
+                    scan.findings.append(Finding(
+                        rocks_name, f"consumer group {group[:200]!r} of pchannel {ch.name!r}, vchannel "
+                                    f"{vchannel[:200]!r}: committed position ({mid}, {ts}) is out of range: {why}; "
+                                    "opening the group fails until SeekConsumerGroup moves it",
+                        key=describe_key(key), channel=ch.name))
+
+
+__all__ = ["ChannelScan", "Extent", "WalScan", "check_groups", "check_snapshots", "scan_wal"]

@@ -260,8 +260,11 @@ async def test_owner_sigkilled_twenty_times_under_idempotent_produce_and_transac
             load.stop.set()
             await asyncio.gather(*tasks)
             consuming.cancel()
-            await asyncio.gather(consuming, return_exceptions=True)
+            (ended,) = await asyncio.gather(consuming, return_exceptions=True)
             await consumer.aclose()
+        # Every ack across the takeovers was taken: an ack the closing owner answers ON_SHUTDOWN, or one
+        # unanswered when the stream broke, goes again once the new owner's stream delivered it.
+        assert isinstance(ended, asyncio.CancelledError), f"the consumer's ack loop failed: {ended!r}"
         # The end mark goes in once both loads have stopped: a transaction still committing when the
         # producer stopped would land after an earlier mark, and the read below would stop before it.
         async with client.producer(p) as producer:

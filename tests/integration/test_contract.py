@@ -215,27 +215,44 @@ async def test_a_request_id_may_be_reused_once_answered(stub) -> None:
         call.cancel()
 
 
-async def test_an_ack_commits_any_vchannel_of_the_pchannel_and_no_other_pchannel(stub) -> None:
+async def test_an_ack_commits_its_stream_s_vchannel_or_any_for_a_whole_pchannel_read_and_no_other_pchannel(
+    stub,
+) -> None:
     await stub.CreateChannels(spb.CreateChannelsRequest(channel_names=["p"]))
     await stub.CreateConsumerGroup(spb.CreateConsumerGroupRequest(pchannel="p", group="g"))
     _, results = await produce(stub, "p", [[data("v", b"a"), data("w", b"b")]])
     w = results[0].appended.results[1]
     other_vchannel = pb.Position(pchannel="p", vchannel="w", message_id=w.id, timetick=w.timetick)
-    other_pchannel = pb.Position(pchannel="q", vchannel="w", message_id=w.id, timetick=w.timetick)
-    call = stub.Consume()
-    try:
-        await call.write(spb.ConsumeRequest(open=spb.ConsumeOpen(pchannel="p", vchannel="v", consumer_group="g")))
-        assert (await call.read()).WhichOneof("response") == "opened"
-        await call.write(spb.ConsumeRequest(ack=spb.ConsumeAck(positions=[other_vchannel])))
-        await call.write(spb.ConsumeRequest(ack=spb.ConsumeAck(positions=[other_pchannel])))
-        answers = []
-        while len(answers) < 2:
-            resp = await call.read()
-            if resp.WhichOneof("response") in ("acked", "error"):
-                answers.append(resp)
-    finally:
-        call.cancel()
-    assert answers[0].WhichOneof("response") == "acked"
+    other_pchannel = pb.Position(pchannel="q", vchannel="", message_id=w.id, timetick=w.timetick)
+
+    async def acks(vchannel: str, *positions: pb.Position) -> list[spb.ConsumeResponse]:
+        call = stub.Consume()
+        try:
+            await call.write(spb.ConsumeRequest(open=spb.ConsumeOpen(pchannel="p", vchannel=vchannel,
+                                                                     consumer_group="g")))
+            assert (await call.read()).WhichOneof("response") == "opened"
+            while True:  # until the stream has delivered w: then its position is this stream's to commit
+                resp = await call.read()
+                if resp.WhichOneof("response") == "pack" and resp.pack.end_positions[0].timetick >= w.timetick:
+                    break
+            for position in positions:
+                await call.write(spb.ConsumeRequest(ack=spb.ConsumeAck(positions=[position])))
+            answers = []
+            while len(answers) < len(positions):
+                resp = await call.read()
+                if resp.WhichOneof("response") in ("acked", "error"):
+                    answers.append(resp)
+            return answers
+        finally:
+            call.cancel()
+
+    refused = await acks("v", other_vchannel)
+    assert refused[0].error.code == pb.ERROR_CODE_INVALID_ARGUMENT
+    assert "ack.positions[0].vchannel" in refused[0].error.message and "'w'" in refused[0].error.message
+    described = await stub.DescribeConsumerGroups(spb.DescribeConsumerGroupsRequest(pchannel="p", groups=["g"]))
+    assert list(described.groups[0].vchannels) == [], "a refused ack commits nothing"
+    answers = await acks("", other_vchannel, other_pchannel)
+    assert answers[0].WhichOneof("response") == "acked", answers[0]
     assert answers[1].error.code == pb.ERROR_CODE_INVALID_ARGUMENT and "pchannel 'q'" in answers[1].error.message
     described = await stub.DescribeConsumerGroups(spb.DescribeConsumerGroupsRequest(pchannel="p", groups=["g"]))
     committed = {v.vchannel: v.committed for v in described.groups[0].vchannels}

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from streamingnode.groups import META_KEY, ConsumerGroups
+from tests.factories import ins
 from tests.waiting import until
 from wal import WAL, Position, WALManager
 from wal.errors import ConsumerGroupNotExistError, UnavailableError
@@ -66,6 +67,15 @@ def _pos(message_id: int) -> Position:
     return Position("p", message_id, message_id * 10)
 
 
+async def _open(manager: WALManager, messages: int = 200) -> WAL:
+    """The pchannel "p" holding ``messages`` messages, message ``i`` at timetick ``10 * i``: a commit
+    must name a position inside the log (``ConsumerGroups.commit``), so ``_pos(i)`` needs them."""
+    wal = await manager.open("p")
+    for start in range(wal.next_id, messages, 1000):
+        await wal.append_batch([ins("v", 10 * i) for i in range(start, min(start + 1000, messages))])
+    return wal
+
+
 async def _quiet() -> None:
     """Let every task run as far as it can without a store ending."""
     for _ in range(5):
@@ -75,7 +85,7 @@ async def _quiet() -> None:
 async def test_commits_during_a_store_are_stored_together_and_each_returns_only_after_its_store(
     manager: WALManager,
 ) -> None:
-    wal = await manager.open("p")
+    wal = await _open(manager)
     groups = await ConsumerGroups.load(wal)
     names = [f"g{i}" for i in range(50)]
     for name in names:
@@ -103,7 +113,7 @@ async def test_commits_during_a_store_are_stored_together_and_each_returns_only_
 
 
 async def test_a_commit_returns_only_once_the_store_that_holds_it_has_ended(manager: WALManager) -> None:
-    wal = await manager.open("p")
+    wal = await _open(manager)
     groups = await ConsumerGroups.load(wal)
     await groups.create("a")
     await groups.create("b")
@@ -122,7 +132,7 @@ async def test_a_commit_returns_only_once_the_store_that_holds_it_has_ended(mana
 
 
 async def test_a_failed_store_fails_every_commit_it_held_and_changes_nothing(manager: WALManager) -> None:
-    wal = await manager.open("p")
+    wal = await _open(manager)
     groups = await ConsumerGroups.load(wal)
     for name in ("a", "b", "c"):
         await groups.create(name)
@@ -144,7 +154,7 @@ async def test_a_failed_store_fails_every_commit_it_held_and_changes_nothing(man
 
 
 async def test_a_change_refused_in_a_batch_fails_alone(manager: WALManager) -> None:
-    wal = await manager.open("p")
+    wal = await _open(manager)
     groups = await ConsumerGroups.load(wal)
     await groups.create("a")
     gate = _Gate(wal)
@@ -163,7 +173,7 @@ async def test_a_change_refused_in_a_batch_fails_alone(manager: WALManager) -> N
 
 
 async def test_a_record_written_in_the_older_format_loads_and_stays_readable(manager: WALManager) -> None:
-    wal = await manager.open("p")
+    wal = await _open(manager)
     old = {"a": {"": [4, 40], "v": [3, 30]}, "b": {}, "c/d": {"v\\w": [9, 90]}}
     await wal.put_meta(META_KEY, json.dumps(old, separators=(",", ":"), sort_keys=True).encode())
     groups = await ConsumerGroups.load(wal)
@@ -178,7 +188,7 @@ async def test_a_restart_keeps_every_acknowledged_position(tmp_path: Path) -> No
     manager = await WALManager.start_rocksdb(tmp_path / "db")
     try:
         await manager.create_channel("p")
-        groups = await ConsumerGroups.load(await manager.open("p"))
+        groups = await ConsumerGroups.load(await _open(manager, 20_100))
         for i in range(200):
             await groups.create(f"g{i}")
 
