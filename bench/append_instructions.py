@@ -26,7 +26,9 @@ RocksDB's own write (no fsync), the event loop between them.  What is not: gRPC 
 stream (``bench/produce_consume.py`` measures those end to end).
 
 The budget (``bench/append_budget.json``) holds instructions per message for each case; ``--check``
-fails when a case exceeds its budget by more than ``--tolerance`` (10%).  Counts depend on the
+fails when a case exceeds its budget by more than its tolerance there: 10% for b100, which repeats
+to within 0.1%; 20% for b1, whose count moves by up to about 5% between runs on a loaded host (a lone
+write runs on the loop or on the writer thread depending on what else is ready at that moment).  Counts depend on the
 interpreter, the rocksdict/RocksDB build and Valgrind: refresh the budget on purpose, on the machine
 kind CI runs on (bench/README.md says how).  ``--inner`` is the child's entry point.
 """
@@ -174,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2_000, help="uncounted messages before each case (default 2,000)")
     p.add_argument("--dir", default=None, help="parent of the temporary database (default: system temp)")
     p.add_argument("--check", action="store_true", help="exit 1 when a case is over its budget by > --tolerance")
-    p.add_argument("--tolerance", type=float, default=None, help="allowed growth over the budget (default: the "
-                   "budget file's, 0.10)")
+    p.add_argument("--tolerance", type=float, default=None, help="allowed growth over the budget for every case "
+                   "(default: the budget file's, per case)")
     p.add_argument("--write-budget", action="store_true", help=f"store the figures in {BUDGET.name}")
     p.add_argument("--root", default=None, help="measure the tree at ROOT (its wal/ and interceptors/)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
@@ -190,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.root).resolve() if args.root else None
     figures = count(args.messages, args.size, args.warmup, root=root, tmp=args.dir)
     budget = json.loads(BUDGET.read_text()) if BUDGET.exists() else None
-    tolerance = args.tolerance if args.tolerance is not None else (budget or {}).get("tolerance", 0.10)
+    tolerances = {c: args.tolerance if args.tolerance is not None else (budget or {}).get("tolerance", {}).get(c, 0.10)
+                  for c in CASES}
     over = []
     print(f"append_instructions: {args.size} B DATA messages through the chain and the RocksDB WAL "
           f"(relaxed durability), instructions per message under callgrind{'' if root is None else f' ({root})'}")
@@ -200,14 +203,14 @@ def main(argv: list[str] | None = None) -> int:
             allowed = budget["instructions_per_message"][case]
             ratio = figures[case] / allowed
             line += f"   budget {allowed:>10,.0f}   ratio {ratio:.3f}"
-            if ratio > 1 + tolerance:
+            if ratio > 1 + tolerances[case]:
                 over.append(case)
-                line += f"   OVER (> {1 + tolerance:.2f})"
+                line += f"   OVER (> {1 + tolerances[case]:.2f})"
         print(line)
     if args.write_budget:
         BUDGET.write_text(json.dumps({
             "instructions_per_message": {c: round(figures[c]) for c in CASES},
-            "tolerance": tolerance,
+            "tolerance": tolerances,
             "measured_with": {"messages": args.messages, "size": args.size, "warmup": args.warmup,
                               "python": sys.version.split()[0],
                               "valgrind": subprocess.run(["valgrind", "--version"], capture_output=True,
@@ -219,10 +222,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no budget file {BUDGET}", file=sys.stderr)
             return 1
         if over:
-            print(f"perf-check FAILED: {', '.join(over)} over budget by more than {tolerance:.0%} "
-                  f"(if intended, refresh the budget: see bench/README.md)", file=sys.stderr)
+            print(f"perf-check FAILED: {', '.join(f'{c} by more than {tolerances[c]:.0%}' for c in over)} over "
+                  f"budget (if intended, refresh the budget: see bench/README.md)", file=sys.stderr)
             return 1
-        print(f"perf-check passed (every case within {tolerance:.0%} of its budget)")
+        print("perf-check passed (" + ", ".join(f"{c} within {tolerances[c]:.0%}" for c in CASES) + " of the budget)")
     return 0
 
 
