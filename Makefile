@@ -65,7 +65,7 @@ proto: $(VENV_STAMP)
 	$(PY) proto/generate.py
 
 bench: $(VENV_STAMP)
-	$(PY) bench/append_instructions.py --check
+	$(PY) bench/append_instructions.py --check --node
 	$(PY) bench/wal_append.py
 	$(PY) bench/append_chain.py
 	$(PY) bench/produce_consume.py

@@ -169,6 +169,82 @@ def count(messages: int, size: int, warmup: int, root: Path | None = None, pytho
         shutil.rmtree(out, ignore_errors=True)
 
 
+def count_node(messages: int, size: int, warmup: int, root: Path | None = None, tmp: str | None = None) -> float:
+    """Instructions of a whole node process per message (gRPC, the produce stream, the chain, the WAL,
+    the flusher and the periodic snapshot's shadow replay), the node under callgrind and the SDK
+    (native, in this process) producing ``messages`` as a bulk producer does: batches of up to 1 MiB.
+    Collection is switched on and read out from outside with ``callgrind_control``."""
+    import asyncio as aio  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    root = root or _HERE.parent
+    sys.path.insert(0, str(root))
+    from streamingnode import client as sdk  # noqa: PLC0415
+
+    work = tempfile.mkdtemp(prefix="node-instr-", dir=tmp)
+    log_path = os.path.join(work, "node.log")
+    env = dict(os.environ, PYTHONPATH=str(root), PYTHONHASHSEED="0", GRPC_VERBOSITY="ERROR",
+               # Memtables larger than the run, as in process (no flush counted); older trees ignore it.
+               STREAMINGNODE_ROCKSDB_WRITE_BUFFER_BYTES=str(256 << 20))
+    argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={work}/cg.out",
+            sys.executable, "-m", "streamingnode", "serve", "--data-dir", os.path.join(work, "data"),
+            "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--channels", "p",
+            "--log-level", "warning"]
+    with open(log_path, "w+") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(root))
+        try:
+            addr = None
+            deadline = time.monotonic() + 900
+            while addr is None and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.5)
+                log.seek(0)
+                found = re.search(r"streamingnode serving on (\S+)", log.read())
+                addr = found.group(1) if found else None
+            if addr is None:
+                log.seek(0)
+                raise RuntimeError(f"the node under callgrind did not start:\n{log.read()[-3000:]}")
+
+            async def produce(n: int) -> None:
+                c = sdk.AsyncClient(addr)
+                try:
+                    producer = c.producer("p", linger=0.005, max_batch_bytes=1 << 20)
+                    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
+                    futures = [producer.send_nowait("v", payload) for _ in range(n)]
+                    await producer.flush()
+                    for f in futures:
+                        f.result()
+                    await producer.aclose()
+                finally:
+                    await c.aclose()
+
+            def control(*a: str) -> None:
+                subprocess.run(["callgrind_control", *a, str(proc.pid)], capture_output=True, check=True,
+                               timeout=600)
+
+            aio.run(produce(warmup))
+            control("-i", "on")
+            control("-z")
+            aio.run(produce(messages))
+            control("-d", "node")
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(300)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    try:
+        for dump in Path(work).glob("cg.out.*"):
+            text = dump.read_text(errors="replace")
+            total = re.search(r"^summary: (\d+)", text, re.M)
+            if "Trigger: Client Request" not in text and total is not None:
+                return int(total.group(1)) / messages
+        raise RuntimeError(f"no callgrind dump of the node in {work}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--messages", type=int, default=20_000, help="messages of the batch-100 case (default 20,000)")
@@ -180,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                    "(default: the budget file's, per case)")
     p.add_argument("--write-budget", action="store_true", help=f"store the figures in {BUDGET.name}")
     p.add_argument("--root", default=None, help="measure the tree at ROOT (its wal/ and interceptors/)")
+    p.add_argument("--node", action="store_true", help="also count a whole node's instructions per message "
+                   "(the node under callgrind, the SDK producing; a few minutes)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if min(args.messages, args.size) < 1 or args.warmup < 0:
@@ -191,16 +269,20 @@ def main(argv: list[str] | None = None) -> int:
 
     root = Path(args.root).resolve() if args.root else None
     figures = count(args.messages, args.size, args.warmup, root=root, tmp=args.dir)
+    cases = list(CASES)
+    if args.node:
+        figures["node"] = count_node(args.messages, args.size, args.warmup, root=root, tmp=args.dir)
+        cases.append("node")
     budget = json.loads(BUDGET.read_text()) if BUDGET.exists() else None
     tolerances = {c: args.tolerance if args.tolerance is not None else (budget or {}).get("tolerance", {}).get(c, 0.10)
-                  for c in CASES}
+                  for c in cases}
     over = []
     print(f"append_instructions: {args.size} B DATA messages through the chain and the RocksDB WAL "
           f"(relaxed durability), instructions per message under callgrind{'' if root is None else f' ({root})'}")
-    for case in CASES:
+    for case in cases:
         line = f"  {case:<5} {figures[case]:>10,.0f}"
-        if budget is not None:
-            allowed = budget["instructions_per_message"][case]
+        allowed = (budget or {}).get("instructions_per_message", {}).get(case)
+        if allowed is not None:
             ratio = figures[case] / allowed
             line += f"   budget {allowed:>10,.0f}   ratio {ratio:.3f}"
             if ratio > 1 + tolerances[case]:
@@ -209,8 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     if args.write_budget:
         BUDGET.write_text(json.dumps({
-            "instructions_per_message": {c: round(figures[c]) for c in CASES},
-            "tolerance": tolerances,
+            "instructions_per_message": {**(budget or {}).get("instructions_per_message", {}),
+                                         **{c: round(figures[c]) for c in cases}},
+            "tolerance": {**(budget or {}).get("tolerance", {}), **tolerances},
             "measured_with": {"messages": args.messages, "size": args.size, "warmup": args.warmup,
                               "python": sys.version.split()[0],
                               "valgrind": subprocess.run(["valgrind", "--version"], capture_output=True,
@@ -225,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"perf-check FAILED: {', '.join(f'{c} by more than {tolerances[c]:.0%}' for c in over)} over "
                   f"budget (if intended, refresh the budget: see bench/README.md)", file=sys.stderr)
             return 1
-        print("perf-check passed (" + ", ".join(f"{c} within {tolerances[c]:.0%}" for c in CASES) + " of the budget)")
+        print("perf-check passed (" + ", ".join(f"{c} within {tolerances[c]:.0%}" for c in cases) + " of the budget)")
     return 0
 
 
