@@ -420,7 +420,8 @@ class _StateCollector(Collector):
         yield failed
 
         step_s = CounterMetricFamily(f"{ns}_interceptor_seconds", "Own time of each interceptor (time in it "
-                                     "minus time in the steps it called).", labels=["pchannel", "interceptor"])
+                                     "minus time in the steps it called; one batch in 16 is timed, and "
+                                     "counts for the batches before it).", labels=["pchannel", "interceptor"])
         step_b = CounterMetricFamily(f"{ns}_interceptor_batches", "Batches through each interceptor.",
                                      labels=["pchannel", "interceptor"])
         step_m = CounterMetricFamily(f"{ns}_interceptor_messages", "Messages through each interceptor.",
