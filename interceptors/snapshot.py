@@ -240,9 +240,9 @@ class ShadowReplay:
         """Replay ``messages`` (in id order, from ``position``) up to ``stop``; True when it stopped at a
         clear point.  Offers the GIL to the loop every ``_YIELD_SECONDS``.
 
-        Every appended message passes here once more, so the work per message is one slot read to
-        find the TimeTicks; the steps replay and the payload bytes are summed per run of messages
-        between two ticks (the properties cost about four times as much per message)."""
+        Every appended message passes here once more, so the loop over single messages only reads
+        slots (no properties) to find the TimeTicks; the steps replay, and the payload bytes are
+        summed, a part of up to ``_PART`` messages at a time (``_apply_run``)."""
         batch = [m for m in messages if m._id is not None and m._id < stop]
         ticks = [i for i, m in enumerate(batch) if m._type is _TIME_TICK]
         start = 0
