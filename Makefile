@@ -1,7 +1,7 @@
 PY ?= .venv/bin/python
 VENV_STAMP := .venv/.installed
 
-.PHONY: install run test lint tools proto bench clean model-long
+.PHONY: install run test lint tools proto bench perf-check clean model-long
 
 # Create the virtualenv and install the project with its dev extra (once per pyproject change).
 $(VENV_STAMP): pyproject.toml
@@ -21,13 +21,29 @@ lint: $(VENV_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
-# Everything CI runs: lint, types, and the whole test suite (unit, conformance, crash).
+# Everything CI runs: lint, types, the whole test suite (unit, conformance, crash), and the
+# instruction budget of the append path.
 test: lint tools
 	$(PY) -m pytest
+	$(PY) bench/append_instructions.py --check
+
+# Instructions per appended message (callgrind; about a minute) against bench/append_budget.json:
+# fails when a case grew more than 10%.  Refreshing the budget on purpose: bench/README.md.
+perf-check: $(VENV_STAMP)
+	@command -v valgrind >/dev/null 2>&1 || { echo "perf-check needs valgrind (apt-get install valgrind)" >&2; exit 1; }
+	$(PY) bench/append_instructions.py --check
 
 # The tests run a real Prometheus and promtool (Debian's prometheus package) and the Node.js example
-# (Debian's nodejs and npm, then the packages examples/node's lock file pins), installed when missing.
+# (Debian's nodejs and npm, then the packages examples/node's lock file pins), and perf-check runs
+# valgrind; each installed when missing.
 tools:
+	@if ! command -v valgrind >/dev/null 2>&1; then \
+	  if ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "the instruction budget needs valgrind on PATH" >&2; exit 1; fi; \
+	  SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends valgrind; \
+	fi
 	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then \
 	  if ! command -v apt-get >/dev/null 2>&1; then \
 	    echo "the tests need prometheus and promtool on PATH (Prometheus 2.x)" >&2; exit 1; fi; \
@@ -55,6 +71,7 @@ proto: $(VENV_STAMP)
 	$(PY) proto/generate.py
 
 bench: $(VENV_STAMP)
+	$(PY) bench/append_instructions.py --check --node
 	$(PY) bench/wal_append.py
 	$(PY) bench/append_chain.py
 	$(PY) bench/produce_consume.py

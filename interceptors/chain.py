@@ -1,7 +1,11 @@
 """The chain builder: composes interceptors outermost-first and times every step.
 
 Each step's time is its own: the time spent inside it minus the time spent in the steps it called.
-The builder, not each interceptor, measures, so an interceptor stays oblivious of metrics.
+The builder, not each interceptor, measures, so an interceptor stays oblivious of metrics.  Timing a
+batch costs four clock reads and a coroutine per step (about a sixth of a lone append's work), so one
+batch in ``SAMPLE_EVERY`` goes through the timed steps and the others through steps that only count;
+a timed batch's own time counts for it and for the untimed batches the step saw since the last
+timed one.  Batch and message counts are exact.
 
 Given a ``tracer``, the builder also wraps every step in a span (``streamingnode.interceptor.<name>``),
 so the spans nest as the steps call one another.  Without one (tracing off, the default) the chain is
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 
 from opentelemetry.trace import Tracer, get_current_span
@@ -23,14 +27,22 @@ from wal.message import AppendResult, Message
 STEP_SPAN_PREFIX = "streamingnode.interceptor."
 
 
+SAMPLE_EVERY = 16
+"""One batch in this many is timed step by step (the first one included)."""
+
+
 @dataclass(slots=True)
 class StepTiming:
-    """Cumulative own-time of one interceptor (seconds), its batch count and its message count."""
+    """Own time of one interceptor (seconds), its batch count and its message count."""
 
     name: str
     seconds: float = 0.0
+    """Cumulative own time: each timed batch's own time counts for itself and for the batches this
+    step saw untimed since the one timed before it (so the total only grows, as a counter must)."""
     batches: int = 0
     messages: int = 0
+    untimed: int = 0
+    """Batches seen since the last timed one."""
 
 
 @dataclass
@@ -66,12 +78,22 @@ def build_chain(interceptors: Sequence[Interceptor], terminal: AppendNext, *, tr
     produce request's): the node's own appends (age seals, recovery) make no root spans.
     """
     timings = [StepTiming(step_name(i)) for i in interceptors]
-    nxt: AppendNext = terminal
+    timed: AppendNext = terminal
+    counted: AppendNext = terminal
     for idx in range(len(interceptors) - 1, -1, -1):
-        nxt = _timed_step(interceptors[idx], nxt, timings[idx])
+        timed = _timed_step(interceptors[idx], timed, timings[idx])
+        counted = _counted_step(interceptors[idx], counted, timings[idx])
         if tracer is not None:
-            nxt = _traced_step(nxt, timings[idx].name, tracer)
-    return Chain(list(interceptors), nxt, timings)
+            timed = _traced_step(timed, timings[idx].name, tracer)
+            counted = _traced_step(counted, timings[idx].name, tracer)
+    batches = 0
+
+    def append(batch: list[Message]) -> Awaitable[list[AppendResult]]:
+        nonlocal batches
+        batches += 1
+        return timed(batch) if batches % SAMPLE_EVERY == 1 else counted(batch)
+
+    return Chain(list(interceptors), append, timings)
 
 
 def _traced_step(timed: AppendNext, name: str, tracer: Tracer) -> AppendNext:
@@ -107,11 +129,25 @@ def _timed_step(interceptor: Interceptor, inner: AppendNext, timing: StepTiming)
         try:
             return await do_append(batch, call_inner)
         finally:
-            timing.seconds += perf() - t0 - below
+            timing.seconds += (perf() - t0 - below) * (timing.untimed + 1)
+            timing.untimed = 0
             timing.batches += 1
             timing.messages += len(batch)
 
     return step
 
 
-__all__ = ["STEP_SPAN_PREFIX", "Chain", "StepTiming", "build_chain", "step_name"]
+def _counted_step(interceptor: Interceptor, inner: AppendNext, timing: StepTiming) -> AppendNext:
+    # A plain function handing back the step's own coroutine: no clock, no coroutine of its own.
+    do_append = interceptor.do_append
+
+    def step(batch: list[Message]) -> Awaitable[list[AppendResult]]:
+        timing.batches += 1
+        timing.messages += len(batch)
+        timing.untimed += 1
+        return do_append(batch, inner)
+
+    return step
+
+
+__all__ = ["SAMPLE_EVERY", "STEP_SPAN_PREFIX", "Chain", "StepTiming", "build_chain", "step_name"]

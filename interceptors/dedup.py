@@ -174,6 +174,8 @@ class DedupInterceptor:
 
     def replay(self, batch: list[Message]) -> None:
         for m in batch:
+            if not m._properties:  # no producer stamp (most messages): nothing to remember
+                continue
             try:
                 k = _key(m)
             except InvalidArgumentError:

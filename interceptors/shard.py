@@ -387,7 +387,7 @@ class ShardInterceptor:
     def replay(self, batch: list[Message]) -> None:
         """Rebuild the registry and the growing segments from stored messages, in id order."""
         for m in batch:
-            handler = _REPLAY.get(m.message_type)
+            handler = _REPLAY.get(m._type)  # the slot: this runs for every stored message
             if handler is None:
                 continue
             try:

@@ -67,6 +67,9 @@ _DECODE_BYTES = 256 << 10
 """Bytes of blocks a worker thread decodes at once (the GIL is offered back between them)."""
 _YIELD_SECONDS = 0.0005
 """How long the worker thread replays between two offers of the GIL to the event loop's thread."""
+_PART = 64
+"""Messages replayed between two looks at the clock (see ``_YIELD_SECONDS``)."""
+_TIME_TICK = MessageType.TIME_TICK
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,29 +238,38 @@ class ShadowReplay:
 
     def _replay_batch(self, messages: list[Message], stop: MessageID, clear_from: MessageID | None) -> bool:
         """Replay ``messages`` (in id order, from ``position``) up to ``stop``; True when it stopped at a
-        clear point.  Offers the GIL to the loop every ``_YIELD_SECONDS``."""
-        batch = [m for m in messages if m.message_id is not None and m.message_id < stop]
+        clear point.  Offers the GIL to the loop every ``_YIELD_SECONDS``.
+
+        Every appended message passes here once more, so the loop over single messages only reads
+        slots (no properties) to find the TimeTicks; the steps replay, and the payload bytes are
+        summed, a part of up to ``_PART`` messages at a time (``_apply_run``)."""
+        batch = [m for m in messages if m._id is not None and m._id < stop]
+        ticks = [i for i, m in enumerate(batch) if m._type is _TIME_TICK]
         start = 0
-        for i, m in enumerate(batch):
-            self.payload_bytes += len(m.payload)
-            if i - start >= 64:
-                self._apply(batch[start:i])
-                start = i
-                if time.perf_counter() - self._since >= _YIELD_SECONDS:
-                    # Hand the GIL to the loop's thread now rather than after the interpreter's
-                    # switch interval (5 ms): an append waiting for the loop waits less.
-                    time.sleep(0)
-                    self._since = time.perf_counter()
-            if m.message_type is MessageType.TIME_TICK:
-                self._apply(batch[start:i + 1])
-                self._txns.expire(m.timetick)
-                start = i + 1
-                self.position = m.message_id + 1  # type: ignore[operator]
-                if self._clear(clear_from):
-                    return True
-        self._apply(batch[start:])
-        self.position = batch[-1].message_id + 1 if batch else stop  # type: ignore[operator]
+        for tick in ticks:
+            self._apply_run(batch, start, tick + 1)
+            start = tick + 1
+            m = batch[tick]
+            self._txns.expire(m._timetick)
+            self.position = m._id + 1  # type: ignore[operator]
+            if self._clear(clear_from):
+                return True
+        self._apply_run(batch, start, len(batch))
+        self.position = batch[-1]._id + 1 if batch else stop  # type: ignore[operator]
         return False
+
+    def _apply_run(self, batch: list[Message], start: int, end: int) -> None:
+        """Replay ``batch[start:end]`` (no TimeTick before its last message) in parts of ``_PART``
+        messages, offering the GIL to the loop between parts."""
+        for i in range(start, end, _PART):
+            part = batch[i:min(i + _PART, end)]
+            self.payload_bytes += sum([len(m._payload) for m in part])
+            self._apply(part)
+            if time.perf_counter() - self._since >= _YIELD_SECONDS:
+                # Hand the GIL to the loop's thread now rather than after the interpreter's switch
+                # interval (5 ms): an append waiting for the loop waits less.
+                time.sleep(0)
+                self._since = time.perf_counter()
 
     def _clear(self, clear_from: MessageID | None) -> bool:
         return clear_from is not None and self.position >= clear_from and self._txns.min_open_begin_id() is None

@@ -51,7 +51,7 @@ from wal.errors import (
     OutOfRangeError,
     StreamingError,
 )
-from wal.message import BROADCAST_VCHANNEL, Message, MessageID, MessageType, Position
+from wal.message import BROADCAST_VCHANNEL, Message, MessageID, MessageType, Position, all_on_vchannel
 from wal.wal import WAL
 
 _TIME_TICK = MessageType.TIME_TICK
@@ -313,7 +313,7 @@ class ConsumerGroups:
         top: Newest = (last._id, last._timetick)
         self._newest_any = _merge(self._newest_any, top)
         first = batch[0]._vchannel
-        if all(m._vchannel == first for m in batch):
+        if all_on_vchannel(batch, first):
             self._note(first, top)
             return
         for m in batch:

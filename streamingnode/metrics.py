@@ -41,7 +41,7 @@ from prometheus_client.registry import Collector
 
 from wal.clock import physical_ms
 from wal.errors import StreamingError, UnavailableError
-from wal.message import Message, MessageType
+from wal.message import Message, MessageType, all_of_type, payload_bytes
 
 if TYPE_CHECKING:
     from interceptors.txn import TxnSession
@@ -82,8 +82,8 @@ class ChannelMetrics:
             latency = self._latency[status] = self._node.append_latency.labels(self.pchannel, status)
         latency.observe(seconds)
         first = batch[0]._type
-        if all(m._type is first for m in batch):  # the usual case: one type, no per-type dict
-            self._count(first, status, len(batch), sum(map(len, [m._payload for m in batch])))
+        if all_of_type(batch, first):  # the usual case: one type, no per-type dict
+            self._count(first, status, len(batch), payload_bytes(batch))
             return
         counts: dict[MessageType, list[int]] = {}
         for m in batch:
@@ -420,7 +420,8 @@ class _StateCollector(Collector):
         yield failed
 
         step_s = CounterMetricFamily(f"{ns}_interceptor_seconds", "Own time of each interceptor (time in it "
-                                     "minus time in the steps it called).", labels=["pchannel", "interceptor"])
+                                     "minus time in the steps it called; one batch in 16 is timed, and "
+                                     "counts for the batches before it).", labels=["pchannel", "interceptor"])
         step_b = CounterMetricFamily(f"{ns}_interceptor_batches", "Batches through each interceptor.",
                                      labels=["pchannel", "interceptor"])
         step_m = CounterMetricFamily(f"{ns}_interceptor_messages", "Messages through each interceptor.",

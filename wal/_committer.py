@@ -557,7 +557,8 @@ class GroupCommitter:
                 m._id = mid
                 m._term = term
                 mid += 1
-                max_ts = max(max_ts, m._timetick)
+                if m._timetick > max_ts:  # noqa: PLR1730  (a comparison, not a call of max(), per message)
+                    max_ts = m._timetick
             c.max_timetick = max_ts
             wal._written_max_ts = max_ts  # the writer only: with two commits in flight it runs ahead
             c.messages.extend(req.messages)

@@ -28,7 +28,7 @@ from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from wal.errors import ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError
 from wal.lifecycle import cancel_and_wait
-from wal.message import AppendResult, Message, TxnContext, bind_txn, first_property, stamp_sequence
+from wal.message import AppendResult, Message, TxnContext, bind_txn, first_property, payload_bytes, stamp_sequence
 from wal.wal import COMMIT_OVERHEAD
 
 log = structlog.get_logger(__name__)
@@ -181,7 +181,7 @@ class ProduceStream:
                                    len(batch.messages) or len(batch.columns.payloads))
             else:
                 # Weighed as the commit weighs them, so that the bound is in commits' bytes.
-                nbytes = sum([len(m.payload) for m in messages]) + COMMIT_OVERHEAD * len(messages)
+                nbytes = payload_bytes(messages) + COMMIT_OVERHEAD * len(messages)
                 lean = None
                 if tracing is None:
                     # The lean path: the chain's own future, no task of ours around it (one task and

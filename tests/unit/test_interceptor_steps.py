@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from interceptors._ack import AckManager
-from interceptors.chain import build_chain
+from interceptors.chain import SAMPLE_EVERY, build_chain
 from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE, DedupInterceptor
 from interceptors.lock import LockInterceptor, RWLock
 from interceptors.redo import RedoInterceptor
@@ -284,6 +284,21 @@ async def test_chain_times_each_step_on_its_own() -> None:
     assert (t_inner.batches, t_inner.messages) == (1, 2)
     await chain.close()
     assert outer.closed and inner.closed
+
+
+async def test_chain_times_one_batch_in_sample_every_and_counts_every_batch() -> None:
+    step = _Sleepy("inner", 0.01)
+    chain = build_chain([step], FakeNext())
+    totals = []
+    for k in range(SAMPLE_EVERY + 1):
+        await chain.append([ins("v", k), ins("v", k + 100)])
+        totals.append(chain.timings[0].seconds)
+    t = chain.timings[0]
+    assert (t.batches, t.messages) == (SAMPLE_EVERY + 1, 2 * (SAMPLE_EVERY + 1))
+    assert totals == sorted(totals)  # a counter: never goes back
+    # The first batch is timed, then the 17th, which also counts for the 15 untimed ones before it.
+    assert totals[0] > 0 and totals[-2] == totals[0] and totals[-1] >= 0.008 * (SAMPLE_EVERY + 1)
+    await chain.close()
 
 
 def test_compose_and_physical() -> None:
