@@ -34,6 +34,8 @@ class StreamingNodeService(AdminHandlers, sgrpc.StreamingNodeServicer):  # type:
         self.limits = StreamLimits(node.config.max_streams, node.config.max_streams_per_connection, node.metrics)
         self.refusals = Refusals(node.metrics)
         """Every error answered to a client, counted and logged (``errors.refused``)."""
+        self.max_unary_request_bytes = node.config.max_unary_request_bytes
+        """Longer unary requests are refused unparsed (``errors.unary``)."""
 
     @stream_errors
     async def Produce(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
