@@ -22,6 +22,7 @@ import structlog
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 
+from streamingnode._allocator import Trimmer
 from streamingnode.server.refusals import Refusals
 from streamingnode.status import to_grpc_status
 from streamingnode.v1 import streaming_pb2 as spb
@@ -71,7 +72,7 @@ def unary(
     async def wrapper(self: S, request: Any, context: grpc.aio.ServicerContext) -> R | None:
         # Bound around the whole call, so its refusal (or bug) is logged with its rpc and request_id too.
         with structlog.contextvars.bound_contextvars(rpc=fn.__name__, request_id=request_id(context)):
-            return await _unary_call(fn, cls, self, request, context)
+            return await _unary_trimmed(fn, cls, self, request, context)
 
     return wrapper
 
@@ -105,6 +106,25 @@ async def _unary_call(fn: Callable[[S, Any, grpc.aio.ServicerContext], Awaitable
     del request
     end_call(context, status)
     return None
+
+
+async def _unary_trimmed(fn: Callable[[S, Any, grpc.aio.ServicerContext], Awaitable[R]], cls: type[Message] | None,
+                         servicer: S, request: Any, context: grpc.aio.ServicerContext) -> R | None:
+    """``_unary_call``; after a large request (answered or refused), give the buffers gRPC read it into
+    back to the system once the burst it came in has passed (``_allocator.Trimmer``)."""
+    # Bytes as gRPC handed them over, or the message the authentication layer parsed from them.
+    size = len(request) if isinstance(request, bytes) else request.ByteSize() if isinstance(request, Message) else 0
+    large = size >= TRIM_AFTER_BYTES
+    try:
+        return await _unary_call(fn, cls, servicer, request, context)
+    finally:
+        trimmer: Trimmer | None = getattr(servicer, "trimmer", None)
+        if large and trimmer is not None:
+            trimmer.soon()
+
+
+TRIM_AFTER_BYTES = 1 << 20
+"""A unary request this long is large: the allocator is trimmed after it (unary requests are small)."""
 
 
 def _parse(raw: bytes, cls: type[Message] | None, rpc: str, limit: int | None) -> Any:
