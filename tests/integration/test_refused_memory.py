@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf.message import Message
 
 from streamingnode.server import ServerThread
 from streamingnode.server.auth import hash_token
@@ -38,14 +39,39 @@ TOKEN = "tok-memory-5c1d"
 DESCRIBE = "/streamingnode.v1.StreamingNode/DescribeChannels"
 
 
+READER = "tok-reader-only-8a2e"
+
+
 def _tokens(path: Path) -> Path:
     path.write_text(f'[[token]]\nprincipal = "ops"\nsha256 = "{hash_token(TOKEN)}"\n'
-                    f'permissions = {json.dumps(["admin", "consume:*", "produce:*"])}\n')
+                    f'permissions = {json.dumps(["admin", "consume:*", "produce:*"])}\n'
+                    f'[[token]]\nprincipal = "reader"\nsha256 = "{hash_token(READER)}"\n'
+                    f'permissions = {json.dumps(["consume:*"])}\n')
     return path
 
 
 def _big_describe(size: int = SIZE) -> bytes:
     return spb.DescribeChannelsRequest(channel_names=["a" * size]).SerializeToString()
+
+
+def _produce(address: str, token: str | None, size: int) -> grpc.StatusCode:
+    """A Produce stream whose open names a pchannel of ``size`` characters; the status the stream ended
+    with.  Only the request generator's frame holds the request (the client shares the process: a
+    frame of this function in the client's exception would show it as held)."""
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+
+    def requests() -> Iterator[bytes]:
+        yield spb.ProduceRequest(open=spb.ProduceOpen(pchannel="a" * size)).SerializeToString()
+
+    with grpc.insecure_channel(address, options=[("grpc.max_send_message_length", -1)]) as channel:
+        responses = channel.stream_stream("/streamingnode.v1.StreamingNode/Produce")(
+            requests(), metadata=metadata, timeout=60)
+        try:
+            for _ in responses:
+                pass
+        except grpc.RpcError as exc:
+            return exc.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
 
 
 def _call(address: str, request: bytes, token: str | None, count: int = 1) -> list[grpc.StatusCode]:
@@ -94,8 +120,12 @@ def _large(objects: list[object]) -> list[str]:
     """The requests among ``objects`` and what they refer to (bytes and str are not tracked by the
     collector: they appear as what a frame, a dict or a message in a cycle holds)."""
     seen = [*objects, *(r for o in objects for r in gc.get_referents(o))]
-    return sorted({f"{type(o).__name__} of {len(o)}" for o in seen  # type: ignore[arg-type]
-                   if isinstance(o, (bytes, bytearray, str)) and len(o) >= SIZE // 2})
+    sizes = {f"{type(o).__name__} of {len(o)}" for o in seen  # type: ignore[arg-type]
+             if isinstance(o, (bytes, bytearray, str)) and len(o) >= SIZE // 2}
+    # A parsed request keeps its fields in C memory, out of the referents' reach: its size says it.
+    sizes |= {f"{type(o).__name__} of {o.ByteSize()}" for o in seen
+              if isinstance(o, Message) and o.ByteSize() >= SIZE // 2}
+    return sorted(sizes)
 
 
 def test_refused_unary_requests_leave_no_cycle_holding_them(tmp_path: Path, no_collection: list[object]) -> None:
@@ -111,8 +141,9 @@ def test_refused_unary_requests_leave_no_cycle_holding_them(tmp_path: Path, no_c
 
 
 def test_refusals_of_an_authenticating_node_leave_no_cycle(tmp_path: Path, no_collection: list[object]) -> None:
-    """Auth on: no token, an unknown token, a valid token with an invalid request, and a request over
-    the unary limit: nothing large is left for the cyclic collector."""
+    """Auth on: no token, an unknown token, a valid token with an invalid request, a request over the
+    unary limit, and Produce streams refused at their open: nothing large is left for the cyclic
+    collector."""
     config = node_config(tmp_path / "data", auth_tokens=_tokens(tmp_path / "tokens.toml"),
                          max_unary_request_bytes=SIZE * 2)
     with ServerThread(config) as srv:
@@ -121,6 +152,11 @@ def test_refusals_of_an_authenticating_node_leave_no_cycle(tmp_path: Path, no_co
         assert set(_call(srv.address, request, "tok-unknown", 2)) == {grpc.StatusCode.UNAUTHENTICATED}
         assert set(_call(srv.address, request, TOKEN, 2)) == {grpc.StatusCode.INVALID_ARGUMENT}
         assert set(_call(srv.address, _big_describe(SIZE * 3), TOKEN, 2)) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+        # Streams: an open refused for its permission (the token may produce on no such pchannel, whose
+        # name is the large part), and one that is invalid (the name).
+        assert _produce(srv.address, "tok-unknown", SIZE) == grpc.StatusCode.UNAUTHENTICATED
+        assert _produce(srv.address, READER, SIZE) == grpc.StatusCode.PERMISSION_DENIED
+        assert _produce(srv.address, TOKEN, SIZE) == grpc.StatusCode.INVALID_ARGUMENT
         large = _large(unreachable())
     assert not large, f"refused requests were held in reference cycles: {large}"
 
