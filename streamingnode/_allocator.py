@@ -1,4 +1,4 @@
-"""The C allocator's arenas: how many the node's threads may spread over.
+"""The C allocator: how many arenas the node's threads may spread over, and trimming after bursts.
 
 glibc gives each thread that allocates its own arena, up to 8 per core, and an arena keeps what was
 freed in it for reuse by its own threads.  The node's threads (the event loop, the WAL's writer,
@@ -60,10 +60,10 @@ def trim() -> bool:
 class Trimmer:
     """Trims (``trim``) a moment after a large buffer was dropped, once for a burst of them.
 
-    gRPC reads a request into buffers of tens of KiB, too small for glibc to map each on its own:
-    they come from the heaps, and after a burst of large requests (refused for their size) the heaps
+    gRPC reads a request into buffers of 64 to 128 KiB, below the size glibc maps on its own once its
+    threshold has risen: they come from the heaps, and after a burst of large unary requests the heaps
     keep hundreds of MB free but not returned, and reuse them unevenly (in ``bench/refused_memory.py``
-    the node's RSS still rose by a third over four rounds of 12 x 60 MiB after the requests were
+    the node's RSS still rose by a quarter over four rounds of 12 x 60 MiB after the requests were
     freed).  A trim after each burst brings RSS back to what the node holds.  It runs on a worker
     thread (it walks every heap), at most one at a time; a drop during a trim asks for one more."""
 

@@ -5,8 +5,9 @@
 ``ServerThread`` runs a server on a private loop for tests and synchronous embedders.
 
 The boundary is decided here before anything opens: TLS (``tls_cert``/``tls_key``, mutual with
-``tls_client_ca``), bearer tokens (``auth_tokens``, see ``auth``), and the protected mode that refuses
-to listen beyond loopback with neither tokens nor client certificates unless told to.
+``tls_client_ca``; the files are checked by ``tls``), bearer tokens (``auth_tokens``, see ``auth``;
+a file without a token is warned about), and the protected mode that refuses to listen beyond
+loopback with neither tokens nor client certificates unless told to.
 """
 
 from __future__ import annotations
