@@ -1,7 +1,7 @@
 """What refused unary requests cost the node's memory, round after round.
 
     .venv/bin/python bench/refused_memory.py [--rounds 4] [--concurrency 12] [--mib 60] [--repo PATH]
-        [--node-flag=--max-unary-request-bytes=67108864 ...]
+        [--node-flag=--max-unary-request-bytes=67108864 ...] [--stream]
 
 Two nodes, each a real ``streamingnode serve`` process (its own GC settings and allocator) in a fresh
 data directory, one after the other:
@@ -11,11 +11,14 @@ data directory, one after the other:
   a **valid token** (admin and consume on every pchannel).
 * **open**: no authentication, the same rounds with no token.
 
-After each round (every call answered) and a one-second pause, the node's RSS (``/proc/<pid>/status``
-VmRSS).  Targets (issue 30): with a valid token, RSS after the last round within 1.2x of RSS after the
-first; no unauthenticated round raises RSS by more than 100 MB.  ``--repo`` runs the node of another
-checkout (for a before/after comparison in the same hour).  Benchmarks are not tests: this one asserts
-nothing, it prints the figures and the verdicts.
+After each round (every call answered), the node's RSS (``/proc/<pid>/status`` VmRSS) once it has
+stopped moving (``settled_rss_mb``, at most 5 s).  ``--stream``: Produce streams instead, whose open
+request is that large (its pchannel name), refused UNAUTHENTICATED once the node has read it, or
+PERMISSION_DENIED (the token may not produce), or INVALID_ARGUMENT.  Targets (issue 30): with a
+valid token, RSS after the last round within 1.2x of RSS after the first; no unauthenticated round
+raises RSS by more than 100 MB.  ``--repo`` runs the node of another checkout (for a before/after
+comparison in the same hour).  Benchmarks are not tests: this one asserts nothing, it prints the
+figures and the verdicts.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from streamingnode.v1 import streaming_pb2 as spb
 
 TOKEN = "bench-refused-memory-token"
 DESCRIBE = "/streamingnode.v1.StreamingNode/DescribeChannels"
+PRODUCE = "/streamingnode.v1.StreamingNode/Produce"
 ROUND_GROWTH_TARGET_MB = 100.0
 PLATEAU_TARGET = 1.2
 
@@ -50,6 +54,19 @@ def rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def settled_rss_mb(pid: int, most: float = 5.0) -> float:
+    """RSS once it stops moving (three readings 0.25 s apart within 1 MB; at most ``most`` seconds):
+    what the node keeps, not a trim or a collection caught half-way."""
+    readings = [rss_mb(pid)]
+    deadline = time.monotonic() + most
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        readings.append(rss_mb(pid))
+        if len(readings) >= 3 and max(readings[-3:]) - min(readings[-3:]) <= 1.0:
+            break
+    return readings[-1]
 
 
 class Node:
@@ -85,15 +102,22 @@ class Node:
         self._log.close()
 
 
-async def one_round(address: str, request: bytes, token: str | None, concurrency: int) -> dict[str, int]:
-    """``concurrency`` DescribeChannels at once; how many ended with each status code."""
+async def one_round(address: str, request: bytes, token: str | None, concurrency: int,
+                    stream: bool = False) -> dict[str, int]:
+    """``concurrency`` DescribeChannels (``stream``: Produce streams sending ``request`` as their open)
+    at once; how many ended with each status code."""
     metadata = (("authorization", f"Bearer {token}"),) if token else None
     async with grpc.aio.insecure_channel(address, options=[("grpc.max_send_message_length", -1)]) as channel:
         method = channel.unary_unary(DESCRIBE)
+        produce = channel.stream_stream(PRODUCE)
 
         async def call() -> str:
             try:
-                await method(request, metadata=metadata, timeout=120)
+                if stream:
+                    async for _ in produce(iter([request]), metadata=metadata, timeout=120):
+                        pass
+                else:
+                    await method(request, metadata=metadata, timeout=120)
             except grpc.aio.AioRpcError as exc:
                 return str(exc.code().name)
             return "OK"
@@ -104,7 +128,10 @@ async def one_round(address: str, request: bytes, token: str | None, concurrency
 
 def run_case(args: argparse.Namespace, name: str, flags: list[str], tokens: list[str | None]) -> list[float]:
     """Rounds against one node; prints a line a round; RSS before the first round, then after each."""
-    request = spb.DescribeChannelsRequest(channel_names=["a" * (args.mib << 20)]).SerializeToString()
+    long_name = "a" * (args.mib << 20)
+    request = (spb.ProduceRequest(open=spb.ProduceOpen(pchannel=long_name)) if args.stream
+               else spb.DescribeChannelsRequest(channel_names=[long_name])).SerializeToString()
+    del long_name
     with tempfile.TemporaryDirectory(prefix="refused-memory-", dir=args.dir) as root:
         if any(t is not None for t in tokens):
             tokens_path = Path(root, "tokens.toml")
@@ -118,9 +145,8 @@ def run_case(args: argparse.Namespace, name: str, flags: list[str], tokens: list
             seen = [rss_mb(node.proc.pid)]
             print(f"{name}: start, RSS {seen[0]:.0f} MB", flush=True)
             for index, token in enumerate(tokens):
-                codes = asyncio.run(one_round(node.address, request, token, args.concurrency))
-                time.sleep(1.0)
-                seen.append(rss_mb(node.proc.pid))
+                codes = asyncio.run(one_round(node.address, request, token, args.concurrency, args.stream))
+                seen.append(settled_rss_mb(node.proc.pid))
                 who = "valid token" if token else "no token"
                 print(f"{name}: round {index % args.rounds + 1} ({who}): RSS {seen[-1]:.0f} MB "
                       f"({seen[-1] - seen[-2]:+.0f}), {codes}", flush=True)
@@ -138,6 +164,8 @@ def main() -> None:
                         help="the checkout whose node runs (default: this one)")
     parser.add_argument("--node-flag", action="append", default=[], help="a serve flag for both nodes")
     parser.add_argument("--dir", default=None, help="where the temporary data directories go")
+    parser.add_argument("--stream", action="store_true",
+                        help="Produce streams whose open request is that large, instead of DescribeChannels")
     args = parser.parse_args()
     n = args.rounds
     auth = run_case(args, "auth", [], [None] * n + [TOKEN] * n)

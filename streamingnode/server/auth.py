@@ -45,7 +45,8 @@ import grpc
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 
-from streamingnode.server.errors import end_call
+from streamingnode._allocator import Trimmer
+from streamingnode.server.errors import TRIM_AFTER_BYTES, end_call
 from streamingnode.status import to_grpc_status
 from streamingnode.v1 import streaming_pb2 as spb
 from wal.errors import InvalidArgumentError, PermissionDeniedError, StreamingError, UnauthenticatedError
@@ -294,7 +295,7 @@ class _CheckFirstRead:
         return value
 
 
-def _refusing(err: StreamingError, *, streaming: bool, note: Note) -> Behaviour:
+def _refusing(err: StreamingError, *, streaming: bool, note: Note, trimmer: Trimmer | None = None) -> Behaviour:
     """The behaviour of a call refused before its request is needed (no token, an unknown one, a
     missing admin permission)."""
     status = to_grpc_status(err)
@@ -307,9 +308,15 @@ def _refusing(err: StreamingError, *, streaming: bool, note: Note) -> Behaviour:
             # error from Core"), which the client then sees instead of this status.  Bounded: a caller
             # that never writes cannot hold the call open.  (A unary call is answered at once, its
             # request unread: the client takes the status as the call's, and the node holds nothing.)
+            # A large first request is dropped at once, and the buffers it was read into are given
+            # back after the burst (``errors.TRIM_AFTER_BYTES``).
+            first: Any = None
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_REFUSAL_READ_SECONDS):
-                    await context.read()
+                    first = await context.read()
+            if trimmer is not None and isinstance(first, bytes) and len(first) >= TRIM_AFTER_BYTES:
+                trimmer.soon()
+            del first
         end_call(context, status)
 
     return refuse
@@ -361,6 +368,8 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             "no bearer token: send metadata 'authorization: Bearer <token>'", reason="missing token")
         self._unknown = UnauthenticatedError("unknown bearer token", reason="unknown token")
         self._classes = {name: _request_class(name) for name in RULES}
+        self.trimmer: Trimmer | None = None
+        """Told when a refused stream's first request was large (``lifecycle`` sets the servicer's)."""
         self.on_refusal: Callable[[str, StreamingError, str], None] | None = None
         """Told of every call this layer refuses: (RPC name, error, peer).  The node sets it to its
         refusal counter and log once the servicer exists (``lifecycle``)."""
@@ -390,13 +399,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         note = self._noting(name)
         if principal is None:
             err = self._missing if token is None else self._unknown
-            return _refused(handler, _refusing(err, streaming=handler.request_streaming, note=note))
+            return _refused(handler, _refusing(err, streaming=handler.request_streaming, note=note,
+                                               trimmer=self.trimmer))
         need = RULES.get(name, Need.ADMIN)  # a method added later is admin's until RULES says otherwise
         if need is Need.ADMIN:
             denied = principal.denial(need, None)
             if denied is None:
                 return handler
-            return _refused(handler, _refusing(denied, streaming=handler.request_streaming, note=note))
+            return _refused(handler, _refusing(denied, streaming=handler.request_streaming, note=note,
+                                               trimmer=self.trimmer))
 
         def check(request: Any) -> StreamingError | None:
             return principal.denial(need, request)

@@ -193,6 +193,11 @@ def stream_errors(
             status = None if context.done() else _refusal(self, fn.__name__, internal(exc), context)
         else:
             return
+        # A stream ended by an error may have been refused a large request (an open of 60 MiB is read
+        # whole before it is refused): the allocator gives its buffers back after the burst.
+        trimmer: Trimmer | None = getattr(self, "trimmer", None)
+        if trimmer is not None:
+            trimmer.soon()
         if status is not None:
             end_call(context, status)
 

@@ -106,6 +106,7 @@ async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) ->
             # The authentication layer answers before the servicer runs: its refusals are counted and
             # logged by the servicer's refusal counter all the same.
             auth.on_refusal = service.refusals.note
+            auth.trimmer = service.trimmer
         add_service(service, server)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
