@@ -24,12 +24,14 @@ import grpc
 import pytest
 from google.protobuf.message import Message
 
+from streamingnode import _allocator
 from streamingnode.server import ServerThread
 from streamingnode.server.auth import hash_token
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
 from tests.integration.conftest import node_config
 from tests.node_process import NodeProcess
+from tests.waiting import until_sync
 
 pytestmark = pytest.mark.integration
 
@@ -222,3 +224,16 @@ def test_rss_plateaus_over_rounds(tmp_path: Path) -> None:
     unauthenticated = rss["start"] + rss["no token"]
     assert max(b - a for a, b in itertools.pairwise(unauthenticated)) < 40, rss
     assert rss["token"][-1] - rss["token"][0] < 80, rss
+
+
+def test_a_large_request_is_followed_by_a_trim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unary request of 1 MiB or more, refused for its size or answered, and a stream refused for
+    its large open: the allocator is trimmed after each burst (what is freed goes back to the system)."""
+    trims: list[int] = []
+    monkeypatch.setattr(_allocator, "trim", lambda: trims.append(1) or True)
+    config = node_config(tmp_path / "data", auth_tokens=_tokens(tmp_path / "tokens.toml"))
+    with ServerThread(config) as srv:
+        assert _call(srv.address, _big_describe(2 << 20), TOKEN) == [grpc.StatusCode.RESOURCE_EXHAUSTED]
+        until_sync(lambda: len(trims) >= 1, "a trim after the refused unary request")
+        assert _produce(srv.address, None, 2 << 20) == grpc.StatusCode.UNAUTHENTICATED
+        until_sync(lambda: len(trims) >= 2, "a trim after the refused stream's large open")
