@@ -58,31 +58,41 @@ def trim() -> bool:
 
 
 class Trimmer:
-    """Trims (``trim``) a moment after a large buffer was dropped, once for a burst of them.
+    """Trims (``trim``) once a burst of large dropped buffers has passed: ``delay`` seconds after the
+    last drop (at most ``longest`` after the first, so that a steady flow of them still trims).
 
     gRPC reads a request into buffers of 64 to 128 KiB, below the size glibc maps on its own once its
     threshold has risen: they come from the heaps, and after a burst of large unary requests the heaps
     keep hundreds of MB free but not returned, and reuse them unevenly (in ``bench/refused_memory.py``
     the node's RSS still rose by a quarter over four rounds of 12 x 60 MiB after the requests were
-    freed).  A trim after each burst brings RSS back to what the node holds.  It runs on a worker
-    thread (it walks every heap), at most one at a time; a drop during a trim asks for one more."""
+    freed).  Some of those buffers are the connection's and go only when it closes, a moment after the
+    last call: hence a trim after the burst, not after each drop.  It runs on a worker thread (it walks
+    every heap), one at a time; a drop during a trim asks for one more."""
 
-    def __init__(self, delay: float = 0.2) -> None:
+    def __init__(self, delay: float = 0.5, longest: float = 2.0) -> None:
         self.delay = delay
+        self.longest = longest
         self.trims = 0
         """Trims done (tests read it)."""
+        self._first = self._last = 0.0
         self._state = "idle"  # idle | waiting | running | again (a drop came while running)
 
     def soon(self) -> None:
-        """A large buffer was just dropped: trim in ``delay`` seconds (the burst's other drops join it)."""
+        """A large buffer was just dropped: trim once the drops stop for ``delay`` seconds."""
+        loop = asyncio.get_running_loop()
+        self._last = loop.time()
         if self._state == "running":
             self._state = "again"
         elif self._state == "idle":
             self._state = "waiting"
-            loop = asyncio.get_running_loop()
-            loop.call_later(self.delay, self._start, loop)
+            self._first = self._last
+            loop.call_later(self.delay, self._check, loop)
 
-    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        if now - self._last < self.delay and now - self._first < self.longest:
+            loop.call_later(self._last + self.delay - now, self._check, loop)  # the burst goes on
+            return
         self._state = "running"
         loop.run_in_executor(None, trim).add_done_callback(lambda _: self._done(loop))
 

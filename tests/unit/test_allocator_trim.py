@@ -1,8 +1,10 @@
-"""The trimmer behind refused large requests: one trim for a burst, one more for drops during it."""
+"""The trimmer behind large requests: one trim for a burst, after it; one more for drops during a trim;
+and a trim even while drops never stop (the longest wait)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import pytest
@@ -42,6 +44,25 @@ async def test_a_drop_during_a_trim_asks_for_one_more(monkeypatch: pytest.Monkey
     await until(lambda: trimmer.trims == 2, "the trim asked for during the first")
     await asyncio.sleep(0)
     assert trimmer.trims == 2
+
+
+async def test_drops_that_never_stop_still_trim(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(_allocator, "trim", lambda: calls.append(1) or True)
+    trimmer = Trimmer(delay=2.0, longest=0.1)
+
+    async def drop_forever() -> None:
+        while True:
+            trimmer.soon()
+            await asyncio.sleep(0.002)  # always well within ``delay`` of the last drop
+
+    dropping = asyncio.get_running_loop().create_task(drop_forever())
+    try:
+        await until(lambda: trimmer.trims >= 2, "trims while the drops go on")
+    finally:
+        dropping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await dropping
 
 
 def test_trim_runs_here() -> None:
