@@ -12,7 +12,7 @@ data directory, one after the other:
 * **open**: no authentication, the same rounds with no token.
 
 After each round (every call answered), the node's RSS (``/proc/<pid>/status`` VmRSS) once it has
-stopped moving (``settled_rss_mb``, at most 5 s).  ``--stream``: Produce streams instead, whose open
+stopped moving for 3 s (``settled_rss_mb``, at most 15 s).  ``--stream``: Produce streams instead, whose open
 request is that large (its pchannel name), refused UNAUTHENTICATED once the node has read it, or
 PERMISSION_DENIED (the token may not produce), or INVALID_ARGUMENT.  Targets (issue 30): with a
 valid token, RSS after the last round within 1.2x of RSS after the first; no unauthenticated round
@@ -56,15 +56,17 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def settled_rss_mb(pid: int, most: float = 5.0) -> float:
-    """RSS once it stops moving (three readings 0.25 s apart within 1 MB; at most ``most`` seconds):
-    what the node keeps, not a trim or a collection caught half-way."""
+def settled_rss_mb(pid: int, most: float = 15.0, still: float = 3.0) -> float:
+    """RSS once it stops moving: within 1 MB for ``still`` seconds (readings every 0.25 s; longer than
+    the node waits after a burst before it trims, ``_allocator.Trimmer``), at most ``most`` seconds.
+    What the node keeps, not a trim or a collection caught before it ran."""
+    window = int(still / 0.25) + 1
     readings = [rss_mb(pid)]
     deadline = time.monotonic() + most
     while time.monotonic() < deadline:
         time.sleep(0.25)
         readings.append(rss_mb(pid))
-        if len(readings) >= 3 and max(readings[-3:]) - min(readings[-3:]) <= 1.0:
+        if len(readings) >= window and max(readings[-window:]) - min(readings[-window:]) <= 1.0:
             break
     return readings[-1]
 
