@@ -48,12 +48,13 @@ ROUND_GROWTH_TARGET_MB = 100.0
 PLATEAU_TARGET = 1.2
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """``VmRSS`` (now) or ``VmHWM`` (the most so far) of ``pid``, in MB."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
+    raise RuntimeError(f"no {field} for {pid}")
 
 
 def settled_rss_mb(pid: int, most: float = 15.0, still: float = 3.0) -> float:
@@ -151,7 +152,8 @@ def run_case(args: argparse.Namespace, name: str, flags: list[str], tokens: list
                 seen.append(settled_rss_mb(node.proc.pid))
                 who = "valid token" if token else "no token"
                 print(f"{name}: round {index % args.rounds + 1} ({who}): RSS {seen[-1]:.0f} MB "
-                      f"({seen[-1] - seen[-2]:+.0f}), {codes}", flush=True)
+                      f"({seen[-1] - seen[-2]:+.0f}), peak so far {rss_mb(node.proc.pid, 'VmHWM'):.0f} MB, {codes}",
+                      flush=True)
         finally:
             node.stop()
     return seen

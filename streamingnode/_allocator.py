@@ -65,9 +65,9 @@ class Trimmer:
     threshold has risen: they come from the heaps, and after a burst of large unary requests the heaps
     keep hundreds of MB free but not returned, and reuse them unevenly (in ``bench/refused_memory.py``
     the node's RSS still rose by a quarter over four rounds of 12 x 60 MiB after the requests were
-    freed).  Some of those buffers are the connection's and go only when it closes, a moment after the
-    last call: hence a trim after the burst, not after each drop.  It runs on a worker thread (it walks
-    every heap), one at a time; a drop during a trim asks for one more."""
+    freed).  One trim after the burst, when its calls have ended and let go of their buffers, rather
+    than one per drop: it runs on a worker thread (it walks every heap), one at a time; a drop during
+    a trim asks for one more."""
 
     def __init__(self, delay: float = 0.5, longest: float = 2.0) -> None:
         self.delay = delay
