@@ -22,10 +22,17 @@ import structlog
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 
+from streamingnode._allocator import Trimmer
 from streamingnode.server.refusals import Refusals
 from streamingnode.status import to_grpc_status
 from streamingnode.v1 import streaming_pb2 as spb
-from wal.errors import DeadlineExceededError, ErrorCode, InvalidArgumentError, StreamingError
+from wal.errors import (
+    DeadlineExceededError,
+    ErrorCode,
+    InvalidArgumentError,
+    ResourceExhaustedError,
+    StreamingError,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -50,55 +57,114 @@ def _request_class(method: str) -> type[Message] | None:
 
 def unary(
     fn: Callable[[S, Any, grpc.aio.ServicerContext], Awaitable[R]],
-) -> Callable[[S, Any, grpc.aio.ServicerContext], Awaitable[R]]:
+) -> Callable[[S, Any, grpc.aio.ServicerContext], Awaitable[R | None]]:
     """Run a unary handler; turn its StreamingError (or a bug) into the status it fails with.
 
     The wrapper parses the request when it arrives as bytes (``service.add_service`` registers unary
     methods without a deserializer): gRPC turns a deserializer's exception into UNKNOWN, while here an
     unparsable request is answered INVALID_ARGUMENT with ErrorInfo, like every other bad request.
-    ``fn`` always receives the parsed message.
+    Before that, a request longer than the servicer's ``max_unary_request_bytes`` is refused
+    (RESOURCE_EXHAUSTED) unparsed: a parse would copy it.  ``fn`` always receives the parsed message.
     """
     cls = _request_class(fn.__name__)
 
     @functools.wraps(fn)
-    async def wrapper(self: S, request: Any, context: grpc.aio.ServicerContext) -> R:
+    async def wrapper(self: S, request: Any, context: grpc.aio.ServicerContext) -> R | None:
         # Bound around the whole call, so its refusal (or bug) is logged with its rpc and request_id too.
         with structlog.contextvars.bound_contextvars(rpc=fn.__name__, request_id=request_id(context)):
-            return await _unary_call(fn, cls, self, request, context)
+            return await _unary_trimmed(fn, cls, self, request, context)
 
     return wrapper
 
 
 async def _unary_call(fn: Callable[[S, Any, grpc.aio.ServicerContext], Awaitable[R]], cls: type[Message] | None,
-                      servicer: S, request: Any, context: grpc.aio.ServicerContext) -> R:
+                      servicer: S, request: Any, context: grpc.aio.ServicerContext) -> R | None:
+    # Each failure becomes its status inside its own except block, where the exception (whose
+    # traceback holds the handler's frames, and with them the request) dies with the block: kept in
+    # a local, it would form a cycle with this frame (see ``end_call``).
     try:
-        if cls is not None and isinstance(request, bytes):
-            try:
-                request = cls.FromString(request)
-            except DecodeError as exc:
-                raise InvalidArgumentError(
-                    f"request is not a valid {cls.DESCRIPTOR.name}: {exc}", field="request") from exc
+        if isinstance(request, bytes):
+            request = _parse(request, cls, fn.__name__, getattr(servicer, "max_unary_request_bytes", None))
         # pchannel only when the request names one: a line never says pchannel=None.
         pchannel = getattr(request, "pchannel", None)
         with structlog.contextvars.bound_contextvars(**({"pchannel": pchannel} if pchannel else {})):
             return await fn(servicer, request, context)
     except StreamingError as exc:
-        err = exc
         # The domain decides what an error means beyond this call (damaged storage fails its pchannel).
         noted = getattr(servicer, "call_failed", None)
         if noted is not None:
             noted(request, exc)
+        status = _refusal(servicer, fn.__name__, exc, context)
     except TimeoutError:
         # The caller's deadline (asyncio.timeout_at in a handler) ran out: say so, do not log a bug.
-        err = DeadlineExceededError(f"{fn.__name__}: the call's deadline ran out; it may or may not have "
-                                    "taken effect")
+        status = _refusal(servicer, fn.__name__, DeadlineExceededError(
+            f"{fn.__name__}: the call's deadline ran out; it may or may not have taken effect"), context)
     except (asyncio.CancelledError, grpc.aio.AbortError):
         raise
     except Exception as exc:  # noqa: BLE001  (a bug must not take the node down; it is logged)
-        err = internal(exc)
-    refused(servicer, fn.__name__, err, context)
-    await context.abort_with_status(to_grpc_status(err))
-    raise AssertionError("abort_with_status returns only by raising")  # pragma: no cover
+        status = _refusal(servicer, fn.__name__, internal(exc), context)
+    del request
+    end_call(context, status)
+    return None
+
+
+async def _unary_trimmed(fn: Callable[[S, Any, grpc.aio.ServicerContext], Awaitable[R]], cls: type[Message] | None,
+                         servicer: S, request: Any, context: grpc.aio.ServicerContext) -> R | None:
+    """``_unary_call``; after a large request (answered or refused), give the buffers gRPC read it into
+    back to the system once the burst it came in has passed (``_allocator.Trimmer``)."""
+    # Bytes as gRPC handed them over, or the message the authentication layer parsed from them.
+    size = len(request) if isinstance(request, bytes) else request.ByteSize() if isinstance(request, Message) else 0
+    large = size >= TRIM_AFTER_BYTES
+    try:
+        return await _unary_call(fn, cls, servicer, request, context)
+    finally:
+        trimmer: Trimmer | None = getattr(servicer, "trimmer", None)
+        if large and trimmer is not None:
+            trimmer.soon()
+
+
+TRIM_AFTER_BYTES = 1 << 20
+"""A unary request this long is large: the allocator is trimmed after it (unary requests are small)."""
+
+
+def _parse(raw: bytes, cls: type[Message] | None, rpc: str, limit: int | None) -> Any:
+    """The request of ``rpc`` from its bytes (as they are when ``cls`` is None), refused unparsed when
+    longer than ``limit``."""
+    if limit is not None and len(raw) > limit:
+        raise unary_too_large(rpc, len(raw), limit)
+    if cls is None:
+        return raw
+    try:
+        return cls.FromString(raw)
+    except DecodeError as exc:
+        raise InvalidArgumentError(f"request is not a valid {cls.DESCRIPTOR.name}: {exc}", field="request") from None
+
+
+def unary_too_large(rpc: str, size: int, limit: int) -> ResourceExhaustedError:
+    """The refusal of a unary request of ``size`` bytes over ``limit`` (max_unary_request_bytes)."""
+    return ResourceExhaustedError(
+        f"{rpc} request of {size} bytes is over max_unary_request_bytes={limit}: unary requests are small "
+        "(name fewer channels or groups per call)", limit="max_unary_request_bytes",
+        max_unary_request_bytes=limit, rpc=rpc)
+
+
+def _refusal(servicer: object, rpc: str, err: StreamingError, context: grpc.aio.ServicerContext) -> grpc.Status:
+    refused(servicer, rpc, err, context)
+    return to_grpc_status(err)
+
+
+def end_call(context: grpc.aio.ServicerContext, status: grpc.Status) -> None:
+    """Set the status the call ends with when its handler returns (a unary handler then returns None:
+    gRPC sends no response with a status that is not OK).
+
+    Not ``context.abort_with_status``: that keeps the AbortError it raises on the call's state, and
+    the error's traceback holds the handler's frames (the request among their locals) and, through
+    them, the context that holds the state.  That cycle is freed only by the cyclic collector, which
+    the node runs rarely (``_process.tune_gc``): refused requests stayed in memory, round after round.
+    """
+    context.set_code(status.code)
+    context.set_details(status.details)
+    context.set_trailing_metadata(status.trailing_metadata)
 
 
 def stream_errors(
@@ -108,25 +174,32 @@ def stream_errors(
 
     @functools.wraps(fn)
     async def wrapper(self: S, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
-        err: StreamingError | None = None
         # The handler runs in a task of its own: what it binds (pchannel and term, once open) stays
         # with this call and the tasks it starts.
         structlog.contextvars.bind_contextvars(rpc=fn.__name__, request_id=request_id(context))
+        # As in ``unary``: the status is made inside each except block, so the exception (and the
+        # requests its traceback's frames hold) is freed with it, and the call ends without an abort.
         try:
             await fn(self, request_iterator, context)
         except StreamingError as exc:
-            err = exc
+            status = None if context.done() else _refusal(self, fn.__name__, exc, context)
         except DecodeError as exc:
-            err = InvalidArgumentError(f"request is not a valid {fn.__name__}Request: {exc}")
+            status = None if context.done() else _refusal(
+                self, fn.__name__, InvalidArgumentError(f"request is not a valid {fn.__name__}Request: {exc}"), context)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as exc:  # noqa: BLE001  (a bug ends the call, not the node)
-            if context.done():
-                return  # the client went away (cancelled, deadline) while we wrote: nobody to tell
-            err = internal(exc)
-        if err is not None and not context.done():
-            refused(self, fn.__name__, err, context)
-            await context.abort_with_status(to_grpc_status(err))
+            # When the client went away (cancelled, deadline) while we wrote, there is nobody to tell.
+            status = None if context.done() else _refusal(self, fn.__name__, internal(exc), context)
+        else:
+            return
+        # A stream ended by an error may have been refused a large request (an open of 60 MiB is read
+        # whole before it is refused): the allocator gives its buffers back after the burst.
+        trimmer: Trimmer | None = getattr(self, "trimmer", None)
+        if trimmer is not None:
+            trimmer.soon()
+        if status is not None:
+            end_call(context, status)
 
     return wrapper
 
@@ -164,4 +237,5 @@ def require(value: str, field: str) -> str:
     return value
 
 
-__all__ = ["call_deadline", "internal", "refused", "request_id", "require", "stream_errors", "unary"]
+__all__ = ["call_deadline", "end_call", "internal", "refused", "request_id", "require", "stream_errors", "unary",
+           "unary_too_large"]

@@ -5,8 +5,9 @@
 ``ServerThread`` runs a server on a private loop for tests and synchronous embedders.
 
 The boundary is decided here before anything opens: TLS (``tls_cert``/``tls_key``, mutual with
-``tls_client_ca``), bearer tokens (``auth_tokens``, see ``auth``), and the protected mode that refuses
-to listen beyond loopback with neither tokens nor client certificates unless told to.
+``tls_client_ca``; the files are checked by ``tls``), bearer tokens (``auth_tokens``, see ``auth``;
+a file without a token is warned about), and the protected mode that refuses to listen beyond
+loopback with neither tokens nor client certificates unless told to.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import ipaddress
 import signal
 import threading
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TypeVar
 
 import grpc
@@ -30,6 +30,7 @@ from streamingnode.node import Node
 from streamingnode.server.auth import AuthInterceptor, TokenTable
 from streamingnode.server.reflection import enable_reflection
 from streamingnode.server.service import SERVICE_NAME, StreamingNodeService, add_service
+from streamingnode.server.tls import load_tls
 from streamingnode.tracing import Tracing
 from wal.errors import InvalidArgumentError, UnavailableError
 
@@ -81,6 +82,10 @@ async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) ->
     # Everything that can refuse the configuration does so before the node opens its data.
     check_protected_mode(config)
     tokens = TokenTable.load(config.auth_tokens) if config.auth_tokens is not None else None
+    if tokens is not None and not tokens:
+        # Fail-closed, and the operator is told why every client will be refused.
+        log.warning("the tokens file holds no token: every call of the service will be refused (UNAUTHENTICATED)",
+                    auth_tokens=str(config.auth_tokens))
     credentials = server_credentials(config)
     owned = Tracing.from_exporter(config.trace_exporter) if tracing is None else None
     try:
@@ -90,7 +95,7 @@ async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) ->
             owned.shutdown()
         raise
     try:
-        auth = AuthInterceptor(tokens) if tokens is not None else None
+        auth = AuthInterceptor(tokens, config.max_unary_request_bytes) if tokens is not None else None
         server = grpc.aio.server(interceptors=[auth] if auth is not None else None, options=[
             ("grpc.max_receive_message_length", config.max_request_bytes),
             ("grpc.max_send_message_length", config.max_request_bytes),
@@ -101,6 +106,7 @@ async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) ->
             # The authentication layer answers before the servicer runs: its refusals are counted and
             # logged by the servicer's refusal counter all the same.
             auth.on_refusal = service.refusals.note
+            auth.trimmer = service.trimmer
         add_service(service, server)
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -157,23 +163,16 @@ def check_protected_mode(config: NodeConfig) -> None:
         "the risk with --allow-unauthenticated (STREAMINGNODE_ALLOW_UNAUTHENTICATED=1)", field="listen")
 
 
-def _read_pem(path: Path, field: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise InvalidArgumentError(f"cannot read {field} {str(path)[:200]!r}: {exc.strerror}", field=field) from None
-
-
 def server_credentials(config: NodeConfig) -> grpc.ServerCredentials | None:
     """TLS credentials from ``tls_cert``/``tls_key`` (requiring client certificates chained to
-    ``tls_client_ca`` when set); None when the node serves plaintext."""
+    ``tls_client_ca`` when set); None when the node serves plaintext.  The files are checked first
+    (``tls.load_tls``): a bad one is refused naming the file and the problem."""
     if config.tls_cert is None or config.tls_key is None:
         return None
-    chain = _read_pem(config.tls_cert, "tls_cert")
-    key = _read_pem(config.tls_key, "tls_key")
-    ca = _read_pem(config.tls_client_ca, "tls_client_ca") if config.tls_client_ca is not None else None
+    material = load_tls(config.tls_cert, config.tls_key, config.tls_client_ca)
     try:
-        return grpc.ssl_server_credentials([(key, chain)], root_certificates=ca, require_client_auth=ca is not None)
+        return grpc.ssl_server_credentials([(material.key, material.chain)], root_certificates=material.client_ca,
+                                           require_client_auth=material.client_ca is not None)
     except (ValueError, TypeError) as exc:  # grpc checks only that the PEMs are non-empty here
         raise InvalidArgumentError(f"bad TLS configuration: {exc}", field="tls_cert") from None
 
@@ -186,8 +185,8 @@ def _listen(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCreden
     except RuntimeError:
         port = 0
     if port == 0:
-        unusable = "" if credentials is None else ", or the TLS certificate and key do not form a usable pair"
-        raise UnavailableError(f"cannot listen on {listen!r}: address in use or invalid{unusable}", address=listen)
+        # The TLS files were checked before (``tls``): what is left is the address.
+        raise UnavailableError(f"cannot listen on {listen!r}: address in use or invalid", address=listen)
     host = listen.rsplit(":", 1)[0]
     host = "127.0.0.1" if host in ("0.0.0.0", "[::]", "") else host  # noqa: S104  (a connectable form)
     return f"{host}:{port}"

@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 from google.protobuf import message_factory
 
+from streamingnode._allocator import Trimmer
 from streamingnode.node import Node
 from streamingnode.server.admin import AdminHandlers
 from streamingnode.server.consume import ConsumeStream
@@ -34,6 +35,10 @@ class StreamingNodeService(AdminHandlers, sgrpc.StreamingNodeServicer):  # type:
         self.limits = StreamLimits(node.config.max_streams, node.config.max_streams_per_connection, node.metrics)
         self.refusals = Refusals(node.metrics)
         """Every error answered to a client, counted and logged (``errors.refused``)."""
+        self.max_unary_request_bytes = node.config.max_unary_request_bytes
+        """Longer unary requests are refused unparsed (``errors.unary``)."""
+        self.trimmer = Trimmer()
+        """Gives the read buffers of refused large requests back to the system (``errors.unary``)."""
 
     @stream_errors
     async def Produce(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:

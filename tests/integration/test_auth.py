@@ -283,6 +283,45 @@ def test_missing_tokens_file(tmp_path: Path) -> None:
         TokenTable.load(tmp_path / "absent.toml")
 
 
+@pytest.mark.parametrize(("mode", "writers"), [(0o666, "group and others"), (0o620, "group"), (0o602, "others")])
+def test_a_tokens_file_others_may_write_refuses_to_start(tmp_path: Path, mode: int, writers: str) -> None:
+    """As ssh refuses a key others may write: whoever may write the file may give themselves admin."""
+    path = tokens_file(tmp_path / "tokens.toml")
+    path.chmod(mode)
+    with pytest.raises(InvalidArgumentError) as refused:
+        TokenTable.load(path)
+    message = str(refused.value)
+    assert str(path) in message and f"writable by {writers}" in message and f"mode {mode:04o}" in message, message
+    srv = ServerThread(node_config(tmp_path / "data", auth_tokens=path))
+    try:
+        with pytest.raises(InvalidArgumentError, match="writable by"):
+            srv.start()
+    finally:
+        srv.stop()
+    assert not (tmp_path / "data").exists(), "a refused configuration must not open the data dir"
+    for fine in (0o600, 0o640, 0o644, 0o400):
+        path.chmod(fine)
+        assert len(TokenTable.load(path)) == len(TOKENS)
+
+
+@pytest.mark.parametrize("text", ["", "# no tokens yet\n"])
+def test_a_tokens_file_without_tokens_warns_at_start(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text(text)
+    out = io.StringIO()
+    configure_logging("info", out, cache=False, fmt="json")
+    try:
+        with (ServerThread(node_config(tmp_path / "data", auth_tokens=path)) as srv, Client(srv.address) as client,
+              pytest.raises(UnauthenticatedError)):
+            client.describe_channels()
+    finally:
+        structlog.reset_defaults()
+    warnings = [json.loads(line) for line in out.getvalue().splitlines() if "holds no token" in line]
+    assert len(warnings) == 1, out.getvalue()
+    assert warnings[0]["level"] == "warning" and warnings[0]["auth_tokens"] == str(path)
+    assert "every call" in warnings[0]["event"] and "UNAUTHENTICATED" in warnings[0]["event"]
+
+
 
 def test_cli_token_flag_environment_and_hash(secured: ServerThread) -> None:
     from tests.integration.test_cli import _env, cli  # noqa: PLC0415

@@ -3,8 +3,12 @@ a node without authentication off non-loopback addresses."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
@@ -13,6 +17,7 @@ from streamingnode.client import AsyncClient, Client
 from streamingnode.server import ServerThread
 from streamingnode.server.lifecycle import is_loopback
 from tests.integration.conftest import node_config
+from tests.node_process import REPO
 from wal.errors import InvalidArgumentError, StreamingError, UnavailableError
 
 pytestmark = pytest.mark.integration
@@ -121,6 +126,62 @@ def test_server_tls_files_are_checked(pki: Pki, tmp_path: Path) -> None:
             srv.start()
     finally:
         srv.stop()
+
+
+def _garbage(root: Path, name: str, data: bytes) -> Path:
+    path = root / name
+    path.write_bytes(data)
+    return path
+
+
+BROKEN_CERTIFICATE = b"-----BEGIN CERTIFICATE-----\nTUlJQm5vdCBhIGNlcnRpZmljYXRl\n-----END CERTIFICATE-----\n"
+
+# (what is wrong, the files (cert, key, client CA) from the Pki and the test's dir, the file the error
+# names, what it says)
+BAD_TLS: list[tuple[str, Any, str, str]] = [
+    ("key of another certificate", lambda p, d: (p.server_cert, p.client_key, None), "key", "does not match"),
+    ("garbage certificate", lambda p, d: (_garbage(d, "c.pem", b"hello\n"), p.server_key, None), "cert",
+     "holds no PEM certificate"),
+    ("certificate that does not parse", lambda p, d: (_garbage(d, "c.pem", BROKEN_CERTIFICATE), p.server_key, None),
+     "cert", "does not parse"),
+    ("empty key file", lambda p, d: (p.server_cert, _garbage(d, "k.pem", b""), None), "key", "is empty"),
+    ("garbage key", lambda p, d: (p.server_cert, _garbage(d, "k.pem", b"not a key\n"), None), "key",
+     "holds no PEM private key"),
+    ("garbage client CA", lambda p, d: (p.server_cert, p.server_key, _garbage(d, "ca.pem", b"junk\n")), "ca",
+     "holds no PEM certificate"),
+    ("client CA that does not parse",
+     lambda p, d: (p.server_cert, p.server_key, _garbage(d, "ca.pem", BROKEN_CERTIFICATE)), "ca", "does not parse"),
+    ("certificate and key swapped", lambda p, d: (p.server_key, p.server_cert, None), "cert", "swapped"),
+]
+
+
+@pytest.mark.parametrize(("case", "files", "named", "problem"), BAD_TLS, ids=[c[0] for c in BAD_TLS])
+def test_bad_tls_material_refuses_to_start_naming_the_file(
+        pki: Pki, tmp_path: Path, case: str, files: Any, named: str, problem: str) -> None:
+    cert, key, ca = files(pki, tmp_path)
+    srv = ServerThread(node_config(tmp_path / "data", tls_cert=cert, tls_key=key, tls_client_ca=ca))
+    try:
+        with pytest.raises(InvalidArgumentError) as refused:
+            srv.start()
+    finally:
+        srv.stop()
+    message = str(refused.value)
+    path = {"cert": cert, "key": key, "ca": ca}[named]
+    assert str(path) in message and problem in message, message
+    assert "cannot listen" not in message
+    assert not (tmp_path / "data").exists(), "refused before the data dir is touched"
+
+
+def test_a_bad_key_ends_serve_with_a_message_naming_it(pki: Pki, tmp_path: Path) -> None:
+    """The process: exit 1, the file and the problem on stderr, not a failure to listen."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), GRPC_VERBOSITY="ERROR")
+    done = subprocess.run(
+        [sys.executable, "-m", "streamingnode", "serve", "--data-dir", str(tmp_path / "data"), "--listen",
+         "127.0.0.1:0", "--metrics-listen", "", "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.client_key)],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=120, check=False)
+    assert done.returncode == 1, done.stderr
+    assert str(pki.client_key) in done.stderr and "does not match" in done.stderr, done.stderr
+    assert "cannot listen" not in done.stderr
 
 
 # --- protected mode ------------------------------------------------------------------------------

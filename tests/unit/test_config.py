@@ -36,6 +36,8 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     ("", {"STREAMINGNODE_DURABILITY": "fast"}, "durability must be 'sync' or 'relaxed'"),
     ("max_message_bytes = 0\n", {}, "max_message_bytes must be > 0"),
     ("", {"STREAMINGNODE_PRODUCE_MAX_IN_FLIGHT_BYTES": "0"}, "produce_max_in_flight_bytes must be > 0"),
+    ("", {"STREAMINGNODE_MAX_UNARY_REQUEST_BYTES": "0"}, "max_unary_request_bytes must be > 0"),
+    ("max_unary_request_bytes = 67108865\n", {}, r"max_unary_request_bytes must be > 0 and <= max_request_bytes"),
     ("not toml at all [", {}, "is not valid TOML"),
 ])
 def test_bad_settings_are_refused_by_name(tmp_path: Path, text: str, env: dict[str, str], message: str) -> None:
