@@ -1,10 +1,33 @@
-"""dedup: idempotent producers.  A retried message returns its original result and writes nothing.
+"""dedup: idempotent producers.  The node owns a producer's identity: its epoch and its sequences.
 
-A message carries ``(producer id, sequence)`` in its properties.  Per producer the last ``window``
-sequences and their results are remembered (and at most ``max_producers`` producers, least recently
-used first out), so memory is bounded.  A sequence already written returns the stored result; one
-still being written waits for it; one older than the window is refused, since its fate is no longer
-known.  The table is rebuilt from the stored messages on reopen, so it survives restarts.
+**Epochs.**  Every open of a Produce stream with a producer id goes through ``open_producer``: an open
+that presents no epoch (a new producer instance, or a client that predates epochs) gets a new one, one
+above the last; an open that presents the current epoch (the same instance reconnecting) keeps it; an
+older one is refused (PRODUCER_FENCED).  From a bump on, every batch of an older epoch is fenced here,
+in the chain, before anything of it is written: the stream's claim (``PRODUCER_CLAIM``, a context
+variable the stream's reader task sets once, so every append it starts carries it) is checked against
+the table, so even a batch queued before the bump cannot slip through after it.  Epochs are stored
+synced in the pchannel's metadata (``producer_epochs.<bucket>``, 64 buckets by CRC-32 of the id, each
+a JSON object of the table's producers that hash to it) before an open is answered: they hold across a
+restart, an owner change (cluster metadata lives in the shared KV) and retention (metadata is never
+truncated).  A bucket is read the first time an id of it opens in this process.
+
+**Sequences.**  A message carries ``(producer id, sequence)`` in its properties.  Per producer the
+last ``window`` sequences are remembered with their results and a digest of the content (CRC-32 of
+type, vchannel, payload and the properties other than these two), and at most ``max_producers``
+producers (least recently used first out), so memory is bounded.  A sequence already written returns
+the stored result when the resend carries the same digest, and is refused (DUPLICATE_SEQUENCE_MISMATCH,
+the whole batch, nothing written) when it does not: a reused sequence with new content would otherwise
+be acknowledged and never stored.  One still being written waits for it (same check); one older than
+the window is refused (OUT_OF_RANGE), since its fate is no longer known.  Sequences and digests are
+rebuilt from the stored messages (and recovery snapshots) on reopen, so they survive restarts and
+retention.  ``open_producer`` answers the next sequence the node expects: one past the highest let
+through or stored.
+
+An evicted producer (more than ``max_producers`` distinct ids on one pchannel) is forgotten whole:
+its window (a resend of its old batches is written again), its ``admitted`` mark, and its epoch (its
+bucket is rewritten without it at the bucket's next write; a stream of it still open, or an open that
+presents its epoch, is taken as current again).
 
 A sequence more than one past the highest this step has let through for the producer is refused
 (OUT_OF_ORDER_SEQUENCE, the whole batch, nothing written): a batch between was never received, so
@@ -22,29 +45,82 @@ written.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import json
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from interceptors.base import AppendNext
-from wal.errors import InvalidArgumentError, OutOfOrderSequenceError, OutOfRangeError
+from wal.errors import (
+    DuplicateSequenceMismatchError,
+    InvalidArgumentError,
+    OutOfOrderSequenceError,
+    OutOfRangeError,
+    ProducerFencedError,
+)
 from wal.message import AppendResult, Message
 
 PROP_PRODUCER = "producer_id"
 PROP_SEQUENCE = "producer_seq"
+_STAMPS = frozenset((PROP_PRODUCER, PROP_SEQUENCE))
+
+PRODUCER_CLAIM: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar(
+    "producer_claim", default=None)
+"""``(producer id, epoch)`` of the stream whose appends run in this context (set once by the stream's
+reader task: the chain's tasks copy it).  Unset: no epoch check (embedded callers, replays)."""
+
+EPOCH_BUCKETS = 64
+"""Metadata values the epochs are spread over: a bump rewrites one, about 1/64 of the table."""
+EPOCH_META = "producer_epochs.{}"
+"""The metadata name of bucket ``n`` (``EPOCH_META.format(n)``)."""
+
+
+class EpochStore(Protocol):
+    """Where epochs are kept: the pchannel's WAL (``put_meta`` is synced before it returns)."""
+
+    async def put_meta(self, name: str, value: bytes) -> None: ...
+
+    async def get_meta(self, name: str) -> bytes | None: ...
+
+
+def content_digest(m: Message) -> int:
+    """CRC-32 of a message's type, vchannel, payload and properties other than the producer stamps:
+    what a resend under the same sequence must repeat.  Computed where a producer's message enters
+    the chain and again when it is replayed from storage (the chain adds no properties)."""
+    d = zlib.crc32(m._payload, zlib.crc32(m._vchannel.encode(), m._type))
+    props = m._properties
+    if len(props) > len(_STAMPS):  # the usual message carries the two stamps only
+        for k in sorted(props):
+            if k not in _STAMPS:
+                v = props[k]
+                d = zlib.crc32(f"{len(k)}:{k}{len(v)}:{v}".encode(), d)
+    return d
+
+
+def epoch_bucket(producer_id: str) -> int:
+    return zlib.crc32(producer_id.encode()) % EPOCH_BUCKETS
 
 
 class _Producer:
-    __slots__ = ("admitted", "inflight", "max_seq", "results")
+    __slots__ = ("admitted", "epoch", "inflight", "max_seq", "results")
 
     def __init__(self) -> None:
-        self.results: OrderedDict[int, AppendResult] = OrderedDict()
-        self.inflight: dict[int, asyncio.Future[AppendResult]] = {}
+        # Per sequence: its result and its content digest (None: remembered from a snapshot that
+        # predates digests, so a resend cannot be checked and is answered as before).
+        self.results: OrderedDict[int, tuple[AppendResult, int | None]] = OrderedDict()
+        self.inflight: dict[int, tuple[asyncio.Future[AppendResult], int]] = {}
         self.max_seq = -1
         # The highest sequence let through (or skipped) since this process knew the producer; -1: none
         # yet, so the next batch may start anywhere.  Never lowered: a batch that failed in the chain
         # was answered, and its producer goes on after it.
         self.admitted = -1
+        self.epoch = 0
+        """The current epoch (0: never opened, or forgotten)."""
+
+    def next_sequence(self) -> int:
+        return max(self.admitted, self.max_seq) + 1
 
 
 def _key(m: Message) -> tuple[str, int] | None:
@@ -67,13 +143,27 @@ def _key(m: Message) -> tuple[str, int] | None:
     return pid, seq
 
 
+def _mismatch(pid: str, seq: int) -> DuplicateSequenceMismatchError:
+    return DuplicateSequenceMismatchError(
+        f"sequence {seq} of producer {pid!r} is already stored with other content (type, vchannel, payload "
+        f"or properties): a resend must repeat its batch exactly, and new messages need new sequences "
+        f"(open without first_sequence to continue from the node's); nothing of the batch was written",
+        producer_id=pid, sequence=seq)
+
+
 class DedupInterceptor:
     name = "dedup"
 
-    def __init__(self, *, window: int = 4096, max_producers: int = 10_000) -> None:
+    def __init__(self, *, window: int = 4096, max_producers: int = 10_000, store: EpochStore | None = None) -> None:
         self._window = window
         self._max_producers = max_producers
         self._producers: OrderedDict[str, _Producer] = OrderedDict()
+        self._store = store
+        """Where epochs are kept (None: in memory only, as for a replay that never opens producers)."""
+        self._buckets: dict[int, set[str]] = {}
+        """Loaded epoch buckets: the ids each one stored (pruned of evicted ids when rewritten)."""
+        self._opening = asyncio.Lock()
+        """One open at a time: an epoch bump reads, rewrites and stores its bucket."""
 
     def _producer(self, pid: str) -> _Producer:
         p = self._producers.get(pid)
@@ -85,18 +175,100 @@ class DedupInterceptor:
             self._producers.move_to_end(pid)
         return p
 
-    def _remember(self, p: _Producer, seq: int, result: AppendResult) -> None:
-        p.results[seq] = result
+    def _remember(self, p: _Producer, seq: int, result: AppendResult, digest: int | None) -> None:
+        p.results[seq] = (result, digest)
         p.max_seq = max(p.max_seq, seq)
         while len(p.results) > self._window:
             p.results.popitem(last=False)
 
+    # --- epochs ------------------------------------------------------------------------------------
+    def epoch(self, producer_id: str) -> int:
+        """The producer's current epoch as this step knows it (0: none)."""
+        p = self._producers.get(producer_id)
+        return 0 if p is None else p.epoch
+
+    async def open_producer(self, producer_id: str, epoch: int | None) -> tuple[int, int]:
+        """A Produce stream of ``producer_id`` opens, presenting ``epoch`` (None: a new instance).
+
+        Returns ``(epoch, next sequence)``; the epoch is durable before this returns.  Raises
+        ProducerFencedError when ``epoch`` is not the current one (a newer open took over)."""
+        if epoch is not None and epoch < 1:
+            raise InvalidArgumentError(f"producer_epoch must be >= 1 when set, got {epoch}", field="producer_epoch")
+        async with self._opening:
+            await self._load_bucket(producer_id)
+            current = self._producer(producer_id).epoch
+            if epoch is None:
+                new = current + 1
+            elif current in (epoch, 0):
+                new = epoch  # the instance reconnects (or the node forgot the producer: its epoch stands)
+            else:
+                raise ProducerFencedError(
+                    f"producer {producer_id!r} of epoch {epoch} is fenced: a newer open of the id holds epoch "
+                    f"{current}", producer_id=producer_id, epoch=epoch, current_epoch=current)
+            if new != current:
+                await self._store_epoch(producer_id, new)
+            p = self._producer(producer_id)  # (the await may have let the table evict it)
+            if p.epoch > new:  # a stream of a forgotten epoch was taken as current meanwhile
+                raise ProducerFencedError(
+                    f"producer {producer_id!r} of epoch {new} is fenced by epoch {p.epoch}",
+                    producer_id=producer_id, epoch=new, current_epoch=p.epoch)
+            p.epoch = new
+            return new, p.next_sequence()
+
+    async def _load_bucket(self, producer_id: str) -> None:
+        b = epoch_bucket(producer_id)
+        if b in self._buckets:
+            return
+        ids: set[str] = set()
+        raw = await self._store.get_meta(EPOCH_META.format(b)) if self._store is not None else None
+        if raw is not None:
+            try:
+                stored = {str(k): int(v) for k, v in json.loads(raw).items()}
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise InvalidArgumentError(f"stored producer epochs {EPOCH_META.format(b)!r} are unreadable: {exc!r}",
+                                           field="producer_epoch") from None
+            for pid, e in stored.items():
+                p = self._producers.get(pid)
+                if p is None:
+                    if len(self._producers) >= self._max_producers:
+                        continue  # a full table forgets it, as if it had been evicted
+                    p = self._producers[pid] = _Producer()
+                    self._producers.move_to_end(pid, last=False)  # opened, not used, in this process
+                p.epoch = max(p.epoch, e)
+                ids.add(pid)
+        self._buckets.setdefault(b, ids)
+
+    async def _store_epoch(self, producer_id: str, epoch: int) -> None:
+        b = epoch_bucket(producer_id)
+        ids = self._buckets.setdefault(b, set())
+        doc: dict[str, int] = {}
+        for pid in ids:
+            p = self._producers.get(pid)
+            if p is not None and p.epoch > 0:  # evicted ids leave the bucket here
+                doc[pid] = p.epoch
+        doc[producer_id] = epoch
+        if self._store is not None:
+            await self._store.put_meta(EPOCH_META.format(b), json.dumps(doc, separators=(",", ":")).encode())
+        ids.intersection_update(doc)
+        ids.add(producer_id)
+
+    # --- the chain -----------------------------------------------------------------------------------
     async def do_append(self, batch: list[Message], append_next: AppendNext) -> list[AppendResult]:
         if not any(m._properties and PROP_PRODUCER in m._properties for m in batch):
             return await append_next(batch)  # no idempotent producer in this batch
+        claim = PRODUCER_CLAIM.get()
+        if claim is not None:
+            cpid, cepoch = claim
+            claimed = self._producers.get(cpid)
+            current = 0 if claimed is None else claimed.epoch
+            if current > cepoch:
+                raise ProducerFencedError(
+                    f"producer {cpid!r} of epoch {cepoch} is fenced: a newer open of the id holds epoch {current}; "
+                    "nothing of the batch was written", producer_id=cpid, epoch=cepoch, current_epoch=current)
         keys = [_key(m) for m in batch]
-        known: dict[int, AppendResult | asyncio.Future[AppendResult]] = {}
+        known: dict[int, tuple[AppendResult | asyncio.Future[AppendResult], int]] = {}
         fresh: list[int] = []
+        digests: dict[int, int] = {}
         seen: set[tuple[str, int]] = set()
         # The highest sequence of each producer once this batch is let through: checked for every
         # message before any is, so a refused batch changes nothing.
@@ -110,10 +282,17 @@ class DedupInterceptor:
             seen.add(k)
             pid, seq = k
             p = self._producer(pid)
-            if seq in p.results:
-                known[i] = p.results[seq]
+            digest = content_digest(batch[i])
+            stored = p.results.get(seq)
+            if stored is not None:
+                if stored[1] is not None and stored[1] != digest:
+                    raise _mismatch(pid, seq)
+                known[i] = (stored[0], i)
             elif seq in p.inflight:
-                known[i] = p.inflight[seq]
+                fut, was = p.inflight[seq]
+                if was != digest:
+                    raise _mismatch(pid, seq)
+                known[i] = (fut, i)
             elif seq <= p.max_seq and p.results and seq < next(iter(p.results)):
                 raise OutOfRangeError(
                     f"sequence {seq} of producer {pid!r} is older than the dedup window "
@@ -130,7 +309,12 @@ class DedupInterceptor:
                         producer_id=pid, expected=top + 1, got=seq,
                     )
                 high[pid] = max(top, seq)
+                digests[i] = digest
                 fresh.append(i)
+        if claim is not None:
+            claimed = self._producers.get(claim[0])
+            if claimed is not None and claimed.epoch < claim[1]:
+                claimed.epoch = claim[1]  # forgotten (evicted) meanwhile: the open stream's epoch stands
         for pid, top in high.items():
             entry = self._producers.get(pid)
             if entry is not None:  # (gone only if this one batch named more producers than the table holds)
@@ -140,7 +324,8 @@ class DedupInterceptor:
         for i in fresh:
             k = keys[i]
             if k is not None:
-                futures[i] = self._producers[k[0]].inflight[k[1]] = loop.create_future()
+                fut = futures[i] = loop.create_future()
+                self._producers[k[0]].inflight[k[1]] = (fut, digests[i])
         try:
             results = await append_next([batch[i] for i in fresh]) if fresh else []
         except BaseException as exc:
@@ -159,9 +344,9 @@ class DedupInterceptor:
             if k is not None:
                 p = self._producer(k[0])
                 p.inflight.pop(k[1], None)
-                self._remember(p, k[1], r)
+                self._remember(p, k[1], r, digests[i])
                 futures[i].set_result(r)
-        for i, r_or_f in known.items():
+        for i, (r_or_f, _) in known.items():
             out[i] = await r_or_f if isinstance(r_or_f, asyncio.Future) else r_or_f
         return out  # type: ignore[return-value]
 
@@ -181,20 +366,25 @@ class DedupInterceptor:
             if k is not None and m.message_id is not None:
                 txn = m.txn
                 self._remember(self._producer(k[0]), k[1],
-                               AppendResult(m.message_id, m.timetick, txn.txn_id if txn else None))
+                               AppendResult(m.message_id, m.timetick, txn.txn_id if txn else None),
+                               content_digest(m))
 
     def export_state(self) -> dict[str, Any]:
-        """The remembered results per producer, least recently used first (see SnapshotInterceptor)."""
+        """The remembered results and digests per producer, least recently used first (see
+        SnapshotInterceptor).  Epochs are not in it: they live in the pchannel's metadata."""
         return {"producers": [
-            [pid, p.max_seq, [[seq, r.message_id, r.timetick, r.txn_id] for seq, r in p.results.items()]]
+            [pid, p.max_seq, [[seq, r.message_id, r.timetick, r.txn_id, d] for seq, (r, d) in p.results.items()]]
             for pid, p in self._producers.items()
         ]}
 
     def import_state(self, state: dict[str, Any]) -> None:
         for pid, max_seq, results in state["producers"]:
             p = self._producer(str(pid))
-            for seq, mid, ts, txn_id in results:
-                self._remember(p, int(seq), AppendResult(int(mid), int(ts), None if txn_id is None else int(txn_id)))
+            for entry in results:
+                seq, mid, ts, txn_id = entry[:4]
+                digest = entry[4] if len(entry) > 4 else None  # a snapshot from before digests
+                self._remember(p, int(seq), AppendResult(int(mid), int(ts), None if txn_id is None else int(txn_id)),
+                               None if digest is None else int(digest))
             p.max_seq = max(p.max_seq, int(max_seq))
 
     async def recovered(self) -> None:
@@ -202,6 +392,15 @@ class DedupInterceptor:
 
     async def close(self) -> None:
         self._producers.clear()
+        self._buckets.clear()
+
+
+def dedup_step(steps: Iterable[object]) -> DedupInterceptor | None:
+    """The dedup step among ``steps`` (a chain's interceptors), if any."""
+    for step in steps:
+        if isinstance(step, DedupInterceptor):
+            return step
+    return None
 
 
 def skip_sequences(steps: Iterable[object], producer_id: str, first: int, count: int) -> None:
@@ -212,4 +411,16 @@ def skip_sequences(steps: Iterable[object], producer_id: str, first: int, count:
             step.skip(producer_id, first, count)
 
 
-__all__ = ["PROP_PRODUCER", "PROP_SEQUENCE", "DedupInterceptor", "skip_sequences"]
+__all__ = [
+    "EPOCH_BUCKETS",
+    "EPOCH_META",
+    "PRODUCER_CLAIM",
+    "PROP_PRODUCER",
+    "PROP_SEQUENCE",
+    "DedupInterceptor",
+    "EpochStore",
+    "content_digest",
+    "dedup_step",
+    "epoch_bucket",
+    "skip_sequences",
+]

@@ -308,7 +308,7 @@ class AsyncClient:
         pchannel: str,
         *,
         producer_id: str | None = None,
-        first_sequence: int = 0,
+        first_sequence: int | None = None,
         linger: float = 0.005,
         max_batch_bytes: int = 1 << 20,
         max_batch_messages: int = 1000,
