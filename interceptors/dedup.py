@@ -86,9 +86,11 @@ class EpochStore(Protocol):
 
 
 def content_digest(m: Message) -> int:
-    """CRC-32 of a message's type, vchannel, payload and properties other than the producer stamps:
-    what a resend under the same sequence must repeat.  Computed where a producer's message enters
-    the chain and again when it is replayed from storage (the chain adds no properties)."""
+    """CRC-32 of a producer's message (one stamped with both ``PROP_PRODUCER`` and ``PROP_SEQUENCE``):
+    its type, vchannel, payload and other properties, what a resend under the same sequence must
+    repeat.  Computed where the message enters the chain and again when it is replayed from storage
+    (the chain adds no properties).  Per message: one CRC over the payload and one over the vchannel;
+    properties, which most messages do not carry, only when there are more than the two stamps."""
     d = zlib.crc32(m._payload, zlib.crc32(m._vchannel.encode(), m._type))
     props = m._properties
     if len(props) > len(_STAMPS):  # the usual message carries the two stamps only
