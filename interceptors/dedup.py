@@ -88,21 +88,30 @@ class EpochStore(Protocol):
 def content_digest(m: Message) -> int:
     """CRC-32 of a producer's message (one stamped with both ``PROP_PRODUCER`` and ``PROP_SEQUENCE``):
     its type, vchannel, payload and other properties, what a resend under the same sequence must
-    repeat.  Computed where the message enters the chain and again when it is replayed from storage
-    (the chain adds no properties).  Per message: one CRC over the payload and one over the vchannel;
-    properties, which most messages do not carry, only when there are more than the two stamps."""
-    d = zlib.crc32(m._payload, zlib.crc32(m._vchannel.encode(), m._type))
-    props = m._properties
-    if len(props) > len(_STAMPS):  # the usual message carries the two stamps only
-        for k in sorted(props):
-            if k not in _STAMPS:
-                v = props[k]
-                d = zlib.crc32(f"{len(k)}:{k}{len(v)}:{v}".encode(), d)
+    repeat.  Computed where the message enters the chain (``do_append`` inlines it) and again when it
+    is replayed from storage (the chain adds no properties).  Per message: a CRC over the payload
+    started from the vchannel's, XOR the type; properties, which most messages do not carry, only
+    when there are more than the two stamps."""
+    d = zlib.crc32(m._payload, zlib.crc32(m._vchannel.encode())) ^ m._type
+    if len(m._properties) > len(_STAMPS):
+        d = _properties_digest(m._properties, d)
+    return d
+
+
+def _properties_digest(props: dict[str, str], d: int) -> int:
+    for k in sorted(props):
+        if k not in _STAMPS:
+            v = props[k]
+            d = zlib.crc32(f"{len(k)}:{k}{len(v)}:{v}".encode(), d)
     return d
 
 
 def epoch_bucket(producer_id: str) -> int:
     return zlib.crc32(producer_id.encode()) % EPOCH_BUCKETS
+
+
+_VCHANNEL_CRCS = 4096
+"""vchannel CRCs the dedup step keeps (cleared when full): most producers write to a few vchannels."""
 
 
 class _Producer:
@@ -123,6 +132,10 @@ class _Producer:
 
     def next_sequence(self) -> int:
         return max(self.admitted, self.max_seq) + 1
+
+
+_NOBODY = _Producer()
+"""A placeholder before the first producer of a batch is looked up."""
 
 
 def _key(m: Message) -> tuple[str, int] | None:
@@ -164,6 +177,7 @@ class DedupInterceptor:
         """Where epochs are kept (None: in memory only, as for a replay that never opens producers)."""
         self._buckets: dict[int, set[str]] = {}
         """Loaded epoch buckets: the ids each one stored (pruned of evicted ids when rewritten)."""
+        self._vchannel_crcs: dict[str, int] = {}
         self._opening = asyncio.Lock()
         """One open at a time: an epoch bump reads, rewrites and stores its bucket."""
 
@@ -268,13 +282,18 @@ class DedupInterceptor:
                     f"producer {cpid!r} of epoch {cepoch} is fenced: a newer open of the id holds epoch {current}; "
                     "nothing of the batch was written", producer_id=cpid, epoch=cepoch, current_epoch=current)
         keys = [_key(m) for m in batch]
-        known: dict[int, tuple[AppendResult | asyncio.Future[AppendResult], int]] = {}
+        known: dict[int, AppendResult | asyncio.Future[AppendResult]] = {}
         fresh: list[int] = []
-        digests: dict[int, int] = {}
+        # The producers' fresh messages: (index in batch, producer, sequence, digest).
+        stamped: list[tuple[int, _Producer, int, int]] = []
         seen: set[tuple[str, int]] = set()
         # The highest sequence of each producer once this batch is let through: checked for every
         # message before any is, so a refused batch changes nothing.
         high: dict[str, int] = {}
+        crc = zlib.crc32
+        vcrcs = self._vchannel_crcs
+        last_pid: str | None = None
+        p = _NOBODY
         for i, k in enumerate(keys):
             if k is None:
                 fresh.append(i)
@@ -283,18 +302,29 @@ class DedupInterceptor:
                 raise InvalidArgumentError(f"sequence {k[1]} of producer {k[0]!r} appears twice in one batch")
             seen.add(k)
             pid, seq = k
-            p = self._producer(pid)
-            digest = content_digest(batch[i])
+            if pid != last_pid:  # a batch is mostly one producer's: one table lookup for it
+                p = self._producer(pid)
+                last_pid = pid
+            # content_digest, inlined with the vchannel's CRC cached: this runs for every message.
+            m = batch[i]
+            vc = vcrcs.get(m._vchannel)
+            if vc is None:
+                if len(vcrcs) >= _VCHANNEL_CRCS:
+                    vcrcs.clear()
+                vc = vcrcs[m._vchannel] = crc(m._vchannel.encode())
+            digest = crc(m._payload, vc) ^ m._type
+            if len(m._properties) > len(_STAMPS):
+                digest = _properties_digest(m._properties, digest)
             stored = p.results.get(seq)
             if stored is not None:
                 if stored[1] is not None and stored[1] != digest:
                     raise _mismatch(pid, seq)
-                known[i] = (stored[0], i)
+                known[i] = stored[0]
             elif seq in p.inflight:
                 fut, was = p.inflight[seq]
                 if was != digest:
                     raise _mismatch(pid, seq)
-                known[i] = (fut, i)
+                known[i] = fut
             elif seq <= p.max_seq and p.results and seq < next(iter(p.results)):
                 raise OutOfRangeError(
                     f"sequence {seq} of producer {pid!r} is older than the dedup window "
@@ -311,7 +341,7 @@ class DedupInterceptor:
                         producer_id=pid, expected=top + 1, got=seq,
                     )
                 high[pid] = max(top, seq)
-                digests[i] = digest
+                stamped.append((i, p, seq, digest))
                 fresh.append(i)
         if claim is not None:
             claimed = self._producers.get(claim[0])
@@ -322,19 +352,16 @@ class DedupInterceptor:
             if entry is not None:  # (gone only if this one batch named more producers than the table holds)
                 entry.admitted = top
         loop = asyncio.get_running_loop()
-        futures: dict[int, asyncio.Future[AppendResult]] = {}
-        for i in fresh:
-            k = keys[i]
-            if k is not None:
-                fut = futures[i] = loop.create_future()
-                self._producers[k[0]].inflight[k[1]] = (fut, digests[i])
+        futures: list[asyncio.Future[AppendResult]] = []
+        for _, q, seq, digest in stamped:
+            fut = loop.create_future()
+            futures.append(fut)
+            q.inflight[seq] = (fut, digest)
         try:
             results = await append_next([batch[i] for i in fresh]) if fresh else []
         except BaseException as exc:
-            for i, fut in futures.items():
-                k = keys[i]
-                assert k is not None
-                self._producers.get(k[0], _Producer()).inflight.pop(k[1], None)
+            for (_, q, seq, _), fut in zip(stamped, futures, strict=True):
+                q.inflight.pop(seq, None)
                 if not fut.done():
                     fut.set_exception(exc)
                     fut.exception()  # mark retrieved: nobody may be waiting
@@ -342,13 +369,23 @@ class DedupInterceptor:
         out: list[AppendResult | None] = [None] * len(batch)
         for i, r in zip(fresh, results, strict=True):
             out[i] = r
-            k = keys[i]
-            if k is not None:
-                p = self._producer(k[0])
-                p.inflight.pop(k[1], None)
-                self._remember(p, k[1], r, digests[i])
-                futures[i].set_result(r)
-        for i, (r_or_f, _) in known.items():
+        window = self._window
+        for (i, q, seq, digest), fut in zip(stamped, futures, strict=True):
+            r = out[i]
+            assert r is not None
+            q.inflight.pop(seq, None)
+            # _remember, inlined (per message)
+            results_of = q.results
+            results_of[seq] = (r, digest)
+            if seq > q.max_seq:  # noqa: PLR1730  (no call of max() per message)
+                q.max_seq = seq
+            if len(results_of) > window:
+                results_of.popitem(last=False)
+            fut.set_result(r)
+        for pid in high:  # recently used: once per producer and batch, not per message
+            if pid in self._producers:
+                self._producers.move_to_end(pid)
+        for i, r_or_f in known.items():
             out[i] = await r_or_f if isinstance(r_or_f, asyncio.Future) else r_or_f
         return out  # type: ignore[return-value]
 
