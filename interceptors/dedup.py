@@ -371,17 +371,17 @@ class DedupInterceptor:
             out[i] = r
         window = self._window
         for (i, q, seq, digest), fut in zip(stamped, futures, strict=True):
-            r = out[i]
-            assert r is not None
+            done = out[i]
+            assert done is not None
             q.inflight.pop(seq, None)
             # _remember, inlined (per message)
             results_of = q.results
-            results_of[seq] = (r, digest)
+            results_of[seq] = (done, digest)
             if seq > q.max_seq:  # noqa: PLR1730  (no call of max() per message)
                 q.max_seq = seq
             if len(results_of) > window:
                 results_of.popitem(last=False)
-            fut.set_result(r)
+            fut.set_result(done)
         for pid in high:  # recently used: once per producer and batch, not per message
             if pid in self._producers:
                 self._producers.move_to_end(pid)
