@@ -65,6 +65,10 @@ class StreamingError(Exception):
         super().__init__(message)
         self.code: ErrorCode = code if code is not None else self.default_code
         self.fields: dict[str, Any] = fields
+        self.held_seconds: float | None = None
+        """Inside the node only: the group committer already held this failed write and tried it
+        again, in order, for that long (``wal._committer``), so the redo step must not try its appends
+        again one by one.  An attribute, not a field: fields travel to clients, this never does."""
 
     @property
     def retriable(self) -> bool:

@@ -669,17 +669,20 @@ class Producer:
             if not self._in_flight or self._in_flight[0].request_id != result.request_id:
                 raise UnavailableError(f"produce stream on {self.pchannel!r} answered request {result.request_id} "
                                        "out of order", channel=self.pchannel)
-            batch = self._in_flight.popleft()
-            self._wake.set()
+            batch = self._in_flight[0]
             if result.WhichOneof("outcome") == "error":
                 exc = from_error_detail(result.error)
                 if self.producer_id is not None and exc.code in _ENDS_STREAM:
                     # Nothing of the batch was written and the stream is ending: resend it on the next.
-                    self._in_flight.appendleft(batch)
                     raise exc
                 batch.fail(exc)
             else:
+                # Checked before the batch leaves the in-flight list: an answer that does not fit it
+                # breaks the stream with the batch still there, so it is resent (idempotent) or failed
+                # as of unknown fate, never left with futures that no one completes.
                 _resolve(batch.futures, result.appended)
+            self._in_flight.popleft()
+            self._wake.set()
             self._release(batch)
 
     def _stream_broke(self, exc: StreamingError) -> None:

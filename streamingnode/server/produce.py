@@ -141,7 +141,10 @@ class ProduceStream:
                 self.reader.cancel()
             await self.reader
         except asyncio.CancelledError:
-            if self.failed is None:  # the call itself was cancelled, not stopped by a failure
+            # Swallowed only when it is the reader's own end, stopped by a failure; a cancel of the
+            # call itself (this task is being cancelled) always goes on, failure recorded or not.
+            task = asyncio.current_task()
+            if self.failed is None or (task is not None and task.cancelling()):
                 raise
         finally:
             await cancel_and_wait(draining)
@@ -156,7 +159,7 @@ class ProduceStream:
             raise self.failed
         await ctx.write(spb.ProduceResponse(closed=spb.ProduceClosed()))
 
-    async def _read_batches(self, channel: Channel, producer_id: str | None, epoch: int) -> None:
+    async def _read_batches(self, channel: Channel, producer_id: str | None, epoch: int = 0) -> None:
         if producer_id is not None:
             # Set once in this task's own context, copied by every append it starts: the dedup step
             # fences a batch of this stream once a newer open of the id bumped the epoch.
