@@ -121,7 +121,9 @@ class _Producer:
         # Per sequence: its result and its content digest (None: remembered from a snapshot that
         # predates digests, so a resend cannot be checked and is answered as before).
         self.results: OrderedDict[int, tuple[AppendResult, int | None]] = OrderedDict()
-        self.inflight: dict[int, tuple[asyncio.Future[AppendResult], int]] = {}
+        # Per sequence being written: the future of its batch's results, its place in them, its digest
+        # (one future per batch, not per message).
+        self.inflight: dict[int, tuple[asyncio.Future[list[AppendResult]], int, int]] = {}
         self.max_seq = -1
         # The highest sequence let through (or skipped) since this process knew the producer; -1: none
         # yet, so the next batch may start anywhere.  Never lowered: a batch that failed in the chain
@@ -282,9 +284,9 @@ class DedupInterceptor:
                     f"producer {cpid!r} of epoch {cepoch} is fenced: a newer open of the id holds epoch {current}; "
                     "nothing of the batch was written", producer_id=cpid, epoch=cepoch, current_epoch=current)
         keys = [_key(m) for m in batch]
-        known: dict[int, AppendResult | asyncio.Future[AppendResult]] = {}
+        known: dict[int, AppendResult | tuple[asyncio.Future[list[AppendResult]], int]] = {}
         fresh: list[int] = []
-        # The producers' fresh messages: (index in batch, producer, sequence, digest).
+        # The producers' fresh messages: (place among the fresh, producer, sequence, digest).
         stamped: list[tuple[int, _Producer, int, int]] = []
         seen: set[tuple[str, int]] = set()
         # The highest sequence of each producer once this batch is let through: checked for every
@@ -321,10 +323,10 @@ class DedupInterceptor:
                     raise _mismatch(pid, seq)
                 known[i] = stored[0]
             elif seq in p.inflight:
-                fut, was = p.inflight[seq]
+                fut, pos, was = p.inflight[seq]
                 if was != digest:
                     raise _mismatch(pid, seq)
-                known[i] = fut
+                known[i] = (fut, pos)
             elif seq <= p.max_seq and p.results and seq < next(iter(p.results)):
                 raise OutOfRangeError(
                     f"sequence {seq} of producer {pid!r} is older than the dedup window "
@@ -341,7 +343,7 @@ class DedupInterceptor:
                         producer_id=pid, expected=top + 1, got=seq,
                     )
                 high[pid] = max(top, seq)
-                stamped.append((i, p, seq, digest))
+                stamped.append((len(fresh), p, seq, digest))
                 fresh.append(i)
         if claim is not None:
             claimed = self._producers.get(claim[0])
@@ -351,42 +353,39 @@ class DedupInterceptor:
             entry = self._producers.get(pid)
             if entry is not None:  # (gone only if this one batch named more producers than the table holds)
                 entry.admitted = top
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[AppendResult]] = []
-        for _, q, seq, digest in stamped:
-            fut = loop.create_future()
-            futures.append(fut)
-            q.inflight[seq] = (fut, digest)
+        written: asyncio.Future[list[AppendResult]] = asyncio.get_running_loop().create_future()
+        for pos, q, seq, digest in stamped:
+            q.inflight[seq] = (written, pos, digest)
         try:
             results = await append_next([batch[i] for i in fresh]) if fresh else []
         except BaseException as exc:
-            for (_, q, seq, _), fut in zip(stamped, futures, strict=True):
+            for _, q, seq, _ in stamped:
                 q.inflight.pop(seq, None)
-                if not fut.done():
-                    fut.set_exception(exc)
-                    fut.exception()  # mark retrieved: nobody may be waiting
+            written.set_exception(exc)
+            written.exception()  # mark retrieved: nobody may be waiting
             raise
         out: list[AppendResult | None] = [None] * len(batch)
         for i, r in zip(fresh, results, strict=True):
             out[i] = r
         window = self._window
-        for (i, q, seq, digest), fut in zip(stamped, futures, strict=True):
-            done = out[i]
-            assert done is not None
+        for pos, q, seq, digest in stamped:
             q.inflight.pop(seq, None)
             # _remember, inlined (per message)
             results_of = q.results
-            results_of[seq] = (done, digest)
+            results_of[seq] = (results[pos], digest)
             if seq > q.max_seq:  # noqa: PLR1730  (no call of max() per message)
                 q.max_seq = seq
             if len(results_of) > window:
                 results_of.popitem(last=False)
-            fut.set_result(done)
+        written.set_result(results)
         for pid in high:  # recently used: once per producer and batch, not per message
             if pid in self._producers:
                 self._producers.move_to_end(pid)
         for i, r_or_f in known.items():
-            out[i] = await r_or_f if isinstance(r_or_f, asyncio.Future) else r_or_f
+            if isinstance(r_or_f, AppendResult):
+                out[i] = r_or_f
+            else:  # the original is still being written: its batch's result
+                out[i] = (await r_or_f[0])[r_or_f[1]]
         return out  # type: ignore[return-value]
 
     def skip(self, producer_id: str, first: int, count: int) -> None:

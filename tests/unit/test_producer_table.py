@@ -332,3 +332,22 @@ async def test_random_walk_against_a_plain_model(record_property: Callable[[str,
     for name in ("open", "restart", "written", "ProducerFencedError", "DuplicateSequenceMismatchError",
                  "OutOfOrderSequenceError", "OutOfRangeError"):
         assert outcomes.get(name, 0) > 0, f"the walk never reached {name}: {outcomes}"
+
+
+async def test_a_changed_resend_of_a_sequence_in_flight_is_refused() -> None:
+    step = DedupInterceptor()
+    gate = asyncio.Event()
+    log = Log()
+
+    async def slow(batch: list[Message]) -> list[AppendResult]:
+        await gate.wait()
+        return await log(batch)
+
+    original = asyncio.ensure_future(step.do_append([msg("p", 0, b"a")], slow))
+    await asyncio.sleep(0)
+    with pytest.raises(DuplicateSequenceMismatchError):
+        await step.do_append([msg("p", 0, b"changed")], slow)
+    same = asyncio.ensure_future(step.do_append([msg("p", 0, b"a")], slow))
+    await asyncio.sleep(0)
+    gate.set()
+    assert await original == await same and len(log.stored) == 1
