@@ -3,10 +3,10 @@
 
     .venv/bin/python bench/producer_identity.py [--baseline DIR] [--runs 5] [--count 100000] [--size 1024]
 
-* **digest**: ``content_digest`` over batches of ``--batch`` messages of ``--size`` bytes (stamped as a
-  produce stream stamps them), µs per message, and the dedup step's whole ``do_append`` per message
-  (digest, window, in-flight table; the rest of the chain replaced by a stub that gives ids), best of
-  7 repeats.
+* **digest**: ``content_digest`` over ``--batch`` messages of ``--size`` bytes (stamped as a produce
+  stream stamps them), CPU µs per message; and the dedup step's whole ``do_append`` per message
+  (digest, window, in-flight table; the rest of the chain replaced by a stub that gives ids) in a
+  child process of each checkout, alternated ``--runs`` times, medians of each side's best of 12.
 * **produce A/B** (with ``--baseline``, a checkout of the code to compare, e.g. the main branch): per
   run, one node of this checkout and one of the baseline, each in its own process on a fresh data
   directory (``serve``, durability sync), each fed ``--count`` messages by this checkout's SDK with
@@ -30,50 +30,68 @@ import subprocess
 import sys
 import tempfile
 import time
-import timeit
 from pathlib import Path
 from typing import Any
 
 from _harness import cpu_seconds, prepare_process, reap
 
-from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE, DedupInterceptor, content_digest
+from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE, content_digest
 from streamingnode.client import AsyncClient
-from wal.message import AppendResult, Message, MessageType
+from wal.message import Message, MessageType
 
 ROOT = Path(__file__).resolve().parent.parent
 READY = re.compile(r"streamingnode serving on (\S+)")
 
 
-def _batch(n: int, size: int, first: int) -> list[Message]:
-    payload = os.urandom(size)
-    return [Message(MessageType.DATA, "v", payload, {PROP_PRODUCER: "bench", PROP_SEQUENCE: str(first + i)})
+# The dedup step alone, in a child process of the checkout measured (only names both sides have):
+# CPU seconds (process_time: what a loaded host disturbs least) per message, best of 12 rounds of 20
+# batches, each message with its own payload as a produce stream's are.
+_STEP = """
+import asyncio, os, sys, time
+from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE, DedupInterceptor
+from wal.message import AppendResult, Message, MessageType
+n, size = int(sys.argv[1]), int(sys.argv[2])
+def batch(first):
+    return [Message(MessageType.DATA, "v", os.urandom(size), {PROP_PRODUCER: "b", PROP_SEQUENCE: str(first + i)})
             for i in range(n)]
+async def main():
+    step = DedupInterceptor()
+    ids = iter(range(1 << 60))
+    async def rest(b):
+        return [AppendResult(next(ids), 1, None) for _ in b]
+    best, first = float("inf"), 0
+    for _ in range(12):
+        batches = [batch(first + k * n) for k in range(20)]
+        first += 20 * n
+        t0 = time.process_time()
+        for b in batches:
+            await step.do_append(b, rest)
+        best = min(best, (time.process_time() - t0) / (20 * n))
+    print(best * 1e6)
+asyncio.run(main())
+"""
 
 
-def digest_figures(batch: int, size: int) -> tuple[float, float]:
-    """(content_digest µs per message, dedup do_append µs per message)."""
-    msgs = _batch(batch, size, 0)
-    per_digest = min(timeit.repeat(lambda: [content_digest(m) for m in msgs], number=20, repeat=7)) / (20 * batch)
+def step_us(repo: Path, batch: int, size: int) -> float:
+    """The dedup step's CPU µs per message in ``repo``'s code."""
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    out = subprocess.run([sys.executable, "-c", _STEP, str(batch), str(size)], env=env, cwd=str(repo),
+                         capture_output=True, text=True, check=True)
+    return float(out.stdout.split()[-1])
 
-    async def chain() -> float:
-        step = DedupInterceptor()
-        ids = iter(range(1 << 60))
 
-        async def stub(b: list[Message]) -> list[AppendResult]:
-            return [AppendResult(next(ids), 1, None) for _ in b]
-
-        best = float("inf")
-        first = 0
-        for _ in range(7):
-            batches = [_batch(batch, size, first + k * batch) for k in range(20)]
-            first += 20 * batch
-            t0 = time.perf_counter()
-            for b in batches:
-                await step.do_append(b, stub)
-            best = min(best, (time.perf_counter() - t0) / (20 * batch))
-        return best
-
-    return per_digest * 1e6, asyncio.run(chain()) * 1e6
+def digest_us(batch: int, size: int) -> float:
+    """``content_digest`` CPU µs per message (distinct payloads), best of 7."""
+    msgs = [Message(MessageType.DATA, "v", os.urandom(size), {PROP_PRODUCER: "b", PROP_SEQUENCE: str(i)})
+            for i in range(batch)]
+    best = float("inf")
+    for _ in range(7):
+        t0 = time.process_time()
+        for _ in range(20):
+            for m in msgs:
+                content_digest(m)
+        best = min(best, (time.process_time() - t0) / (20 * batch))
+    return best * 1e6
 
 
 class _Node:
@@ -144,11 +162,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default=None, help="parent of the temporary directories")
     args = p.parse_args(argv)
     prepare_process()
-    digest_us, step_us = digest_figures(args.batch, args.size)
-    print(f"digest: content_digest {digest_us:.3f} µs/msg; dedup do_append {step_us:.3f} µs/msg "
-          f"({args.batch} x {args.size} B per batch, best of 7)")
+    print(f"content_digest: {digest_us(args.batch, args.size):.3f} µs CPU/msg ({args.size} B payloads)")
     if args.baseline is None:
+        print(f"dedup step: {step_us(ROOT, args.batch, args.size):.3f} µs CPU/msg "
+              f"({args.batch} x {args.size} B per batch)")
         return 0
+    steps: dict[str, list[float]] = {"this": [], "baseline": []}
+    for i in range(args.runs):
+        sides = [("this", ROOT), ("baseline", args.baseline.resolve())]
+        for name, repo in sides if i % 2 == 0 else sides[::-1]:
+            steps[name].append(step_us(repo, args.batch, args.size))
+    this_step, base_step = statistics.median(steps["this"]), statistics.median(steps["baseline"])
+    print(f"dedup step ({args.batch} x {args.size} B per batch, {args.runs} alternated runs): this "
+          f"{this_step:.3f} µs CPU/msg, baseline {base_step:.3f}, difference {this_step - base_step:+.3f}")
     root = tempfile.mkdtemp(prefix="producer-identity-", dir=args.dir)
     ratios: list[float] = []
     ours: list[tuple[float, float]] = []

@@ -53,6 +53,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from interceptors.base import AppendNext
+from wal import bodies
 from wal.errors import (
     DuplicateSequenceMismatchError,
     InvalidArgumentError,
@@ -89,20 +90,32 @@ def content_digest(m: Message) -> int:
     """CRC-32 of a producer's message (one stamped with both ``PROP_PRODUCER`` and ``PROP_SEQUENCE``):
     its type, vchannel, payload and other properties, what a resend under the same sequence must
     repeat.  Computed where the message enters the chain (``do_append`` inlines it) and again when it
-    is replayed from storage (the chain adds no properties).  Per message: a CRC over the payload
-    started from the vchannel's, XOR the type; properties, which most messages do not carry, only
-    when there are more than the two stamps."""
+    is replayed from storage, without what the chain stamps on row messages (``_ROW_STAMPS``).  Per
+    message: a CRC over the payload started from the vchannel's, XOR the type; properties, which most
+    messages do not carry, only when there are more than the two stamps."""
     d = zlib.crc32(m._payload, zlib.crc32(m._vchannel.encode())) ^ m._type
     if len(m._properties) > len(_STAMPS):
-        d = _properties_digest(m._properties, d)
+        d = _properties_digest(m._properties, d, m._type)
     return d
 
 
-def _properties_digest(props: dict[str, str], d: int) -> int:
+_ROW_STAMPS = _STAMPS | {bodies.PROP_SEGMENT, bodies.PROP_ROWS}
+"""What a row message's properties carry once the shard step stamped it (beside the producer's):
+its segment and row count, and its partition (``_default`` when the producer named none)."""
+
+
+def _properties_digest(props: dict[str, str], d: int, message_type: int) -> int:
+    """The properties' part of ``content_digest``: as the producer sent them, so that a message
+    digested where it enters the chain and the same message replayed from storage agree."""
+    rows = message_type in bodies.ROW_TYPES
+    skip = _ROW_STAMPS if rows else _STAMPS
     for k in sorted(props):
-        if k not in _STAMPS:
-            v = props[k]
-            d = zlib.crc32(f"{len(k)}:{k}{len(v)}:{v}".encode(), d)
+        if k in skip:
+            continue
+        v = props[k]
+        if rows and k == bodies.PROP_PARTITION and v == bodies.DEFAULT_PARTITION:
+            continue  # the shard step's default: the same as naming none
+        d = zlib.crc32(f"{len(k)}:{k}{len(v)}:{v}".encode(), d)
     return d
 
 
@@ -316,7 +329,7 @@ class DedupInterceptor:
                 vc = vcrcs[m._vchannel] = crc(m._vchannel.encode())
             digest = crc(m._payload, vc) ^ m._type
             if len(m._properties) > len(_STAMPS):
-                digest = _properties_digest(m._properties, digest)
+                digest = _properties_digest(m._properties, digest, m._type)
             stored = p.results.get(seq)
             if stored is not None:
                 if stored[1] is not None and stored[1] != digest:

@@ -351,3 +351,21 @@ async def test_a_changed_resend_of_a_sequence_in_flight_is_refused() -> None:
     await asyncio.sleep(0)
     gate.set()
     assert await original == await same and len(log.stored) == 1
+
+
+def test_a_row_message_digests_alike_before_and_after_the_shard_step_stamped_it() -> None:
+    """The shard step adds segment, rows and (when none was named) the default partition to an
+    INSERT; replay digests the stored form, the chain the produced one: they must agree."""
+    from wal import bodies  # noqa: PLC0415
+
+    produced = Message(MessageType.INSERT, "v", b"rows", {"collection": "c", PROP_PRODUCER: "p", PROP_SEQUENCE: "0"})
+    stored = Message(MessageType.INSERT, "v", b"rows", {
+        "collection": "c", PROP_PRODUCER: "p", PROP_SEQUENCE: "0", bodies.PROP_PARTITION: bodies.DEFAULT_PARTITION,
+        bodies.PROP_SEGMENT: "3", bodies.PROP_ROWS: "10"})
+    assert content_digest(produced) == content_digest(stored)
+    other_partition = Message(MessageType.INSERT, "v", b"rows", {
+        "collection": "c", PROP_PRODUCER: "p", PROP_SEQUENCE: "0", bodies.PROP_PARTITION: "p1"})
+    assert content_digest(other_partition) != content_digest(produced)
+    # On a DATA message "rows" is the producer's own property, and counts.
+    data = Message(MessageType.DATA, "v", b"x", {"rows": "1", PROP_PRODUCER: "p", PROP_SEQUENCE: "0"})
+    assert content_digest(data) != content_digest(msg("p", 0, b"x"))
