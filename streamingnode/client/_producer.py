@@ -299,8 +299,15 @@ class Producer:
         return self._max_in_flight
 
     @property
+    def spool_damaged(self) -> list[tuple[str, int]]:
+        """``(file, offset)`` of every spool record that failed its checksum when this producer read
+        its spool (those batches cannot be resent; the others were); empty without a spool."""
+        return list(self._spool.damaged) if self._spool is not None else []
+
+    @property
     def next_sequence(self) -> int:
-        """The sequence the next sealed message gets (persist it to continue a producer_id later)."""
+        """The sequence the next sealed message gets (provisional until the first open answered, when
+        no ``first_sequence`` was given: the node's next sequence is where the producer goes on)."""
         return self._next_sequence
 
     def send_nowait(
