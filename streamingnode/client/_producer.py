@@ -577,8 +577,9 @@ class Producer:
         if self.term is not None:
             self.reconnects += 1
         self.term = opened.term
-        if self.producer_id is not None and opened.producer_epoch:
-            self.epoch = opened.producer_epoch
+        if self.producer_id is not None:
+            if opened.producer_epoch:  # (0 from a node that predates epochs)
+                self.epoch = opened.producer_epoch
             if not self._numbered:
                 self._number(opened.next_sequence)
         return call
