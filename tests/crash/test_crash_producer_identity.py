@@ -5,6 +5,7 @@ resend is still refused while an identical one gets its original id."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import grpc
@@ -17,6 +18,7 @@ from streamingnode.v1 import streaming_pb2_grpc as sgrpc
 from tests.crash.evidence import stderr_on_failure
 from tests.node_process import NodeProcess
 from wal.errors import ErrorCode
+from wal.message import MessageType
 
 pytestmark = pytest.mark.crash
 
@@ -66,8 +68,24 @@ async def test_epoch_and_high_water_survive_a_sigkill_of_the_node(tmp_path: Path
                 await old.send("v", b"m11")
                 async with client.producer("ch", producer_id="durable") as newer:
                     await newer.send("v", b"m12")
+                    # Both streams break with the node; each reconnects presenting its epoch, and the
+                    # zombie's open is refused: it never takes the id back from its replacement.
+                    node.kill()
+                    node.start()
+                    await newer.send("v", b"m13")
                     with pytest.raises(ProducerFencedError):
                         await old.send("v", b"zombie")
+                    await newer.send("v", b"m14")
                 await old.aclose()
+                async with client.producer("ch") as tail:
+                    await tail.send("v", b"end")
+                async with client.consumer("ch", "v") as consumer:
+                    got: list[bytes] = []
+                    async with asyncio.timeout(30):
+                        async for pack in consumer:
+                            got += [m.payload for m in pack.messages if m.message_type is MessageType.DATA]
+                            if got and got[-1] == b"end":
+                                break
+                assert got == [b"m%d" % i for i in range(15)] + [b"end"]
     finally:
         node.kill()

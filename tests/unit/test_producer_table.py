@@ -345,8 +345,11 @@ async def test_a_changed_resend_of_a_sequence_in_flight_is_refused() -> None:
 
     original = asyncio.ensure_future(step.do_append([msg("p", 0, b"a")], slow))
     await asyncio.sleep(0)
-    with pytest.raises(DuplicateSequenceMismatchError):
-        await step.do_append([msg("p", 0, b"changed")], slow)
+    # Refused at once, not made to wait for the original (which would then answer it as a resend).
+    changed = asyncio.ensure_future(step.do_append([msg("p", 0, b"changed")], slow))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert changed.done() and isinstance(changed.exception(), DuplicateSequenceMismatchError)
     same = asyncio.ensure_future(step.do_append([msg("p", 0, b"a")], slow))
     await asyncio.sleep(0)
     gate.set()
