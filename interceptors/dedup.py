@@ -55,6 +55,7 @@ from typing import Any, Protocol
 from interceptors.base import AppendNext
 from wal import bodies
 from wal.errors import (
+    CorruptedError,
     DuplicateSequenceMismatchError,
     InvalidArgumentError,
     OutOfOrderSequenceError,
@@ -256,8 +257,9 @@ class DedupInterceptor:
             try:
                 stored = {str(k): int(v) for k, v in json.loads(raw).items()}
             except (ValueError, TypeError, AttributeError) as exc:
-                raise InvalidArgumentError(f"stored producer epochs {EPOCH_META.format(b)!r} are unreadable: {exc!r}",
-                                           field="producer_epoch") from None
+                # Refused, not guessed: taking the epochs as lost could hand a zombie its epoch back.
+                raise CorruptedError(f"stored producer epochs {EPOCH_META.format(b)!r} are unreadable: {exc!r}",
+                                     meta=EPOCH_META.format(b)) from None
             for pid, e in stored.items():
                 p = self._producers.get(pid)
                 if p is None:

@@ -372,3 +372,12 @@ def test_a_row_message_digests_alike_before_and_after_the_shard_step_stamped_it(
     # On a DATA message "rows" is the producer's own property, and counts.
     data = Message(MessageType.DATA, "v", b"x", {"rows": "1", PROP_PRODUCER: "p", PROP_SEQUENCE: "0"})
     assert content_digest(data) != content_digest(msg("p", 0, b"x"))
+
+
+async def test_unreadable_stored_epochs_refuse_the_open_instead_of_forgetting_them() -> None:
+    from wal.errors import CorruptedError  # noqa: PLC0415
+
+    store = MetaStore()
+    store.values[EPOCH_META.format(epoch_bucket("p"))] = b"{not json"
+    with pytest.raises(CorruptedError, match="unreadable"):
+        await DedupInterceptor(store=store).open_producer("p", None)
