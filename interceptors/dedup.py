@@ -298,12 +298,12 @@ class DedupInterceptor:
                 raise ProducerFencedError(
                     f"producer {cpid!r} of epoch {cepoch} is fenced: a newer open of the id holds epoch {current}; "
                     "nothing of the batch was written", producer_id=cpid, epoch=cepoch, current_epoch=current)
-        keys = [_key(m) for m in batch]
         known: dict[int, AppendResult | tuple[asyncio.Future[list[AppendResult]], int]] = {}
         fresh: list[int] = []
         # The producers' fresh messages: (place among the fresh, producer, sequence, digest).
         stamped: list[tuple[int, _Producer, int, int]] = []
-        seen: set[tuple[str, int]] = set()
+        # Every producer's sequences in the batch, checked for repeats once the loop is through.
+        sequences: dict[str, list[int]] = {}
         # The highest sequence of each producer once this batch is let through: checked for every
         # message before any is, so a refused batch changes nothing.
         high: dict[str, int] = {}
@@ -311,19 +311,29 @@ class DedupInterceptor:
         vcrcs = self._vchannel_crcs
         last_pid: str | None = None
         p = _NOBODY
-        for i, k in enumerate(keys):
-            if k is None:
+        seqs: list[int] = []
+        for i, m in enumerate(batch):
+            # _key, inlined (per message)
+            props = m._properties
+            pid = props.get(PROP_PRODUCER) if props else None
+            if pid is None:
                 fresh.append(i)
                 continue
-            if k in seen:
-                raise InvalidArgumentError(f"sequence {k[1]} of producer {k[0]!r} appears twice in one batch")
-            seen.add(k)
-            pid, seq = k
+            raw = props.get(PROP_SEQUENCE)
+            try:
+                seq = int(raw) if raw is not None else -1
+            except ValueError:
+                seq = -1
+            if seq < 0:
+                raise InvalidArgumentError(
+                    f"message of producer {pid!r} needs a non-negative integer {PROP_SEQUENCE!r}, got {raw!r}",
+                    producer_id=pid)
             if pid != last_pid:  # a batch is mostly one producer's: one table lookup for it
                 p = self._producer(pid)
                 last_pid = pid
+                seqs = sequences.setdefault(pid, [])
+            seqs.append(seq)
             # content_digest, inlined with the vchannel's CRC cached: this runs for every message.
-            m = batch[i]
             vc = vcrcs.get(m._vchannel)
             if vc is None:
                 if len(vcrcs) >= _VCHANNEL_CRCS:
@@ -360,6 +370,10 @@ class DedupInterceptor:
                 high[pid] = max(top, seq)
                 stamped.append((len(fresh), p, seq, digest))
                 fresh.append(i)
+        for pid, seqs in sequences.items():
+            if len(set(seqs)) != len(seqs):
+                twice = next(q for j, q in enumerate(seqs) if q in seqs[:j])
+                raise InvalidArgumentError(f"sequence {twice} of producer {pid!r} appears twice in one batch")
         if claim is not None:
             claimed = self._producers.get(claim[0])
             if claimed is not None and claimed.epoch < claim[1]:
