@@ -124,6 +124,8 @@ def epoch_bucket(producer_id: str) -> int:
     return zlib.crc32(producer_id.encode()) % EPOCH_BUCKETS
 
 
+_UNSETTLED_BYTES = 16 << 20
+"""Payload bytes of replayed messages a replay keeps undigested at most (see ``replay``)."""
 _VCHANNEL_CRCS = 4096
 """vchannel CRCs the dedup step keeps (cleared when full): most producers write to a few vchannels."""
 
@@ -133,8 +135,9 @@ class _Producer:
 
     def __init__(self) -> None:
         # Per sequence: its result and its content digest (None: remembered from a snapshot that
-        # predates digests, so a resend cannot be checked and is answered as before).
-        self.results: OrderedDict[int, tuple[AppendResult, int | None]] = OrderedDict()
+        # predates digests, so a resend cannot be checked and is answered as before; a Message: replayed
+        # and not digested yet, see ``DedupInterceptor.replay``).
+        self.results: OrderedDict[int, tuple[AppendResult, int | Message | None]] = OrderedDict()
         # Per sequence being written: the future of its batch's results, its place in them, its digest
         # (one future per batch, not per message).
         self.inflight: dict[int, tuple[asyncio.Future[list[AppendResult]], int, int]] = {}
@@ -194,6 +197,9 @@ class DedupInterceptor:
         self._buckets: dict[int, set[str]] = {}
         """Loaded epoch buckets: the ids each one stored (pruned of evicted ids when rewritten)."""
         self._vchannel_crcs: dict[str, int] = {}
+        self._unsettled: set[str] = set()
+        """Producers with replayed messages not digested yet (see ``replay``)."""
+        self._unsettled_bytes = 0
         self._opening = asyncio.Lock()
         """One open at a time: an epoch bump reads, rewrites and stores its bucket."""
 
@@ -207,7 +213,7 @@ class DedupInterceptor:
             self._producers.move_to_end(pid)
         return p
 
-    def _remember(self, p: _Producer, seq: int, result: AppendResult, digest: int | None) -> None:
+    def _remember(self, p: _Producer, seq: int, result: AppendResult, digest: int | Message | None) -> None:
         p.results[seq] = (result, digest)
         p.max_seq = max(p.max_seq, seq)
         while len(p.results) > self._window:
@@ -344,8 +350,12 @@ class DedupInterceptor:
                 digest = _properties_digest(m._properties, digest, m._type)
             stored = p.results.get(seq)
             if stored is not None:
-                if stored[1] is not None and stored[1] != digest:
-                    raise _mismatch(pid, seq)
+                was = stored[1]
+                if was is not None:
+                    if was.__class__ is not int:  # replayed, not digested yet
+                        was = self._settle(p, seq, stored)
+                    if was != digest:
+                        raise _mismatch(pid, seq)
                 known[i] = stored[0]
             elif seq in p.inflight:
                 fut, pos, was = p.inflight[seq]
@@ -425,20 +435,69 @@ class DedupInterceptor:
             p.admitted = max(p.admitted, first + count - 1)
 
     def replay(self, batch: list[Message]) -> None:
+        """Remember the stored producers' messages.  Their digests are taken lazily: a replay (at
+        recovery, and the shadow replays of periodic snapshots, which follow every message written)
+        keeps the message itself, and the digest is computed only for what is still remembered when
+        it is needed -- a resend, an export, the end of recovery, or more than ``_UNSETTLED_BYTES``
+        of payload held -- not for the many messages the window drops meanwhile."""
+        # _key, _producer and _remember inlined, the producer looked up once per run of its messages:
+        # the shadow replays of periodic snapshots run this for every message written.
+        window = self._window
+        last_pid: str | None = None
+        p = _NOBODY
+        nbytes = 0
         for m in batch:
-            try:
-                k = _key(m)
-            except InvalidArgumentError:
+            props = m._properties
+            pid = props.get(PROP_PRODUCER) if props else None
+            if pid is None or m._id is None:
                 continue
-            if k is not None and m.message_id is not None:
-                txn = m.txn
-                self._remember(self._producer(k[0]), k[1],
-                               AppendResult(m.message_id, m.timetick, txn.txn_id if txn else None),
-                               content_digest(m))
+            raw = props.get(PROP_SEQUENCE)
+            try:
+                seq = int(raw) if raw is not None else -1
+            except ValueError:
+                continue
+            if seq < 0:
+                continue  # not something the dedup step would have let through
+            if pid != last_pid:
+                p = self._producer(pid)
+                last_pid = pid
+                self._unsettled.add(pid)
+            txn = m._txn
+            results = p.results
+            results[seq] = (AppendResult(m._id, m._timetick, txn.txn_id if txn else None), m)
+            if seq > p.max_seq:  # noqa: PLR1730  (no call of max() per message)
+                p.max_seq = seq
+            if len(results) > window:
+                results.popitem(last=False)
+            nbytes += len(m._payload)
+        self._unsettled_bytes += nbytes
+        if self._unsettled_bytes > _UNSETTLED_BYTES:
+            self._settle_all()
+
+    def _settle(self, p: _Producer, seq: int, entry: tuple[AppendResult, int | Message | None]) -> int:
+        """The digest of a replayed entry, computed now and kept."""
+        m = entry[1]
+        assert isinstance(m, Message)
+        digest = content_digest(m)
+        p.results[seq] = (entry[0], digest)
+        return digest
+
+    def _settle_all(self) -> None:
+        """Digest every replayed message still remembered, and let the messages go."""
+        for pid in self._unsettled:
+            p = self._producers.get(pid)
+            if p is None:
+                continue
+            for seq, entry in p.results.items():
+                if isinstance(entry[1], Message):
+                    p.results[seq] = (entry[0], content_digest(entry[1]))
+        self._unsettled.clear()
+        self._unsettled_bytes = 0
 
     def export_state(self) -> dict[str, Any]:
         """The remembered results and digests per producer, least recently used first (see
         SnapshotInterceptor).  Epochs are not in it: they live in the pchannel's metadata."""
+        self._settle_all()
         return {"producers": [
             [pid, p.max_seq, [[seq, r.message_id, r.timetick, r.txn_id, d] for seq, (r, d) in p.results.items()]]
             for pid, p in self._producers.items()
@@ -455,7 +514,7 @@ class DedupInterceptor:
             p.max_seq = max(p.max_seq, int(max_seq))
 
     async def recovered(self) -> None:
-        return None
+        self._settle_all()
 
     async def close(self) -> None:
         self._producers.clear()

@@ -381,3 +381,20 @@ async def test_unreadable_stored_epochs_refuse_the_open_instead_of_forgetting_th
     store.values[EPOCH_META.format(epoch_bucket("p"))] = b"{not json"
     with pytest.raises(CorruptedError, match="unreadable"):
         await DedupInterceptor(store=store).open_producer("p", None)
+
+
+async def test_a_replay_digests_only_what_it_still_remembers_and_lets_the_messages_go() -> None:
+    log = Log()
+    live = DedupInterceptor(window=3)
+    await append(live, log, None, [msg("p", i, b"%d" % i) for i in range(10)])
+    replayed = DedupInterceptor(window=3)
+    log.restarted(replayed)
+    held = [d for _, d in replayed._producers["p"].results.values()]
+    assert len(held) == 3 and all(isinstance(d, Message) for d in held), "digested lazily"
+    # What it remembers digests as the live step did: a changed resend is refused, the same one answered.
+    with pytest.raises(DuplicateSequenceMismatchError):
+        await append(replayed, log, None, [msg("p", 8, b"other")])
+    assert [r.message_id for r in await append(replayed, log, None, [msg("p", 9, b"9")])] == [9]
+    await replayed.recovered()
+    assert [d for _, d in replayed._producers["p"].results.values()] == [
+        d for _, d in live._producers["p"].results.values()]
