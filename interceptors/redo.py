@@ -35,7 +35,7 @@ def _retriable(exc: BaseException) -> bool:
     # that long (wal._committer); trying each append again on its own now could reorder a producer's
     # pipelined batches.
     return (isinstance(exc, StreamingError) and exc.retriable and exc.code not in _PASS_THROUGH
-            and "held_seconds" not in exc.fields)
+            and exc.held_seconds is None)
 
 
 class RedoInterceptor:

@@ -302,7 +302,7 @@ def default_interceptors(
         min_open_txn_id=txns.min_open_begin_id, on_tick=txns.expire,
     )
     steps: list[Interceptor] = [
-        DedupInterceptor(window=config.dedup_window),
+        DedupInterceptor(window=config.dedup_window, store=wal),
         LockInterceptor(on_exclusive=txns.on_exclusive),
         shard,
         timetick,

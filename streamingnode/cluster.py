@@ -56,6 +56,7 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSe
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from wal.errors import UnavailableError
+from wal.lifecycle import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
@@ -591,9 +592,8 @@ class Ownership:
         and release every held pchannel (opens still running get a lease's time to end)."""
         self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Waits for the loop's end; a cancel of stop() itself is never swallowed here.
+            await cancel_and_wait(self._task)
             self._task = None
         try:
             await self.membership.leave()

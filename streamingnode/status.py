@@ -61,6 +61,10 @@ GRPC_CODE: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.STORAGE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
     # Cluster mode: retriable at the owner named in the ErrorInfo (clients follow it).
     ErrorCode.NOT_OWNER: grpc.StatusCode.FAILED_PRECONDITION,
+    # A newer open of the producer_id took over: this producer must stop, retrying cannot help.
+    ErrorCode.PRODUCER_FENCED: grpc.StatusCode.FAILED_PRECONDITION,
+    # A reused sequence with other content: the batch is not the resend it claims to be.
+    ErrorCode.DUPLICATE_SEQUENCE_MISMATCH: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 # What a status without ErrorInfo (raised by gRPC itself: transport failure, deadline, oversize frame)

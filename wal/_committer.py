@@ -460,7 +460,8 @@ class GroupCommitter:
             self._unavailable_since, self._hold_delay = now, _HOLD_FIRST_DELAY
         elif now - self._unavailable_since >= self.hold_unavailable_seconds:
             # Marked, so that the redo step does not try these appends again one by one (out of order).
-            exc.fields.setdefault("held_seconds", round(now - self._unavailable_since, 1))
+            if exc.held_seconds is None:
+                exc.held_seconds = round(now - self._unavailable_since, 1)
             self._unavailable_since = None
             return False
         else:
@@ -589,10 +590,10 @@ def _store_error(exc: BaseException, pchannel: str) -> StreamingError:
     """What an append whose pipelined store failed fails with."""
     if not isinstance(exc, StreamingError):
         return UnrecoverableError(f"WAL write failed: {exc!r}", channel=pchannel)
-    if exc.code is ErrorCode.UNAVAILABLE:
+    if exc.code is ErrorCode.UNAVAILABLE and exc.held_seconds is None:
         # The backend already asked again for as long as its window allows (a NATS election): the
         # redo step must not retry these appends one by one, out of order with the rest of the write.
-        exc.fields.setdefault("held_seconds", 0.0)
+        exc.held_seconds = 0.0
     return exc
 
 

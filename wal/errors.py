@@ -46,6 +46,8 @@ class ErrorCode(enum.IntEnum):
     OUT_OF_ORDER_SEQUENCE = 28
     STORAGE_FULL = 29
     NOT_OWNER = 30
+    PRODUCER_FENCED = 31
+    DUPLICATE_SEQUENCE_MISMATCH = 32
 
 
 # Codes whose failure is transient: the same request may succeed if tried again (NOT_OWNER: at the
@@ -63,6 +65,10 @@ class StreamingError(Exception):
         super().__init__(message)
         self.code: ErrorCode = code if code is not None else self.default_code
         self.fields: dict[str, Any] = fields
+        self.held_seconds: float | None = None
+        """Inside the node only: the group committer already held this failed write and tried it
+        again, in order, for that long (``wal._committer``), so the redo step must not try its appends
+        again one by one.  An attribute, not a field: fields travel to clients, this never does."""
 
     @property
     def retriable(self) -> bool:
@@ -246,6 +252,22 @@ class OutOfOrderSequenceError(StreamingError):
     default_code = ErrorCode.OUT_OF_ORDER_SEQUENCE
 
 
+class ProducerFencedError(StreamingError):
+    """A stream of an idempotent producer's older epoch: a newer open of the same ``producer_id`` took
+    over (``fields``: ``producer_id``, ``epoch`` of the stream, ``current_epoch``).  Nothing of the
+    batch was written; not retriable: this producer instance is a zombie and must stop."""
+
+    default_code = ErrorCode.PRODUCER_FENCED
+
+
+class DuplicateSequenceMismatchError(StreamingError):
+    """A batch reuses a sequence the node already holds for its producer, with different content
+    (``fields``: ``producer_id``, ``sequence``).  Nothing of the batch was written: a resend must be
+    the same batch, and new messages need new sequences."""
+
+    default_code = ErrorCode.DUPLICATE_SEQUENCE_MISMATCH
+
+
 class StorageFullError(StreamingError):
     """Transient: the node's free disk space is under its low-water mark (or a write hit ENOSPC);
     nothing was written.  Retriable: the node frees space (flush, retention) and writes resume by
@@ -278,6 +300,7 @@ __all__ = [
     "ConsumerGroupNotExistError",
     "CorruptedError",
     "DeadlineExceededError",
+    "DuplicateSequenceMismatchError",
     "ErrorCode",
     "ImmutableMessageError",
     "InvalidArgumentError",
@@ -290,6 +313,7 @@ __all__ = [
     "PartitionExistError",
     "PartitionNotExistError",
     "PermissionDeniedError",
+    "ProducerFencedError",
     "RedoError",
     "ResourceExhaustedError",
     "SchemaMismatchError",

@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // A Node.js client of the streamingnode v1 contract, built from proto/ alone (no generated code, no
-// SDK): create a pchannel, produce, run a transaction, consume it all back, and read the ErrorInfo of
-// a refused call and the ErrorDetail of a refused batch.
+// SDK): create a pchannel, produce, run a transaction, consume it all back, read the ErrorInfo of a
+// refused call and the ErrorDetail of a refused batch, and open an idempotent producer twice (epochs,
+// the next sequence, PRODUCER_FENCED and DUPLICATE_SEQUENCE_MISMATCH).
 //
 //   npm ci && node demo.js 127.0.0.1:7070 [pchannel]
 //
@@ -94,6 +95,20 @@ async function produce(client, pchannel, batches) {
   return results;
 }
 
+// An idempotent producer's stream: the open names the producer_id (and, when this instance
+// reconnects, the producer_epoch an earlier open returned); the node answers with the producer's
+// epoch and the next sequence it expects.
+async function openProducer(client, pchannel, producerId, producerEpoch) {
+  const call = client.Produce(deadline());
+  const next = responses(call);
+  const open = { pchannel, producer_id: producerId };
+  if (producerEpoch !== undefined) open.producer_epoch = producerEpoch;
+  call.write({ open });
+  const first = await next();
+  if (first.response !== 'opened') throw new Error(`expected opened, got ${first.response}`);
+  return { call, next, opened: first.opened };
+}
+
 function data(vchannel, text) {
   return { type: 'MESSAGE_TYPE_DATA', vchannel, payload: Buffer.from(text) };
 }
@@ -150,6 +165,32 @@ async function main() {
 
     const refused = await produce(client, pchannel, [{ messages: [{ type: 'MESSAGE_TYPE_INSERT', vchannel: 'v' }] }]);
     say('refused_batch', { outcome: refused[0].outcome, code: refused[0].error.code, message: refused[0].error.message });
+
+    // Idempotent producers: the node owns the producer's identity.  A new instance gets the next
+    // epoch and continues from the node's next sequence; the older instance is fenced.
+    const first = await openProducer(client, pchannel, 'node-demo-producer');
+    first.call.write({ batch: { request_id: '1', first_sequence: first.opened.next_sequence,
+                                messages: [data('idem', 'once')] } });
+    const written = (await first.next()).result;
+    const second = await openProducer(client, pchannel, 'node-demo-producer');
+    say('idempotent', { epoch: first.opened.producer_epoch, next_sequence: first.opened.next_sequence,
+                        outcome: written.outcome, reopened_epoch: second.opened.producer_epoch,
+                        reopened_next_sequence: second.opened.next_sequence });
+    // The first instance's next batch: PRODUCER_FENCED ends its stream (ErrorInfo names both epochs).
+    first.call.write({ batch: { request_id: '2', first_sequence: second.opened.next_sequence,
+                                messages: [data('idem', 'from the zombie')] } });
+    try {
+      await first.next();
+      say('fenced', { error: 'the batch was answered' });
+    } catch (err) {
+      say('fenced', { grpc_code: grpc.status[err.code], error_info: errorInfo(err) });
+    }
+    // Sequence 0 again with other content: refused in band, nothing written.
+    second.call.write({ batch: { request_id: '1', first_sequence: '0', messages: [data('idem', 'changed')] } });
+    const mismatch = (await second.next()).result;
+    say('mismatch', { outcome: mismatch.outcome, code: mismatch.error.code, metadata: mismatch.error.metadata });
+    second.call.write({ close: {} });
+    while ((await second.next()) !== null);
   } finally {
     client.close();
   }

@@ -77,10 +77,12 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     produce.add_argument("--count", type=positive_int, help="send N generated messages instead of reading stdin")
     produce.add_argument("--size", type=non_negative_int, help="payload bytes of generated messages (default 1024)")
     produce.add_argument("--producer-id",
-                         help="make the producer idempotent under this id (use a fresh one per run): batches "
-                              "unanswered when the connection breaks are resent without duplicates.  The node "
-                              "stamps producer_id/producer_seq properties on each message.  Without it, such "
-                              "a batch fails the command (it may or may not have been appended)")
+                         help="make the producer idempotent under this id: batches unanswered when the "
+                              "connection breaks are resent without duplicates, and a later run with the same id "
+                              "continues its sequences (the node hands out the next one and a new epoch, which "
+                              "fences a run still going under the id).  The node stamps producer_id/producer_seq "
+                              "properties on each message.  Without it, such a batch fails the command (it may or "
+                              "may not have been appended)")
     produce.add_argument("--linger", type=non_negative_float, default=0.005,
                          help="seconds a batch waits for more messages (default 0.005)")
     produce.add_argument("--batch-bytes", type=positive_int, default=1 << 20,

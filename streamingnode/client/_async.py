@@ -308,7 +308,7 @@ class AsyncClient:
         pchannel: str,
         *,
         producer_id: str | None = None,
-        first_sequence: int = 0,
+        first_sequence: int | None = None,
         linger: float = 0.005,
         max_batch_bytes: int = 1 << 20,
         max_batch_messages: int = 1000,
@@ -319,11 +319,14 @@ class AsyncClient:
     ) -> Producer:
         """A producer on ``pchannel`` (see ``Producer``).  With ``producer_id`` it is idempotent: after a
         reconnect it resends unanswered batches with the same sequences and the node drops what it
-        already has.  Use a fresh id per producer session (``uuid.uuid4().hex``), or continue an old
-        one from its ``next_sequence``: a reused id that restarts at 0 would be answered with the old
-        results.  ``max_in_flight`` defaults to 8, and for an idempotent producer to what keeps
-        ``max_in_flight * max_batch_messages`` within the node's dedup window (4096): keep that true
-        when you set either.
+        already has.  The node owns the id's identity: the first open gets a new epoch (fencing any
+        older producer of the id: its next batch fails with ``ProducerFencedError``) and the next
+        sequence, where the producer numbers from unless ``first_sequence`` is given, so reusing an id
+        after a restart just continues it.  A ``first_sequence`` below what the node holds is only for
+        resending the same messages: other content under a held sequence fails with
+        ``DuplicateSequenceMismatchError``.  ``max_in_flight`` defaults to 8, and for an idempotent
+        producer to what keeps ``max_in_flight * max_batch_messages`` within the node's dedup window
+        (4096): keep that true when you set either.
 
         While no owner answers (a failover, a network fault) sends are buffered, up to ``buffer_bytes``
         of unanswered messages, and written in batches, in order, once an owner answers (for up to the

@@ -14,6 +14,15 @@ When the stream breaks for a reason a new stream cures (see ``_calls.reconnectab
   sending it again could duplicate it, so its futures fail with ``UnavailableError``.  Batches never
   written are sent on the new stream.
 
+Producer identity is the node's (with a ``producer_id``): the first open of a producer gets an epoch
+from the node, which fences every older stream of the id (its next batch fails with
+``ProducerFencedError``), and the next sequence the node expects from the id.  Without an explicit
+``first_sequence`` the producer numbers its messages from there, so a producer made again with the
+same id (after a restart, with or without a spool) continues the id's sequences instead of reusing
+them; batches sealed before that first open are numbered when it answers.  Reconnects present the
+epoch, and keep it unless a newer producer of the id opened meanwhile (then everything left fails
+with ``ProducerFencedError``: this instance must stop).
+
 An idempotent producer's sequences have no holes: the node refuses a batch that skips ahead of what
 it has seen from the producer (``OutOfOrderSequenceError``, not retried: resending the same batch
 cannot fill the hole).  Batches failed before they were ever written give their sequences back.  After
@@ -88,7 +97,7 @@ class _Batch:
     """A sealed batch: its request, built once in column form (a resend after a reconnect reuses it
     with a new request id), and one future per message."""
 
-    __slots__ = ("futures", "nbytes", "request", "sent")
+    __slots__ = ("futures", "nbytes", "numbered", "request", "sent")
 
     def __init__(self, request: spb.ProduceRequest, futures: list[asyncio.Future[AppendResult]],
                  nbytes: int = 0) -> None:
@@ -98,6 +107,8 @@ class _Batch:
         """What the batch counts against ``buffer_bytes``."""
         self.sent = False
         """Written to a stream at least once (the node may have its sequences)."""
+        self.numbered = True
+        """Its sequences are final (False: sealed before the node said where the producer's go on)."""
 
     @property
     def request_id(self) -> int:
@@ -166,7 +177,7 @@ class Producer:
         pchannel: str,
         *,
         producer_id: str | None = None,
-        first_sequence: int = 0,
+        first_sequence: int | None = None,
         linger: float = 0.005,
         max_batch_bytes: int = 1 << 20,
         max_batch_messages: int = 1000,
@@ -204,7 +215,12 @@ class Producer:
         self._max_in_flight = max_in_flight
         self._reconnect_timeout = reconnect_timeout
         self._txn = txn
-        self._next_sequence = first_sequence
+        self._next_sequence = first_sequence or 0
+        self._numbered = producer_id is None or first_sequence is not None
+        """Sequences are final: given by the caller, or learnt from the node's first answer."""
+        self.epoch: int | None = None
+        """The producer's epoch, handed out by the node on the first open (None before it, and
+        without a producer_id); presented again on every reconnect."""
         self.buffer_bytes = buffer_bytes
         self._on_full = on_full
         self._buffered = 0  # bytes of accepted messages not answered yet (open, sealed, in flight)
@@ -235,6 +251,8 @@ class Producer:
         self.reconnects = 0
         """How many times the stream was opened again after a failure (for tests and metrics)."""
         self._spool: Spool | None = None
+        self._spool_floor = 0
+        """Where new sequences may start at the earliest: past the batches the spool resends."""
         self.recovered: list[asyncio.Future[AppendResult]] = []
         """One future per message a spool held from an earlier producer (sent before anything new)."""
         if spool_dir is not None:
@@ -251,6 +269,7 @@ class Producer:
                 self._buffered += size
                 self.recovered.extend(futures)
                 self._next_sequence = max(self._next_sequence, batch.first_sequence + n)
+            self._spool_floor = self._next_sequence  # past the batches it resends
             if self._sealed:
                 self._start_task()
 
@@ -280,8 +299,15 @@ class Producer:
         return self._max_in_flight
 
     @property
+    def spool_damaged(self) -> list[tuple[str, int]]:
+        """``(file, offset)`` of every spool record that failed its checksum when this producer read
+        its spool (those batches cannot be resent; the others were); empty without a spool."""
+        return list(self._spool.damaged) if self._spool is not None else []
+
+    @property
     def next_sequence(self) -> int:
-        """The sequence the next sealed message gets (persist it to continue a producer_id later)."""
+        """The sequence the next sealed message gets (provisional until the first open answered, when
+        no ``first_sequence`` was given: the node's next sequence is where the producer goes on)."""
         return self._next_sequence
 
     def send_nowait(
@@ -444,7 +470,8 @@ class Producer:
         if self.producer_id is not None:
             self._next_sequence += len(futures)
         batch = _Batch(request, futures, self._open_bytes)
-        if self._spool is not None:
+        batch.numbered = self._numbered
+        if self._spool is not None and batch.numbered:
             try:
                 self._spool.append(request)
             except OSError as exc:
@@ -544,11 +571,51 @@ class Producer:
     async def _open_at(self, stub: Any) -> Any:
         call = stub.Produce()
         first = await open_stream(call, spb.ProduceRequest(open=spb.ProduceOpen(
-            pchannel=self.pchannel, producer_id=self.producer_id)), "produce", self.pchannel)
+            pchannel=self.pchannel, producer_id=self.producer_id, producer_epoch=self.epoch)),
+            "produce", self.pchannel)
+        opened = first.opened
         if self.term is not None:
             self.reconnects += 1
-        self.term = first.opened.term
+        self.term = opened.term
+        if self.producer_id is not None:
+            if opened.producer_epoch:  # (0 from a node that predates epochs)
+                self.epoch = opened.producer_epoch
+            if not self._numbered:
+                self._number(opened.next_sequence)
         return call
+
+    def _number(self, node_next: int) -> None:
+        """The node told where the producer's sequences go on: number the batches sealed before it
+        (after any the spool resends) from there, and spool them now."""
+        self._numbered = True
+        start = max(node_next, self._spool_floor)
+        if node_next == 0 and self._spool is not None:
+            # The node does not know the id (new to it, or dropped from its table): the spool's
+            # high-water mark keeps the id's sequences from ever going back.
+            start = max(start, self._spool.high_water + 1)
+        seq = start
+        fresh = [b for b in self._sealed if not b.numbered]
+        for batch in fresh:
+            batch.numbered = True
+            batch.request.batch.first_sequence = seq
+            seq += len(batch.futures)
+        self._next_sequence = max(seq, start)
+        if self._spool is None:
+            return
+        for i, batch in enumerate(fresh):
+            try:
+                self._spool.append(batch.request)
+            except OSError as exc:
+                # Refused loudly, never sent unspooled: the caller asked for the disk copy.  The
+                # batches after it cannot go either (they would skip its sequences).
+                failed = ResourceExhaustedError(f"cannot write the producer spool: {exc}", channel=self.pchannel,
+                                                limit="spool_dir")
+                for gone in fresh[i:]:
+                    self._sealed.remove(gone)
+                    self._release(gone)
+                    gone.fail(failed)
+                self._next_sequence = batch.request.batch.first_sequence
+                return
 
     async def _serve(self, call: Any) -> None:
         """Write and read one stream until it ends (drained) or fails (raises StreamingError)."""
@@ -610,17 +677,20 @@ class Producer:
             if not self._in_flight or self._in_flight[0].request_id != result.request_id:
                 raise UnavailableError(f"produce stream on {self.pchannel!r} answered request {result.request_id} "
                                        "out of order", channel=self.pchannel)
-            batch = self._in_flight.popleft()
-            self._wake.set()
+            batch = self._in_flight[0]
             if result.WhichOneof("outcome") == "error":
                 exc = from_error_detail(result.error)
                 if self.producer_id is not None and exc.code in _ENDS_STREAM:
                     # Nothing of the batch was written and the stream is ending: resend it on the next.
-                    self._in_flight.appendleft(batch)
                     raise exc
                 batch.fail(exc)
             else:
+                # Checked before the batch leaves the in-flight list: an answer that does not fit it
+                # breaks the stream with the batch still there, so it is resent (idempotent) or failed
+                # as of unknown fate, never left with futures that no one completes.
                 _resolve(batch.futures, result.appended)
+            self._in_flight.popleft()
+            self._wake.set()
             self._release(batch)
 
     def _stream_broke(self, exc: StreamingError) -> None:

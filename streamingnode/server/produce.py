@@ -19,7 +19,7 @@ import enum
 import grpc
 import structlog
 
-from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE, skip_sequences
+from interceptors.dedup import PRODUCER_CLAIM, PROP_PRODUCER, PROP_SEQUENCE, dedup_step, skip_sequences
 from streamingnode import convert
 from streamingnode.node import Channel, Node
 from streamingnode.server.errors import internal, refused, require
@@ -35,8 +35,10 @@ log = structlog.get_logger(__name__)
 
 _RESERVED_PROPERTIES = (PROP_PRODUCER, PROP_SEQUENCE)
 # Errors after which a produce stream cannot go on: the channel changed owner, went away, or the node
-# is closing.  The stream ends with the status; the client reconnects (and, if idempotent, resends).
-_STREAM_ENDING = frozenset({ErrorCode.CHANNEL_FENCED, ErrorCode.CHANNEL_NOT_EXIST, ErrorCode.ON_SHUTDOWN})
+# is closing (the stream ends with the status; the client reconnects and, if idempotent, resends), or
+# a newer open of the stream's producer_id fenced it (the stream's producer must stop).
+_STREAM_ENDING = frozenset({ErrorCode.CHANNEL_FENCED, ErrorCode.CHANNEL_NOT_EXIST, ErrorCode.ON_SHUTDOWN,
+                            ErrorCode.PRODUCER_FENCED})
 
 
 class _EndOfStream(enum.Enum):
@@ -102,15 +104,27 @@ class ProduceStream:
         producer_id = opened.producer_id if opened.HasField("producer_id") else None
         if producer_id == "":
             raise InvalidArgumentError("open.producer_id must not be empty when set", field="producer_id")
+        presented = opened.producer_epoch if opened.HasField("producer_epoch") else None
+        if presented is not None and producer_id is None:
+            raise InvalidArgumentError("open.producer_epoch needs open.producer_id", field="producer_epoch")
+        epoch = next_sequence = 0
+        if producer_id is not None:
+            # The node owns the producer's identity: a new instance gets a new epoch (fencing every
+            # older stream of the id), a reconnecting one keeps its own or is refused as fenced.
+            step = dedup_step(channel.stream.chain.interceptors)
+            if step is not None:
+                await channel.stream.ready()  # the table is whole only once recovery replayed the log
+                epoch, next_sequence = await step.open_producer(producer_id, presented)
         structlog.contextvars.bind_contextvars(pchannel=channel.stream.pchannel, term=channel.stream.term,
-                                               producer_id=producer_id)
+                                               producer_id=producer_id, producer_epoch=epoch)
         await ctx.write(spb.ProduceResponse(opened=spb.ProduceOpened(
-            pchannel=channel.stream.pchannel, term=channel.stream.term, producer_id=producer_id or "")))
+            pchannel=channel.stream.pchannel, term=channel.stream.term, producer_id=producer_id or "",
+            producer_epoch=epoch, next_sequence=next_sequence)))
         loop = asyncio.get_running_loop()
         writer = loop.create_task(self._write_results())
         # The reader runs as its own task so that a stream-ending failure seen by the writer can stop
         # it: otherwise the call would hang in ctx.read() until the client happened to send again.
-        self.reader = loop.create_task(self._read_batches(channel, producer_id))
+        self.reader = loop.create_task(self._read_batches(channel, producer_id, epoch))
         streams = self.node.metrics.channel(channel.stream.pchannel)
         if streams is not None:
             streams.producer_streams.inc()
@@ -127,7 +141,10 @@ class ProduceStream:
                 self.reader.cancel()
             await self.reader
         except asyncio.CancelledError:
-            if self.failed is None:  # the call itself was cancelled, not stopped by a failure
+            # Swallowed only when it is the reader's own end, stopped by a failure; a cancel of the
+            # call itself (this task is being cancelled) always goes on, failure recorded or not.
+            task = asyncio.current_task()
+            if self.failed is None or (task is not None and task.cancelling()):
                 raise
         finally:
             await cancel_and_wait(draining)
@@ -142,7 +159,11 @@ class ProduceStream:
             raise self.failed
         await ctx.write(spb.ProduceResponse(closed=spb.ProduceClosed()))
 
-    async def _read_batches(self, channel: Channel, producer_id: str | None) -> None:
+    async def _read_batches(self, channel: Channel, producer_id: str | None, epoch: int = 0) -> None:
+        if producer_id is not None:
+            # Set once in this task's own context, copied by every append it starts: the dedup step
+            # fences a batch of this stream once a newer open of the id bumped the epoch.
+            PRODUCER_CLAIM.set((producer_id, epoch))
         ctx = self.context
         loop = asyncio.get_running_loop()
         seen = self.unanswered

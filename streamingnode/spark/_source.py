@@ -3,7 +3,8 @@
 Driver side (a Spark-owned Python process): ``schema()`` parses the options and asks the node whether
 the pchannel exists (and, in collection mode, finds the collection's schema in the log); the stream
 reader answers ``initialOffset`` / ``latestOffset`` with one ``GetLatestPosition`` call each, through a
-client cached per process.  Executor side: ``read(partition)`` opens its own column stream, reads one
+client cached per process and connection, shared by the queries' readers and closed when the last of
+them stops.  Executor side: ``read(partition)`` opens its own column stream, reads one
 vchannel's ``(start, end]`` (``_columns.read_packs``) and yields an Arrow batch per pack.  The reader
 objects hold only frozen option dataclasses, Arrow schemas and offsets, so they pickle.
 """
@@ -11,6 +12,7 @@ objects hold only frozen option dataclasses, Arrow schemas and offsets, so they 
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -36,20 +38,32 @@ from wal.errors import ChannelNotExistError, StreamingError, UnavailableError
 from wal.message import MessageType
 
 _clients: dict[Connection, Any] = {}
+_users: dict[Connection, set[str]] = {}
+"""The stream readers using each cached client (by their ``_user`` token): one query's ``stop()``
+closes the client only when no other reader of the driver process uses it."""
 _clients_lock = threading.Lock()
 
 
-def _driver_client(conn: Connection) -> Any:
-    """One client per connection per driver process: latestOffset runs every trigger."""
+def _driver_client(conn: Connection, user: str) -> Any:
+    """One client per connection per driver process (latestOffset runs every trigger), shared by the
+    stream readers on it and closed when the last of them stops."""
     with _clients_lock:
         client = _clients.get(conn)
         if client is None:
             client = _clients[conn] = conn.client()
+        _users.setdefault(conn, set()).add(user)
         return client
 
 
-def _drop_driver_client(conn: Connection) -> None:
+def _drop_driver_client(conn: Connection, user: str) -> None:
+    """Reader ``user`` stopped: close the connection's client if no other reader uses it."""
     with _clients_lock:
+        users = _users.get(conn)
+        if users is not None:
+            users.discard(user)
+            if users:
+                return
+            del _users[conn]
         client = _clients.pop(conn, None)
     if client is not None:
         client.close()
@@ -157,6 +171,8 @@ class _Reads:
         self._arrow = arrow_schema
         self._info = info
         self._empty = Offset(opts.pchannel, -1, 0)
+        self._user = uuid.uuid4().hex
+        """This reader among the users of the driver's shared client (a string: the reader pickles)."""
 
     def _resolve(self, raw: Offset | str, client: Any) -> Offset:
         if isinstance(raw, Offset):
@@ -200,7 +216,7 @@ class StreamReader(_Reads, DataSourceStreamReader):
 
     def initialOffset(self) -> dict[str, Any]:
         return self._resolve(self._opts.starting if self._opts.starting is not None else LATEST,
-                             _driver_client(self._opts.conn)).to_json()
+                             _driver_client(self._opts.conn, self._user)).to_json()
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self._opts.max_messages is None:
@@ -209,7 +225,7 @@ class StreamReader(_Reads, DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = Offset.from_json(start, self._opts.pchannel)
-        client = _driver_client(self._opts.conn)
+        client = _driver_client(self._opts.conn, self._user)
         end = _range.latest(client, self._opts.pchannel, begin)
         if end.timetick <= begin.timetick:
             return start  # nothing new: Spark runs no batch
@@ -226,7 +242,7 @@ class StreamReader(_Reads, DataSourceStreamReader):
         return self._read(partition)
 
     def stop(self) -> None:
-        _drop_driver_client(self._opts.conn)
+        _drop_driver_client(self._opts.conn, self._user)
 
 
 class BatchReader(_Reads, DataSourceReader):

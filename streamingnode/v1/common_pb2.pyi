@@ -41,6 +41,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_OUT_OF_ORDER_SEQUENCE: _ClassVar[ErrorCode]
     ERROR_CODE_STORAGE_FULL: _ClassVar[ErrorCode]
     ERROR_CODE_NOT_OWNER: _ClassVar[ErrorCode]
+    ERROR_CODE_PRODUCER_FENCED: _ClassVar[ErrorCode]
+    ERROR_CODE_DUPLICATE_SEQUENCE_MISMATCH: _ClassVar[ErrorCode]
 
 class MessageType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -97,6 +99,8 @@ ERROR_CODE_TXN_TOO_LARGE: ErrorCode
 ERROR_CODE_OUT_OF_ORDER_SEQUENCE: ErrorCode
 ERROR_CODE_STORAGE_FULL: ErrorCode
 ERROR_CODE_NOT_OWNER: ErrorCode
+ERROR_CODE_PRODUCER_FENCED: ErrorCode
+ERROR_CODE_DUPLICATE_SEQUENCE_MISMATCH: ErrorCode
 MESSAGE_TYPE_UNDEFINED: MessageType
 MESSAGE_TYPE_CREATE_COLLECTION: MessageType
 MESSAGE_TYPE_DROP_COLLECTION: MessageType

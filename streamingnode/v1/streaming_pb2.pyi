@@ -18,12 +18,14 @@ class ProduceRequest(_message.Message):
     def __init__(self, open: _Optional[_Union[ProduceOpen, _Mapping]] = ..., batch: _Optional[_Union[ProduceBatch, _Mapping]] = ..., close: _Optional[_Union[ProduceClose, _Mapping]] = ...) -> None: ...
 
 class ProduceOpen(_message.Message):
-    __slots__ = ("pchannel", "producer_id")
+    __slots__ = ("pchannel", "producer_id", "producer_epoch")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
     producer_id: str
-    def __init__(self, pchannel: _Optional[str] = ..., producer_id: _Optional[str] = ...) -> None: ...
+    producer_epoch: int
+    def __init__(self, pchannel: _Optional[str] = ..., producer_id: _Optional[str] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
 
 class ProduceBatch(_message.Message):
     __slots__ = ("request_id", "messages", "txn", "first_sequence", "columns")
@@ -54,14 +56,18 @@ class ProduceResponse(_message.Message):
     def __init__(self, opened: _Optional[_Union[ProduceOpened, _Mapping]] = ..., result: _Optional[_Union[ProduceBatchResult, _Mapping]] = ..., closed: _Optional[_Union[ProduceClosed, _Mapping]] = ...) -> None: ...
 
 class ProduceOpened(_message.Message):
-    __slots__ = ("pchannel", "term", "producer_id")
+    __slots__ = ("pchannel", "term", "producer_id", "producer_epoch", "next_sequence")
     PCHANNEL_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NEXT_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     pchannel: str
     term: int
     producer_id: str
-    def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., producer_id: _Optional[str] = ...) -> None: ...
+    producer_epoch: int
+    next_sequence: int
+    def __init__(self, pchannel: _Optional[str] = ..., term: _Optional[int] = ..., producer_id: _Optional[str] = ..., producer_epoch: _Optional[int] = ..., next_sequence: _Optional[int] = ...) -> None: ...
 
 class ProduceBatchResult(_message.Message):
     __slots__ = ("request_id", "appended", "error")

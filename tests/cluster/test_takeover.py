@@ -309,3 +309,48 @@ def test_a_file_uri_parquet_root_is_its_path(tmp_path: Path) -> None:
     config = load_config(env={"STREAMINGNODE_PARQUET_DIR": tmp_path.as_uri()},
                          overrides={"wal": "jetstream", "cluster_nats": "nats://127.0.0.1:4222", "node_id": "a"})
     assert config.parquet_root == tmp_path and config.shared_log and config.nats_replicas == 3
+
+
+# --- producer identity across a takeover ----------------------------------------------------------
+async def test_producer_epoch_and_high_water_hold_across_an_owner_takeover(nodes: Nodes) -> None:
+    """Epochs live in the pchannel's KV metadata and sequences in the log: the node that takes the
+    pchannel over hands out the next epoch and sequence, fences the zombie of an older epoch, and
+    still refuses a changed resend."""
+    from streamingnode.client import DuplicateSequenceMismatchError, ProducerFencedError  # noqa: PLC0415
+
+    nodes.add("a")
+    nodes.add("b")
+    async with AsyncClient(nodes.seeds, timeout=30, reconnect_timeout=60) as client:
+        await client.create_channels(["pid"])
+        await _served(client, "pid")
+        async with client.producer("pid", producer_id="owned") as first:
+            original = [await first.send("v", b"m%d" % i) for i in range(5)]
+            assert first.epoch == 1
+        zombie = client.producer("pid", producer_id="owned", linger=0)
+        await zombie.send("v", b"m5")
+        assert zombie.epoch == 2 and zombie.next_sequence == 6
+        owner = await _owner(client, "pid")
+        survivor = next(a for a in nodes.seeds if a != owner)
+        nodes.procs[nodes.by_address(owner)].kill()
+
+        async def taken_over() -> bool:
+            return await _owner_per(survivor, "pid") == survivor
+
+        await until(taken_over, "the survivor to take the pchannel over", timeout=30)
+        async with client.producer("pid", producer_id="owned") as after:
+            fresh = await after.send("v", b"m6")
+            assert after.epoch == 3 and after.next_sequence == 7
+            assert fresh.message_id > original[-1].message_id
+            with pytest.raises(ProducerFencedError):
+                await zombie.send("v", b"zombie")
+        await zombie.aclose()
+        async with client.producer("pid", producer_id="owned", first_sequence=0) as resend:
+            with pytest.raises(DuplicateSequenceMismatchError):
+                await resend.send("v", b"changed")
+        async with client.producer("pid", producer_id="owned", first_sequence=0) as resend:
+            assert await resend.send("v", b"m0") == original[0]
+        async with client.producer("pid") as tail:
+            await tail.send("v", b"END")
+        got = [payload for _, payload in await _read_to_end(client, "pid")]
+        assert [g for g in got if g.startswith(b"m") or g == b"END"] == [
+            *(b"m%d" % i for i in range(7)), b"END"]

@@ -207,13 +207,13 @@ async def test_producer_on_a_missing_channel_raises_channel_not_exist(client: As
 
 
 async def test_idempotent_producer_sequences_are_deduplicated_by_the_node(client: AsyncClient) -> None:
-    """Two producers with the same id and the same sequences: the second is answered with the first's
-    results and writes nothing (what a resend after a reconnect relies on)."""
+    """Two producers with the same id and the same sequences (the second given first_sequence=0): the
+    second is answered with the first's results and writes nothing (what a resend relies on)."""
     await client.create_channels(["p"])
     async with client.producer("p", producer_id="writer-1") as first:
         original = [await first.send("v", b"a%d" % i) for i in range(5)]
         assert first.next_sequence == 5
-    async with client.producer("p", producer_id="writer-1") as again:
+    async with client.producer("p", producer_id="writer-1", first_sequence=0) as again:
         repeated = [await again.send("v", b"a%d" % i) for i in range(5)]
         fresh = await again.send("v", b"end")
     assert repeated == original

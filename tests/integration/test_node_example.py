@@ -56,7 +56,8 @@ async def test_the_node_example_produces_consumes_runs_a_transaction_and_decodes
                                   capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, f"demo.js failed:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
     steps = {line["step"]: line for line in map(json.loads, run.stdout.splitlines())}
-    assert list(steps) == ["created", "produced", "transaction", "consumed", "refused", "refused_batch"]
+    assert list(steps) == ["created", "produced", "transaction", "consumed", "refused", "refused_batch",
+                           "idempotent", "fenced", "mismatch"]
 
     messages = steps["consumed"]["messages"]
     txn_id = steps["transaction"]["txn_id"]
@@ -83,3 +84,17 @@ async def test_the_node_example_produces_consumes_runs_a_transaction_and_decodes
     assert steps["refused_batch"] == {"step": "refused_batch", "outcome": "error",
                                       "code": "ERROR_CODE_INVALID_ARGUMENT",
                                       "message": "INSERT needs the 'collection' property"}
+
+    # Producer identity from another language: epochs, the next sequence, and the two refusals.
+    assert steps["idempotent"] == {"step": "idempotent", "epoch": "1", "next_sequence": "0", "outcome": "appended",
+                                   "reopened_epoch": "2", "reopened_next_sequence": "1"}
+    fenced = steps["fenced"]
+    assert fenced["grpc_code"] == "FAILED_PRECONDITION"
+    assert fenced["error_info"]["reason"] == "PRODUCER_FENCED"
+    assert fenced["error_info"]["metadata"] == {"producer_id": "node-demo-producer", "epoch": "1",
+                                                "current_epoch": "2"}
+    assert steps["mismatch"] == {"step": "mismatch", "outcome": "error",
+                                 "code": "ERROR_CODE_DUPLICATE_SEQUENCE_MISMATCH",
+                                 "metadata": {"producer_id": "node-demo-producer", "sequence": "0"}}
+    packs = await consume(stub, spb.ConsumeOpen(pchannel="from-node", vchannel="idem"), until=1)
+    assert [m.payload for p in packs for m in p.messages if m.type == pb.MESSAGE_TYPE_DATA] == [b"once"]

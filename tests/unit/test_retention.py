@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flusher import Flusher, FlusherConfig
-from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE
+from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE, dedup_step
 from interceptors.snapshot import SNAPSHOT_META, RecoverySnapshot, load_snapshot
 from interceptors.streaming import StreamingWAL, open_streaming_wal
 from streamingnode.groups import ConsumerGroups
@@ -19,6 +19,7 @@ from tests.flushed import pks
 from tests.reopening import FAST, SCHEMA, Opened, rows
 from tests.waiting import persisted_tick, until
 from wal import Message, MessageType, OutOfRangeError, Position, bodies
+from wal.errors import ProducerFencedError
 from wal.options import DeliverPolicy, ReadOption
 
 NOW = RetentionConfig(retention_seconds=0, check_seconds=3600)
@@ -195,6 +196,10 @@ async def test_recovery_after_truncation_rebuilds_registry_segments_dedup(opened
     dedup_msg = bodies.insert("v", "c", rows(0, 4))
     dedup_msg = Message(dedup_msg.message_type, "v", dedup_msg.payload,
                         {**dedup_msg.properties, PROP_PRODUCER: "prod", PROP_SEQUENCE: "7"})
+    step = dedup_step(swal.chain.interceptors)
+    assert step is not None
+    assert await step.open_producer("prod", None) == (1, 0)
+    assert await step.open_producer("prod", None) == (2, 0)  # the producer's epoch is now 2
     original = await swal.append(dedup_msg)
     for i in range(4):  # 4 + 4*4 = 20 rows in _default: two segments sealed, then a growing one
         await swal.append(bodies.insert("v", "c", rows(10 + i * 4, 4)))
@@ -229,6 +234,13 @@ async def test_recovery_after_truncation_rebuilds_registry_segments_dedup(opened
     resend = Message(dedup_msg.message_type, "v", dedup_msg.payload,
                      {k: v for k, v in dedup_msg.properties.items() if k not in (bodies.PROP_SEGMENT, "rows")})
     assert await swal.append(resend) == original
+    # So do the producer's epoch (in the pchannel's metadata, which retention never cuts) and its
+    # high-water mark (in the snapshot): the zombie of epoch 1 is refused, the next sequence is 8.
+    step = dedup_step(swal.chain.interceptors)
+    assert step is not None
+    with pytest.raises(ProducerFencedError):
+        await step.open_producer("prod", 1)
+    assert await step.open_producer("prod", 2) == (2, 8)
     # Only the tick beat may write meanwhile (it persists a TimeTick after the insert above whenever
     # its interval comes round): nothing else lies past `end`.
     after = await swal.wal.read_stored(end) if swal.wal.next_id > end else []

@@ -132,6 +132,31 @@ class _Recheck(UnavailableError):
 
 _RETRIABLE_WRITE: tuple[type[BaseException], ...] = (*_RETRIABLE, _Recheck)
 
+_TRANSIENT_STATUS = frozenset({408, 429, 503})
+"""JetStream API answers (their HTTP-like ``code``) that a later attempt may see succeed: a request
+timeout, too many requests, a service unavailable (no quorum, insufficient resources for now)."""
+_TRANSIENT_ERR_CODES = frozenset({
+    10004,  # JSClusterIncompleteErr: incomplete results (peers not answering yet)
+    10007,  # JSClusterNotAssignedErr: the stream is not assigned to this server (being placed)
+    10008,  # JSClusterNotAvailErr: JetStream system temporarily unavailable
+    10009,  # JSClusterNotLeaderErr: the cluster can not handle the request (a leader election)
+})
+"""JetStream ``err_code``s of a cluster between leaders or placements: transient whatever their status."""
+
+
+def api_refusal(exc: nats.js.errors.APIError, what: str, path: str | None) -> StreamingError:
+    """A JetStream API refusal as the WAL reports it: UNAVAILABLE (retriable) while the cluster is
+    between states (``_TRANSIENT_STATUS``, ``_TRANSIENT_ERR_CODES``); UNRECOVERABLE for the rest --
+    limits, permissions, a configuration that does not match, a bad request -- which no retry cures,
+    so neither the node nor its clients retry them forever (``fields``: ``nats_code``, ``err_code``)."""
+    if exc.code in _TRANSIENT_STATUS or exc.err_code in _TRANSIENT_ERR_CODES:
+        return UnavailableError(f"{what}: NATS at {path} refused for now: {exc}", path=path,
+                                nats_code=exc.code, err_code=exc.err_code)
+    return UnrecoverableError(
+        f"{what}: NATS at {path} refused (code {exc.code}, err_code {exc.err_code}), which retrying cannot "
+        f"change: {exc}", path=path, nats_code=exc.code, err_code=exc.err_code)
+
+
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
 _WRONG_LAST_SEQUENCE = 10071  # JetStream's err_code for a failed Nats-Expected-Last-Sequence
 _STREAM_NOT_FOUND = 10059
@@ -304,7 +329,7 @@ class JetStreamBackend(Backend):
                 f"({self._nc.max_payload} bytes): raise max_payload (8 MB is advised) or lower the WAL's "
                 f"max_commit_bytes", path=self.path, limit=self._nc.max_payload) from exc
         except nats.js.errors.APIError as exc:
-            raise UnavailableError(f"{what}: NATS at {self.path} refused: {exc}", path=self.path) from exc
+            raise api_refusal(exc, what, self.path) from exc
 
     def _window(self) -> float:
         """How long a request keeps being asked again without progress (an election takes seconds)."""
