@@ -333,6 +333,14 @@ class Consumer:
             return translate(exc)
         except StreamingError as exc:
             return exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise
+            # The call was cancelled, not this task: grpc.aio cancels a call whose write is cancelled
+            # (a caller cancelled inside ack()), and every read of it then raises CancelledError.  The
+            # stream is gone, not the consumer: open it again (pending acks are resent).
+            return UnavailableError(f"consume stream on {self.pchannel!r} was cancelled", channel=self.pchannel)
         finally:
             self._call = None
             call.cancel()

@@ -114,7 +114,10 @@ async def test_a_client_sigkilled_between_batches_loses_and_duplicates_nothing(
     finally:
         second.kill()
         second.communicate()
-    assert "recovered 3" in lines, "the spool resends the batch written before the kill"
+    # The third batch was written before the kill; its answer may have come back first (the spool
+    # then let it go) or not (the spool resends it, and the node answers from its dedup table).
+    # Either way it is in the log once.
+    assert [line for line in lines if line.startswith("recovered")] in ([], ["recovered 3"]), lines
     recovered = [f"a-2-{i}" for i in range(3)]
     acked_second = [p for line in lines if line.startswith("acked") for p in line.split()[1:]]
     async with client.producer("p") as tail:

@@ -221,7 +221,9 @@ def test_rss_plateaus_over_rounds(tmp_path: Path) -> None:
     # Generous bounds: a round sends 96 MiB; before the fix each round kept it (twice over with a token).
     unauthenticated = rss["start"] + rss["no token"]
     assert max(b - a for a, b in itertools.pairwise(unauthenticated)) < 40, rss
-    assert rss["token"][-1] - rss["token"][0] < 80, rss
+    # From the second round on: the first may still hold what the allocator had not yet returned when
+    # it was read (the trim follows a burst by half a second); before the fix every round added its own.
+    assert rss["token"][-1] - rss["token"][1] < 80, rss
 
 
 def test_a_large_request_is_followed_by_a_trim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
