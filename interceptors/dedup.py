@@ -75,6 +75,12 @@ reader task: the chain's tasks copy it).  Unset: no epoch check (embedded caller
 
 EPOCH_BUCKETS = 64
 """Metadata values the epochs are spread over: a bump rewrites one, about 1/64 of the table."""
+MAX_EPOCH = 1 << 62
+"""The largest epoch an open may present.  A node that does not know the producer (new to it, or
+evicted) takes a presented epoch as current, and the next open without one gets it plus one: a
+client's 2^63-1 would overflow the int64 of ProduceOpened.producer_epoch and break the id for good.
+Epochs move by one per open, so no real producer gets near this."""
+
 EPOCH_META = "producer_epochs.{}"
 """The metadata name of bucket ``n`` (``EPOCH_META.format(n)``)."""
 
@@ -230,8 +236,9 @@ class DedupInterceptor:
 
         Returns ``(epoch, next sequence)``; the epoch is durable before this returns.  Raises
         ProducerFencedError when ``epoch`` is not the current one (a newer open took over)."""
-        if epoch is not None and epoch < 1:
-            raise InvalidArgumentError(f"producer_epoch must be >= 1 when set, got {epoch}", field="producer_epoch")
+        if epoch is not None and not 1 <= epoch <= MAX_EPOCH:
+            raise InvalidArgumentError(f"producer_epoch must be between 1 and {MAX_EPOCH} when set, got {epoch}",
+                                       field="producer_epoch")
         async with self._opening:
             await self._load_bucket(producer_id)
             current = self._producer(producer_id).epoch
@@ -540,6 +547,7 @@ def skip_sequences(steps: Iterable[object], producer_id: str, first: int, count:
 __all__ = [
     "EPOCH_BUCKETS",
     "EPOCH_META",
+    "MAX_EPOCH",
     "PRODUCER_CLAIM",
     "PROP_PRODUCER",
     "PROP_SEQUENCE",

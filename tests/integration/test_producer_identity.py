@@ -199,6 +199,25 @@ async def test_an_open_refuses_an_epoch_without_a_producer_id_and_an_epoch_below
         assert "producer_epoch" in (refused.value.details() or "")
 
 
+async def test_an_open_refuses_an_epoch_whose_successor_would_not_fit_and_the_id_still_opens(stub) -> None:
+    """The node does not know producer "big": a presented epoch of 2^63-1 would be taken as current,
+    and the next open (current + 1) could not be answered in ProduceOpened's int64."""
+    await stub.CreateChannels(spb.CreateChannelsRequest(channel_names=["p"]))
+    call = stub.Produce()
+    await call.write(spb.ProduceRequest(open=spb.ProduceOpen(pchannel="p", producer_id="big",
+                                                             producer_epoch=(1 << 63) - 1)))
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await call.read()
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "producer_epoch" in (refused.value.details() or "")
+    fresh = stub.Produce()
+    await fresh.write(spb.ProduceRequest(open=spb.ProduceOpen(pchannel="p", producer_id="big")))
+    opened = (await fresh.read()).opened
+    assert opened.producer_epoch == 1
+    await fresh.done_writing()
+    fresh.cancel()
+
+
 # --- a resend must be the same batch ---------------------------------------------------------------
 async def test_a_resend_with_changed_content_is_refused_and_an_identical_one_gets_the_original_ids(
         client: AsyncClient) -> None:
