@@ -163,26 +163,6 @@ _NOBODY = _Producer()
 """A placeholder before the first producer of a batch is looked up."""
 
 
-def _key(m: Message) -> tuple[str, int] | None:
-    props = m._properties
-    if not props:
-        return None
-    pid = props.get(PROP_PRODUCER)
-    if pid is None:
-        return None
-    raw = props.get(PROP_SEQUENCE)
-    try:
-        seq = int(raw) if raw is not None else -1
-    except ValueError:
-        seq = -1
-    if seq < 0:
-        raise InvalidArgumentError(
-            f"message of producer {pid!r} needs a non-negative integer {PROP_SEQUENCE!r}, got {raw!r}",
-            producer_id=pid,
-        )
-    return pid, seq
-
-
 def _mismatch(pid: str, seq: int) -> DuplicateSequenceMismatchError:
     return DuplicateSequenceMismatchError(
         f"sequence {seq} of producer {pid!r} is already stored with other content (type, vchannel, payload "
@@ -326,7 +306,7 @@ class DedupInterceptor:
         p = _NOBODY
         seqs: list[int] = []
         for i, m in enumerate(batch):
-            # _key, inlined (per message)
+            # The producer stamp and sequence, read inline (per message: no call per message)
             props = m._properties
             pid = props.get(PROP_PRODUCER) if props else None
             if pid is None:
@@ -447,7 +427,7 @@ class DedupInterceptor:
         keeps the message itself, and the digest is computed only for what is still remembered when
         it is needed -- a resend, an export, the end of recovery, or more than ``_UNSETTLED_BYTES``
         of payload held -- not for the many messages the window drops meanwhile."""
-        # _key, _producer and _remember inlined, the producer looked up once per run of its messages:
+        # The stamps, _producer and _remember inlined, the producer looked up once per run of its messages:
         # the shadow replays of periodic snapshots run this for every message written.
         window = self._window
         last_pid: str | None = None
