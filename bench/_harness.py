@@ -23,7 +23,7 @@ if _ROOT not in sys.path:
 
 import structlog  # noqa: E402
 
-from streamingnode._process import tune_gc  # noqa: E402
+from streamingnode.node.gc_tuning import tune_gc  # noqa: E402
 
 Run = dict[str, float]
 

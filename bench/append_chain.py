@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pyarrow as pa
 from _harness import Run, prepare_process, repeat, tmpdir, verdict
 
-from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
 from wal import Message, MessageType, WALManager, bodies
 
 PCHANNEL = "p"

@@ -57,7 +57,7 @@ _HOURS = 3600.0
 
 # --- the child: the measured process ---------------------------------------------------------------
 async def _measure(path: str, messages: int, size: int, warmup: int, requests: object) -> None:
-    from interceptors.streaming import ChainConfig, open_streaming_wal  # noqa: PLC0415
+    from interceptors.recovery.streaming_wal import ChainConfig, open_streaming_wal  # noqa: PLC0415
     from wal import Message, MessageType, WALManager  # noqa: PLC0415
     from wal.backend import Durability  # noqa: PLC0415
 
@@ -121,7 +121,7 @@ def _inner(args: argparse.Namespace) -> int:
     import structlog  # noqa: PLC0415
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    gc.set_threshold(100_000, 50, 100)  # the node's settings (streamingnode/_process.py)
+    gc.set_threshold(100_000, 50, 100)  # the node's settings (streamingnode/node/gc_tuning.py)
     path = tempfile.mkdtemp(prefix="append-instr-", dir=args.dir)
     try:
         asyncio.run(_measure(path, args.messages, args.size, args.warmup, requests))

@@ -25,7 +25,7 @@ Every run, in a fresh temporary directory:
   is checked against the tree (row count).  pyarrow reads a copy of the tree (compaction deletes the
   small files); which of the two goes first alternates.
 * Spark (unless ``--no-spark``): one local[2] session for all runs (warmed on the first tree before
-  anything is timed); ``flusher.spark.read_collection(spark, root, "c", as_of_ts=T).count()`` on the
+  anything is timed); ``flusher.read.spark.read_collection(spark, root, "c", as_of_ts=T).count()`` on the
   1,000 small files, then the same on the compacted tree, ``T`` the compaction horizon (the earliest
   as-of a compacted tree still answers).  Both counts are checked equal.
 
@@ -54,7 +54,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from _harness import Run, prepare_process, repeat, verdict
 
-from flusher import _layout
+from flusher import layout
 from flusher.compact import CompactionConfig, compact_collection
 from wal.bodies import DEFAULT_PARTITION
 from wal.clock import compose
@@ -70,7 +70,7 @@ SCHEMA = pa.schema([
     pa.field("score", pa.float64()),
     pa.field("vec", pa.list_(pa.float32(), DIM)),
 ])
-_META = {_layout.PCHANNEL: b"bench-p0", b"streamingnode.primary_key": b"pk"}
+_META = {layout.PCHANNEL: b"bench-p0", b"streamingnode.primary_key": b"pk"}
 
 
 def _int64(value: int, n: int) -> pa.Array:
@@ -97,32 +97,32 @@ def build_tree(root: Path, files: int, rows_per_file: int, messages: int, delete
             id_parts.append(_int64(mid, per_msg))
             first_key = (ts, mid) if j == 0 else first_key
             last_key = (ts, mid)
-        meta = {**_META, _layout.FIRST_KEY: _layout.encode_key(first_key),
-                _layout.LAST_KEY: _layout.encode_key(last_key)}
+        meta = {**_META, layout.FIRST_KEY: layout.encode_key(first_key),
+                layout.LAST_KEY: layout.encode_key(last_key)}
         table = pa.table({"pk": pk, "name": name, "score": pc.random(n), "vec": vec,
                           "_ts": pa.concat_arrays(ts_parts), "_id": pa.concat_arrays(id_parts),
                           "_segment": _int64(segment, n)}).cast(_data_schema()).replace_schema_metadata(meta)
-        directory = root / _layout.segment_dir(COLLECTION, DEFAULT_PARTITION, segment)
+        directory = root / layout.segment_dir(COLLECTION, DEFAULT_PARTITION, segment)
         directory.mkdir(parents=True, exist_ok=True)
-        pq.write_table(table, directory / _layout.file_name(first_key[1], last_key[1]), compression="zstd",
+        pq.write_table(table, directory / layout.file_name(first_key[1], last_key[1]), compression="zstd",
                        write_page_checksum=True)
     total = files * per_msg * messages
     deleted = int(total * delete_share)
     if deleted:
         step = total // deleted
         keys = list(range(0, deleted * step, step))
-        ddir = root / _layout.deletes_dir(COLLECTION)
+        ddir = root / layout.deletes_dir(COLLECTION)
         ddir.mkdir(parents=True, exist_ok=True)
         chunk = -(-len(keys) // DELETE_FILES)
         for k in range(0, len(keys), chunk):
             mid += 1
             ts = compose(start_ms + mid, 0)
             part = keys[k:k + chunk]
-            meta = {**_META, _layout.FIRST_KEY: _layout.encode_key((ts, mid)),
-                    _layout.LAST_KEY: _layout.encode_key((ts, mid))}
+            meta = {**_META, layout.FIRST_KEY: layout.encode_key((ts, mid)),
+                    layout.LAST_KEY: layout.encode_key((ts, mid))}
             table = pa.table({"pk": pa.array(part, pa.int64()), "_ts": _int64(ts, len(part)),
                               "_id": _int64(mid, len(part))}).replace_schema_metadata(meta)
-            pq.write_table(table, ddir / _layout.file_name(mid, mid), compression="zstd", write_page_checksum=True)
+            pq.write_table(table, ddir / layout.file_name(mid, mid), compression="zstd", write_page_checksum=True)
     return total - deleted
 
 
@@ -165,7 +165,7 @@ def _spark() -> Any:
 
 
 def _spark_count(spark: Any, root: Path, as_of: int) -> tuple[float, int]:
-    from flusher.spark import read_collection  # noqa: PLC0415
+    from flusher.read.spark import read_collection  # noqa: PLC0415
 
     t0 = time.perf_counter()
     n = read_collection(spark, str(root), COLLECTION, as_of_ts=as_of).count()

@@ -54,7 +54,7 @@ import pyarrow.parquet as pq
 from _harness import Run, prepare_process, repeat, tmpdir, verdict
 
 from flusher import Flusher, FlusherConfig
-from interceptors.streaming import StreamingWAL, open_streaming_wal
+from interceptors.recovery.streaming_wal import StreamingWAL, open_streaming_wal
 from wal import WALManager, bodies
 
 PCHANNEL = "bench-p0"

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from streamingnode.groups import ConsumerGroups
+from streamingnode.node.groups import ConsumerGroups
 from wal import Message, MessageType, Position, WALManager
 
 

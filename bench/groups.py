@@ -56,7 +56,7 @@ import produce_consume as pc
 
 import grpc
 
-from streamingnode import convert
+from streamingnode.wire import codec
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
 from wal.message import Position
@@ -131,7 +131,7 @@ class _Driver:
             self.every_open.set()
         await all_open.wait()
         async for k in self._beats():
-            pos = convert.position_to_pb(Position(self.pchannel, k, k))
+            pos = codec.position_to_pb(Position(self.pchannel, k, k))
             t0 = time.perf_counter()
             try:
                 await stub.SeekConsumerGroup(spb.SeekConsumerGroupRequest(
@@ -153,7 +153,7 @@ class _Driver:
             self.every_open.set()
         await all_open.wait()
         async for k in self._beats():
-            ack = spb.ConsumeAck(positions=[convert.position_to_pb(Position(self.pchannel, k, k), IDLE_VCHANNEL)])
+            ack = spb.ConsumeAck(positions=[codec.position_to_pb(Position(self.pchannel, k, k), IDLE_VCHANNEL)])
             t0 = time.perf_counter()
             await call.write(spb.ConsumeRequest(ack=ack))
             while True:
@@ -234,7 +234,7 @@ async def _raw_server(quiet_seconds: float) -> None:
         empty = spb.ConsumeResponse()
         empty.pack.begin_ts, empty.pack.end_ts = ts, ts
         for where in (empty.pack.start_positions.add(), empty.pack.end_positions.add()):
-            where.CopyFrom(convert.position_to_pb(Position("busy", 1, ts), IDLE_VCHANNEL))
+            where.CopyFrom(codec.position_to_pb(Position("busy", 1, ts), IDLE_VCHANNEL))
 
         async def quiet() -> None:
             while True:

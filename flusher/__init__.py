@@ -1,9 +1,9 @@
 """flusher: turns a pchannel's WAL into Parquet files for Spark, exactly once.
 
 ``Flusher`` reads one pchannel from its checkpoint and writes through the one commit protocol of
-``flusher.commit``; ``flusher._layout`` says where files go.  See README.md.
+``flusher.commit``; ``flusher.layout`` says where files go.  See README.md.
 
-Names are imported lazily: ``flusher.spark`` runs under spark-submit, where importing the package
+Names are imported lazily: ``flusher.read.spark`` runs under spark-submit, where importing the package
 must not pull in the WAL, its interceptors and RocksDB.
 """
 

@@ -14,17 +14,17 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flusher._layout import FIRST_KEY, LAST_KEY, PCHANNEL, TS_COLUMN, DeliveryKey, encode_key, segment_dir
+from flusher.layout import FIRST_KEY, LAST_KEY, PCHANNEL, TS_COLUMN, DeliveryKey, encode_key, segment_dir
 from wal import bodies
 from wal.clock import physical_ms
 from wal.message import Message, Position
 
 PRIMARY_KEY = b"streamingnode.primary_key"
-"""The key ``flusher.spark`` looks up (PRIMARY_KEY_METADATA there)."""
+"""The key ``flusher.read.spark`` looks up (PRIMARY_KEY_METADATA there)."""
 SEGMENT_COLUMN = "_segment"
 ID_COLUMN = "_id"
 """The WAL message id of the INSERT, UPSERT or DELETE a row or delete entry came from: with ``_ts`` it
-orders the statements of one transaction (which share their commit ``_ts``); see ``flusher.spark``."""
+orders the statements of one transaction (which share their commit ``_ts``); see ``flusher.read.spark``."""
 
 
 @dataclass(slots=True, eq=False)

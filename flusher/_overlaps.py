@@ -4,7 +4,7 @@ Older code named a pass's output after its inputs' first and last ids; a pass re
 only delete file (dropping some of its entries) therefore named the output after its input.  The
 record listed one path as both; readers subtracted it (no delete file was read), the link found the
 name taken, and once the grace period was over the input, the only copy, was deleted: every row those
-entries deleted came back.  Readers now refuse such a record (``_layout.OverlappingRecordError``) and
+entries deleted came back.  Readers now refuse such a record (``layout.OverlappingRecordError``) and
 recovery never deletes the path; this module gives the output the name it should have had,
 ``<first>-<last>.g<generation>.parquet``, and rewrites the record to publish it:
 
@@ -26,9 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from flusher import _layout
 from flusher import compact as _compact
-from flusher._layout import CompactionRecord
+from flusher import layout
+from flusher.layout import CompactionRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,14 +41,14 @@ class Overlap:
 
     @property
     def record_path(self) -> str:
-        return f"{_layout.compactions_dir(self.collection)}/{_layout.record_name(self.record.generation)}"
+        return f"{layout.compactions_dir(self.collection)}/{layout.record_name(self.record.generation)}"
 
 
 def find(root: Path) -> list[Overlap]:
     """Every record under ``root`` (one pchannel's) that lists a path as both input and output."""
     out = []
     for c in _compact.collections(root):
-        for rec in _layout.read_records(root, c):
+        for rec in layout.read_records(root, c):
             both = rec.overlap()
             if both:
                 out.append(Overlap(c, rec, tuple(both)))
@@ -58,15 +58,15 @@ def find(root: Path) -> list[Overlap]:
 def renamed(rel: str, generation: int) -> str:
     """The name ``rel`` (an output of ``generation``) gets: the same ids, the generation added."""
     directory, _, name = rel.rpartition("/")
-    ids = _layout.parse_name(name)
+    ids = layout.parse_name(name)
     if ids is None:
-        raise _layout.LayoutError(f"{rel}: not a name of the form <first id>-<last id>.parquet")
-    return f"{directory}/{_layout.file_name(ids[0], ids[1], generation)}"
+        raise layout.LayoutError(f"{rel}: not a name of the form <first id>-<last id>.parquet")
+    return f"{directory}/{layout.file_name(ids[0], ids[1], generation)}"
 
 
 def source(root: Path, rel: str) -> Path | None:
     """The file still holding ``rel``'s contents: itself, or its hidden name; None when both are gone."""
-    for candidate in (root / rel, root / _layout.hidden(rel)):
+    for candidate in (root / rel, root / layout.hidden(rel)):
         if candidate.is_file():
             return candidate
     return None
@@ -77,7 +77,7 @@ def publish(root: Path, overlap: Overlap, replacements: dict[str, str], staging:
     rec = overlap.record
     fixed = CompactionRecord(rec.generation, rec.horizon, rec.inputs,
                              tuple(replacements.get(o, o) for o in rec.outputs), rec.flushed)
-    _layout.check_record(root, overlap.collection, fixed)
+    layout.check_record(root, overlap.collection, fixed)
     _compact.write_record(root, overlap.collection, fixed, staging)
     return fixed
 

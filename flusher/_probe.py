@@ -7,7 +7,7 @@ The node must survive any byte of any file, so the flusher never decodes its com
 line per file.  A child that dies names the file it was on (it says which file it starts before
 touching it); that file is damaged, and a new child goes on with the files after it.
 
-Modes: ``keys`` (``_layout.read_keys``: footers only, at start) and ``data`` (``_layout.check_data``:
+Modes: ``keys`` (``layout.read_keys``: footers only, at start) and ``data`` (``layout.check_data``:
 every page, in the background).  Answers, tab-separated: ``start <rel>``, then ``keys <rel> <ts>
 <id>`` / ``ok <rel>`` / ``damaged <rel> <reason>``.
 """
@@ -20,7 +20,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from flusher import _layout
+from flusher import layout
 
 KEYS = "keys"
 DATA = "data"
@@ -38,12 +38,12 @@ def _main(argv: list[str]) -> int:
         path = os.path.join(root, rel)
         try:
             if mode == KEYS:
-                _, last = _layout.read_keys(path, pchannel)
+                _, last = layout.read_keys(path, pchannel)
                 out.write(f"keys\t{rel}\t{last[0]}\t{last[1]}\n")
             else:
-                _layout.check_data(path)
+                layout.check_data(path)
                 out.write(f"ok\t{rel}\n")
-        except _layout.DamagedFileError as exc:
+        except layout.DamagedFileError as exc:
             out.write(f"damaged\t{rel}\t{_one_line(exc.reason)}\n")
         except FileNotFoundError:
             out.write(f"ok\t{rel}\n")  # gone since it was listed (the channel's directory was moved)
@@ -57,7 +57,7 @@ def _one_line(text: str) -> str:
 
 __all__ = ["DATA", "KEYS", "probe", "scan"]
 
-Answer = tuple[str, _layout.DeliveryKey | None, str | None]
+Answer = tuple[str, layout.DeliveryKey | None, str | None]
 """(relative path, last key when ``keys`` found the footer sound, reason when damaged)."""
 
 
@@ -101,7 +101,7 @@ async def probe(mode: str, root: Path, pchannel: str, rels: list[str]) -> AsyncI
         if code == 0 and done == len(rels):
             return
         if not started:
-            raise _layout.LayoutError(f"the Parquet check of {root} failed (exit {code}): {err[-300:]}")
+            raise layout.LayoutError(f"the Parquet check of {root} failed (exit {code}): {err[-300:]}")
         last = err.strip().splitlines()[-1:] or [""]
         yield rels[done], None, f"reading it aborted the Parquet reader (exit {code}: {last[0][:200]})"
         done += 1
@@ -127,13 +127,13 @@ async def _feed(stdin: asyncio.StreamWriter, todo: list[str]) -> None:
         stdin.close()
 
 
-async def scan(root: Path, pchannel: str) -> _layout.Committed:
-    """``_layout.read_keys`` of every committed file, in a child: what the flusher knows on start."""
-    committed = _layout.Committed({}, [], [])
-    rels = await asyncio.to_thread(_layout.committed_files, root)
+async def scan(root: Path, pchannel: str) -> layout.Committed:
+    """``layout.read_keys`` of every committed file, in a child: what the flusher knows on start."""
+    committed = layout.Committed({}, [], [])
+    rels = await asyncio.to_thread(layout.committed_files, root)
     async for rel, key, reason in probe(KEYS, root, pchannel, rels):
         if key is None:
-            committed.damaged.append(_layout.Damaged(rel, reason or "unreadable"))
+            committed.damaged.append(layout.Damaged(rel, reason or "unreadable"))
             continue
         committed.files.append(rel)
         directory = rel.rpartition("/")[0]

@@ -19,7 +19,7 @@ from typing import Protocol
 import pyarrow as pa
 
 from flusher._buffers import Buffer, delete_rows, insert_destination, upsert_delete_rows
-from flusher._layout import deletes_dir
+from flusher.layout import deletes_dir
 from wal import bodies
 from wal.message import MessageType, Position
 from wal.options import DeliverPolicy, ReadOption

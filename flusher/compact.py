@@ -15,10 +15,10 @@ flusher commit):
    so no flusher buffer writes there), and the delete files as one, minus the entries that can no
    longer remove any row; fsync each, then the directories.  Step ``output``.  The generation in
    every name keeps an output from ever taking an input's name (a lone delete file rewritten keeps
-   its first and last ids), and ``_layout.check_record`` refuses a record that would list a path as
+   its first and last ids), and ``layout.check_record`` refuses a record that would list a path as
    both.
 4. Commit the record ``<collection>/_compactions/<generation>.json`` (temporary, fsync, rename,
-   directory fsync).  Step ``record``.  From here readers (``_layout.visible_files``) see the new set.
+   directory fsync).  Step ``record``.  From here readers (``layout.visible_files``) see the new set.
 5. Link each output's visible name (its hidden one stays readable for readers that listed it).
    Step ``link``.
 6. After ``grace_seconds`` (at once when 0, else on a later pass), delete the inputs and the hidden
@@ -41,9 +41,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from flusher import _layout
-from flusher._layout import CompactionRecord, DeliveryKey
+from flusher import layout
 from flusher.commit import StagingFencedError, fsync_dir, make_dirs
+from flusher.layout import CompactionRecord, DeliveryKey
 from wal.clock import compose
 from wal.crashpoints import CrashPoints
 
@@ -158,30 +158,30 @@ def recover(root: Path, collection: str, grace_seconds: float = 0.0, *, now: flo
     """Finish committed records and delete uncommitted outputs (see the module docstring).
 
     Returns how many records are still waiting for their grace period."""
-    records = _layout.read_records(root, collection)
+    records = layout.read_records(root, collection)
     wall = time.time() if now is None else now
     waiting = 0
     referenced: set[str] = set()
     # A path a record lists as both input and output (older code wrote such records) is never deleted
     # here: it is the only copy of that output; the flusher's repair (``repair_overlaps``) replaces it.
-    kept = {q for rec in records for p in rec.overlap() for q in (p, _layout.hidden(p))}
+    kept = {q for rec in records for p in rec.overlap() for q in (p, layout.hidden(p))}
     for rec in records:
-        referenced.update(_layout.hidden(o) for o in rec.outputs)
+        referenced.update(layout.hidden(o) for o in rec.outputs)
         linked: set[Path] = set()
         for out in rec.outputs:
-            if not (root / out).exists() and (root / _layout.hidden(out)).exists():
+            if not (root / out).exists() and (root / layout.hidden(out)).exists():
                 with contextlib.suppress(FileExistsError):
-                    os.link(root / _layout.hidden(out), root / out)
+                    os.link(root / layout.hidden(out), root / out)
                 linked.add((root / out).parent)
         for d in linked:
             fsync_dir(d)
         if linked:
             crash_point("link")
-        leftovers = [p for p in (*rec.inputs, *map(_layout.hidden, rec.outputs))
+        leftovers = [p for p in (*rec.inputs, *map(layout.hidden, rec.outputs))
                      if p not in kept and (root / p).exists()]
         if not leftovers:
             continue
-        record = root / _layout.compactions_dir(collection) / _layout.record_name(rec.generation)
+        record = root / layout.compactions_dir(collection) / layout.record_name(rec.generation)
         committed_at = record.stat().st_mtime
         if wall - committed_at < grace_seconds:
             waiting += 1
@@ -193,14 +193,14 @@ def recover(root: Path, collection: str, grace_seconds: float = 0.0, *, now: flo
         crash_point("inputs")
     # Outputs of a compaction that crashed before its record: never visible, deleted.
     stale: set[Path] = set()
-    for top in (root / collection, root / _layout.deletes_dir(collection)):
+    for top in (root / collection, root / layout.deletes_dir(collection)):
         for dirpath, dirnames, filenames in os.walk(top):
-            dirnames[:] = [n for n in dirnames if n != _layout.COMPACTIONS_DIR]
+            dirnames[:] = [n for n in dirnames if n != layout.COMPACTIONS_DIR]
             rel = Path(dirpath).relative_to(root).as_posix()
             for n in filenames:
                 if _HIDDEN_OUTPUT.fullmatch(n) and f"{rel}/{n}" not in referenced:
                     _unlink(Path(dirpath) / n, stale)
-    cdir = root / _layout.compactions_dir(collection)
+    cdir = root / layout.compactions_dir(collection)
     if cdir.is_dir():
         with os.scandir(cdir) as entries:
             temporaries = [Path(e.path) for e in entries if e.name.startswith(".") and e.name.endswith(".tmp")]
@@ -251,12 +251,12 @@ def _primary_key(root: Path, rel: str) -> str:
     meta = pq.read_schema(root / rel).metadata or {}
     raw = meta.get(_PRIMARY_KEY)
     if not raw:
-        raise _layout.LayoutError(f"{root / rel}: no primary key in its metadata")
+        raise layout.LayoutError(f"{root / rel}: no primary key in its metadata")
     return str(raw.decode())
 
 
 def _file(root: Path, rel: str) -> _File:
-    first, last = _layout.read_keys(str(root / rel))
+    first, last = layout.read_keys(str(root / rel))
     return _File(rel, (root / rel).stat().st_size, first, last, pq.read_metadata(root / rel).num_rows)
 
 
@@ -282,7 +282,7 @@ def _groups(files: list[_File], cfg: CompactionConfig) -> list[list[_File]]:
 
 
 def _write_hidden(root: Path, rel: str, table: pa.Table, compression: str, throttle: _Throttle) -> int:
-    path = root / _layout.hidden(rel)
+    path = root / layout.hidden(rel)
     make_dirs(path.parent)
     with open(path, "wb") as f:
         pq.write_table(table, f, compression=compression, coerce_timestamps="us", allow_truncated_timestamps=True,
@@ -297,8 +297,8 @@ def _write_hidden(root: Path, rel: str, table: pa.Table, compression: str, throt
 def _merged(tables: list[pa.Table], meta: dict[bytes, bytes], first: DeliveryKey, last: DeliveryKey) -> pa.Table:
     t = pa.concat_tables([x.replace_schema_metadata(None) for x in tables], promote_options="default")
     out = dict(meta)
-    out[_layout.FIRST_KEY] = _layout.encode_key(first)
-    out[_layout.LAST_KEY] = _layout.encode_key(last)
+    out[layout.FIRST_KEY] = layout.encode_key(first)
+    out[layout.LAST_KEY] = layout.encode_key(last)
     return t.replace_schema_metadata(out)
 
 
@@ -306,9 +306,9 @@ def write_record(root: Path, collection: str, rec: CompactionRecord, staging: Pa
     """Commit ``rec``: the pass's one visible step.  With ``staging`` (a flusher's directory of its
     term, see ``flusher.commit``) the temporary is written there, so a pass of a term whose staging
     directory a newer flusher removed fails here (StagingFencedError) and changes nothing readers see."""
-    d = root / _layout.compactions_dir(collection)
+    d = root / layout.compactions_dir(collection)
     make_dirs(d)
-    name = _layout.record_name(rec.generation)
+    name = layout.record_name(rec.generation)
     tmp = d / f".{name}.tmp" if staging is None else staging / f".{os.getpid()}-{collection}-{name}.tmp"
     try:
         with open(tmp, "wb") as f:
@@ -341,15 +341,15 @@ def compact_collection(root: Path | str, collection: str, config: CompactionConf
     started = time.monotonic()
     result = CompactionResult(collection)
     recover(base, collection, cfg.grace_seconds)
-    records = _layout.read_records(base, collection)
+    records = layout.read_records(base, collection)
     wall_ms = int(time.time() * 1000) if now_ms is None else now_ms
     previous = max((r.horizon for r in records), default=0)
     horizon = max(previous, compose(max(wall_ms - int(cfg.horizon_seconds * 1000), 0), 0))
-    data_paths, delete_paths, _ = _layout.visible_files(base, collection)
+    data_paths, delete_paths, _ = layout.visible_files(base, collection)
     busy_dirs = set(busy)
     data_rel = [Path(p).relative_to(base).as_posix() for p in data_paths]
     delete_rel = [Path(p).relative_to(base).as_posix() for p in delete_paths]
-    if any(d == _layout.deletes_dir(collection) or d.startswith(collection + "/") for d in busy_dirs):
+    if any(d == layout.deletes_dir(collection) or d.startswith(collection + "/") for d in busy_dirs):
         drop_deletes = False
     throttle = _Throttle(cfg.io_bytes_per_second)
     if not data_rel and len(delete_rel) < 2:
@@ -428,7 +428,7 @@ def compact_collection(root: Path | str, collection: str, config: CompactionConf
         result.rows_after += merged.num_rows
         if merged.num_rows:
             partition = group[0].rel.rsplit("/", 2)[0]
-            rel = f"{partition}/segment=-{generation}/{_layout.file_name(first[1], last[1], generation)}"
+            rel = f"{partition}/segment=-{generation}/{layout.file_name(first[1], last[1], generation)}"
             result.bytes_after += _write_hidden(base, rel, merged, cfg.compression, throttle)
             result.files_after += 1
             outputs.append(rel)
@@ -465,11 +465,11 @@ def compact_collection(root: Path | str, collection: str, config: CompactionConf
                 inputs.append(f.rel)
                 result.files_before += 1
                 result.bytes_before += f.size
-            flushed[_layout.deletes_dir(collection)] = last
+            flushed[layout.deletes_dir(collection)] = last
             if merged.num_rows:
                 # The generation in the name: one delete file rewritten keeps its first and last ids,
                 # and without it would take its input's name (the record would list it as both).
-                rel = f"{_layout.deletes_dir(collection)}/{_layout.file_name(first[1], last[1], generation)}"
+                rel = f"{layout.deletes_dir(collection)}/{layout.file_name(first[1], last[1], generation)}"
                 result.bytes_after += _write_hidden(base, rel, merged, cfg.compression, throttle)
                 result.files_after += 1
                 outputs.append(rel)
@@ -480,7 +480,7 @@ def compact_collection(root: Path | str, collection: str, config: CompactionConf
         fsync_dir(out_dir)
     crash_point("output")
     rec = CompactionRecord(generation, horizon, tuple(inputs), tuple(outputs), flushed)
-    _layout.check_record(base, collection, rec)  # never published: readers would drop the output with the input
+    layout.check_record(base, collection, rec)  # never published: readers would drop the output with the input
     write_record(base, collection, rec, staging)
     crash_point("record")
     say(f"{collection}: committed generation {generation} (horizon {horizon})")
@@ -525,7 +525,7 @@ def collections(root: Path | str) -> list[str]:
     with os.scandir(base) as entries:  # closed even when a listing fails half-way (a ResourceWarning else)
         dirs = [e for e in entries if e.is_dir() and not e.name.startswith(("_", "."))]
     found = {e.name for e in dirs if any(p.name.startswith("partition=") for p in Path(e.path).iterdir())}
-    deletes = base / _layout.DELETES_DIR
+    deletes = base / layout.DELETES_DIR
     if deletes.is_dir():
         with os.scandir(deletes) as entries:
             found.update(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
@@ -541,7 +541,7 @@ def run_offline(data_dir: str, parquet_dir: str | None, pchannel: str | None, co
     kept (a row the flusher has not written yet may be older than one)."""
     import sys  # noqa: PLC0415
 
-    from streamingnode.verify.access import offline  # noqa: PLC0415
+    from streamingnode.offline.verify.access import offline  # noqa: PLC0415
     from wal.errors import StreamingError  # noqa: PLC0415
 
     try:

@@ -10,7 +10,7 @@ What it does with each message (in the scanner's delivery order, transactions wh
 - INSERT rows buffer per segment directory, DELETE keys per collection; an UPSERT buffers both, its
   rows and a delete entry of each row's key, at its one ``(ts, id)``.  Every row and delete entry
   carries ``_ts`` (its visible timestamp) and ``_id`` (its message id), which order the statements of
-  one transaction for the readers (``flusher.spark``, "the row rule").  A file is written on the
+  one transaction for the readers (``flusher.read.spark``, "the row rule").  A file is written on the
   segment's FLUSH, on a MANUAL_FLUSH of its vchannel (and collection), when a buffer reaches
   ``max_rows``/``max_bytes``/``max_age_seconds``, and — largest buffer first — whenever all buffers
   together exceed ``memory_cap_bytes``.
@@ -47,20 +47,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 
-from flusher import _layout, _overlaps, _probe, _repair
+from flusher import _overlaps, _probe, _repair, layout
 from flusher import compact as _compact
 from flusher._buffers import Buffer, delete_rows, insert_destination, upsert_delete_rows
 from flusher.commit import StagingFencedError, commit_file, crash_point, inside, open_staging, remove_temporaries
-from interceptors.shard import ShardInterceptor
-from interceptors.snapshot import load_snapshot
-from interceptors.streaming import StreamingWAL
+from interceptors.recovery.snapshot import load_snapshot
+from interceptors.recovery.streaming_wal import StreamingWAL
+from interceptors.shard.interceptor import ShardInterceptor
 from wal import bodies
 from wal.clock import physical_ms
 from wal.errors import ChannelFencedError, ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError
-from wal.lifecycle import cancel_and_wait
 from wal.message import Message, MessageType, Position
 from wal.options import DeliverFilter, DeliverPolicy, ReadOption
 from wal.scanner import MsgPack, Scanner
+from wal.tasks import cancel_and_wait
 from wal.wal import WAL
 
 log = structlog.get_logger(__name__)
@@ -167,7 +167,7 @@ class Flusher:
         self._state = FlusherState.STARTING
         self._collections: dict[tuple[str, str], _Collection] = {}
         self._buffers: dict[str, Buffer] = {}
-        self._flushed: dict[str, _layout.DeliveryKey] = {}
+        self._flushed: dict[str, layout.DeliveryKey] = {}
         self._sealed: set[int] = set()
         self._buffered = 0
         self._peak = 0
@@ -191,7 +191,7 @@ class Flusher:
         self._files_written = 0
         self._quarantined = 0
         self._lost = 0
-        self._damaged: list[_layout.Damaged] = []  # moved aside at start, rebuilt before reading
+        self._damaged: list[layout.Damaged] = []  # moved aside at start, rebuilt before reading
         self._unchecked: list[str] = []  # sound footers whose data the check task has still to read
         self._holding = False
         self._checked = asyncio.Event()
@@ -249,7 +249,7 @@ class Flusher:
         committed = await _probe.scan(self._root, self._wal.pchannel)
         self._flushed = committed.flushed
         # Directories compacted away still count: their messages are in the compaction outputs.
-        for directory, key in (await self._in_thread(_layout.compacted_keys, self._root)).items():
+        for directory, key in (await self._in_thread(layout.compacted_keys, self._root)).items():
             if key > self._flushed.get(directory, _NOTHING):
                 self._flushed[directory] = key
         self._unchecked = committed.files
@@ -526,7 +526,7 @@ class Flusher:
         def write_marker(f: BinaryIO) -> None:
             f.write(marker)
 
-        await self._commit_when_space(c.name, _layout.DROPPED_MARKER, write_marker)
+        await self._commit_when_space(c.name, layout.DROPPED_MARKER, write_marker)
         c.dropped = True
         self._registry_dirty = True
         self._wrote = True
@@ -565,7 +565,7 @@ class Flusher:
 
     async def _add_deletes(self, c: _Collection, m: Message, ts: int,
                            entries: Callable[[], tuple[pa.Schema, pa.RecordBatch]]) -> None:
-        directory = _layout.deletes_dir(c.name)
+        directory = layout.deletes_dir(c.name)
         key = _key(m, ts)
         if key <= self._flushed.get(directory, _NOTHING):
             return
@@ -577,7 +577,7 @@ class Flusher:
         # An upsert's keys are a view of the payload its rows already count.
         await self._add(b, batch, ts, key, m, size=batch.nbytes if m.message_type is _MT.UPSERT else None)
 
-    async def _add(self, b: Buffer, batch: pa.RecordBatch, ts: int, key: _layout.DeliveryKey, m: Message, *,
+    async def _add(self, b: Buffer, batch: pa.RecordBatch, ts: int, key: layout.DeliveryKey, m: Message, *,
                    size: int | None = None) -> None:
         # The payload stays alive as long as the zero-copy batch does: count whichever is larger.
         size = max(len(m.payload), batch.nbytes) if size is None else size
@@ -592,7 +592,7 @@ class Flusher:
     async def _on_flush(self, m: Message, ts: int) -> None:
         segment = bodies.read_segment(m)
         self._sealed.add(segment)
-        directory = _layout.segment_dir(m.properties.get(bodies.PROP_COLLECTION, ""),
+        directory = layout.segment_dir(m.properties.get(bodies.PROP_COLLECTION, ""),
                                         m.properties.get(bodies.PROP_PARTITION, bodies.DEFAULT_PARTITION), segment)
         b = self._buffers.get(directory)
         if b is not None:
@@ -646,7 +646,7 @@ class Flusher:
                                                             now_ms=now_ms))
             except StagingFencedError as exc:
                 raise self._fenced(exc) from exc
-            except _layout.OverlappingRecordError as exc:
+            except layout.OverlappingRecordError as exc:
                 if collection is not None:
                     raise
                 # A record older code wrote that could not be repaired (``problems``): this collection
@@ -673,7 +673,7 @@ class Flusher:
                 continue  # files are still being checked (or rebuilt): compaction would race the check
             try:
                 await self.compact()
-            except (OSError, ValueError, _layout.LayoutError, pa.ArrowException) as exc:
+            except (OSError, ValueError, layout.LayoutError, pa.ArrowException) as exc:
                 # A failed pass leaves its uncommitted outputs, removed by the next one; the flusher goes on.
                 log.error("compaction failed", pchannel=self._wal.pchannel, error=str(exc)[:300])  # noqa: TRY400
 
@@ -706,16 +706,16 @@ class Flusher:
         compression = self._cfg.compression
 
         def write(f: Any) -> None:
-            # Page checksums let a check of the data (``_layout.check_data``) tell a damaged page.
+            # Page checksums let a check of the data (``layout.check_data``) tell a damaged page.
             pq.write_table(table, f, compression=compression, coerce_timestamps="us",
                            allow_truncated_timestamps=True, write_page_checksum=True)
 
-        return await self._commit_when_space(b.directory, _layout.file_name(b.first_id, b.last_id), write)
+        return await self._commit_when_space(b.directory, layout.file_name(b.first_id, b.last_id), write)
 
     async def _commit_when_space(self, directory: str, name: str, write: Callable[[BinaryIO], None]) -> Path:
         """Commit a file; a full disk holds the flusher back instead of stopping it.  A failed commit
         leaves nothing behind and the name is deterministic, so the same file is tried again (backing
-        off up to every 5 s) until space returns; the node frees space meanwhile (streamingnode.storage)."""
+        off up to every 5 s) until space returns; the node frees space meanwhile (streamingnode.node.disk_guard)."""
         delay = 0.1
         while True:
             try:
@@ -766,7 +766,7 @@ class Flusher:
     async def _rebuild_lost_output(self, rel: str, directory: str, name: str) -> str | None:
         """Write ``directory/name`` with the messages the name of ``rel`` states, read from the WAL;
         None when done, else why it cannot be."""
-        ids = _layout.parse_name(rel.rpartition("/")[2])
+        ids = layout.parse_name(rel.rpartition("/")[2])
         if ids is None:
             return "its name states no message ids"
         if ids[0] < self._wal.first_id:
@@ -790,8 +790,8 @@ class Flusher:
         return None
 
     # --- damaged files ---------------------------------------------------------------------------
-    async def _move_aside(self, d: _layout.Damaged) -> None:
-        moved = await self._in_thread(_layout.quarantine, self._root, d.rel)
+    async def _move_aside(self, d: layout.Damaged) -> None:
+        moved = await self._in_thread(layout.quarantine, self._root, d.rel)
         self._quarantined += 1
         log.error("damaged parquet file moved aside", pchannel=self._wal.pchannel, file=d.rel,
                   moved_to=str(moved.relative_to(self._root)), reason=d.reason)
@@ -805,10 +805,10 @@ class Flusher:
             rels, self._unchecked = self._unchecked, []
             async for rel, _, reason in _probe.probe(_probe.DATA, self._root, self._wal.pchannel, rels):
                 if reason is not None:
-                    d = _layout.Damaged(rel, reason)
+                    d = layout.Damaged(rel, reason)
                     await self._move_aside(d)
                     await self._rebuild([d])
-        except (OSError, StreamingError, _layout.LayoutError) as exc:
+        except (OSError, StreamingError, layout.LayoutError) as exc:
             if self._report_damage(exc):
                 # Rebuilding a file read a damaged WAL block: the pchannel fails (the node closes
                 # this flusher, so nothing more is checked; the hold on retention stays until then).
@@ -820,13 +820,13 @@ class Flusher:
         self._holding = False
         self._checked.set()
 
-    async def _rebuild(self, damaged: list[_layout.Damaged]) -> None:
+    async def _rebuild(self, damaged: list[layout.Damaged]) -> None:
         """Write each moved-aside file again from the WAL, or report it lost (``problems``)."""
         first_kept = self._wal.first_id
-        targets: dict[_repair.Target, _layout.Damaged] = {}
-        lost: list[tuple[_layout.Damaged, str]] = []
+        targets: dict[_repair.Target, layout.Damaged] = {}
+        lost: list[tuple[layout.Damaged, str]] = []
         for d in damaged:
-            ids = _layout.parse_name(d.name)
+            ids = layout.parse_name(d.name)
             if ids is None:
                 lost.append((d, "its name states no message ids"))
             elif min(ids) < first_kept:
@@ -850,7 +850,7 @@ class Flusher:
         for d, why in lost:
             self._lost += 1
             line = (f"Parquet file {d.rel} was damaged ({d.reason[:200]}) and moved to "
-                    f"{_layout.QUARANTINE_DIR}/; it cannot be rewritten: {why}, so its rows are missing "
+                    f"{layout.QUARANTINE_DIR}/; it cannot be rewritten: {why}, so its rows are missing "
                     "from the Parquet output")
             self.problems.append(line)
             log.error("damaged parquet file lost", pchannel=self._wal.pchannel, file=d.rel, reason=why)
@@ -871,13 +871,13 @@ def _write_bytes(data: bytes, f: BinaryIO) -> None:
     f.write(data)
 
 
-def _key(m: Message, ts: int) -> _layout.DeliveryKey:
+def _key(m: Message, ts: int) -> layout.DeliveryKey:
     mid = m.message_id
     assert mid is not None  # read from the WAL
     return ts, mid
 
 
-_NOTHING: _layout.DeliveryKey = (-1, -1)
+_NOTHING: layout.DeliveryKey = (-1, -1)
 _Handler = Callable[[Flusher, Message, int], Awaitable[None]]
 _HANDLERS: dict[MessageType, _Handler] = {
     _MT.CREATE_COLLECTION: Flusher._on_create_collection,

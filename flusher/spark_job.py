@@ -31,7 +31,7 @@ if __package__ in (None, ""):
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
     sys.path.insert(0, os.path.dirname(_here))
 
-from flusher.spark import CollectionLayoutError, CollectionNotFoundError, as_of, read_collection
+from flusher.read.spark import CollectionLayoutError, CollectionNotFoundError, as_of, read_collection
 
 DEFAULT_SHOW = 20
 

@@ -3,7 +3,7 @@
 ``serve`` runs the node (gRPC on port 19530, data under ./data, no configuration needed).  ``demo``
 runs a durable append/read round trip in a data directory without a server, ``inspect`` lists the
 pchannels of a data directory, and ``verify`` and ``salvage`` check and repair a stopped node's data
-directory (``streamingnode.verify``, ``streamingnode.salvage``).  ``produce``, ``consume``,
+directory (``streamingnode.offline.verify``, ``streamingnode.offline.salvage``).  ``produce``, ``consume``,
 ``channels``, ``groups`` and ``flush`` are clients of a running node (``--addr``, default
 $STREAMINGNODE_ADDR or localhost:19530); see ``streamingnode.cli``.
 """
@@ -78,8 +78,8 @@ async def _inspect(data_dir: str) -> None:
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from streamingnode._logging import configure_logging  # noqa: PLC0415
     from streamingnode.config import load_config, settings  # noqa: PLC0415
+    from streamingnode.observability.logs import configure_logging  # noqa: PLC0415
     from streamingnode.server import RunningServer, serve  # noqa: PLC0415
 
     config = load_config(args.config, overrides={s.name: getattr(args, s.name, None) for s in settings()})
@@ -176,12 +176,12 @@ def main(argv: list[str] | None = None) -> int:
         from streamingnode.cli import run  # noqa: PLC0415
 
         return run(args)
-    from streamingnode._process import tune_gc  # noqa: PLC0415
+    from streamingnode.node.gc_tuning import tune_gc  # noqa: PLC0415
     from wal import StreamingError  # noqa: PLC0415
 
     tune_gc()
     if args.command == "verify":
-        from streamingnode import verify as verify_cmd  # noqa: PLC0415
+        from streamingnode.offline import verify as verify_cmd  # noqa: PLC0415
 
         return verify_cmd.run(_data_dir(args), args.pchannel, args.parquet_dir)
     if args.command == "compact":
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                            target_bytes=args.target_bytes, min_files=args.min_files,
                            horizon_seconds=args.horizon_seconds)
     if args.command == "salvage":
-        from streamingnode import salvage as salvage_cmd  # noqa: PLC0415
+        from streamingnode.offline import salvage as salvage_cmd  # noqa: PLC0415
 
         return salvage_cmd.run(_data_dir(args), args.pchannel, apply=args.truncate_at_corruption,
                                  parquet_dir=args.parquet_dir)

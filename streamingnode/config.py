@@ -112,7 +112,7 @@ class NodeConfig:
     and filter blocks.  0: no cache (every read of a table goes to the file)."""
     malloc_arena_max: int = 2
     """C allocator (glibc) arenas the node's threads share.  Each arena keeps what was freed in it for
-    its own threads: fewer arenas hold less freed memory (``streamingnode._allocator``).  0: glibc's
+    its own threads: fewer arenas hold less freed memory (``streamingnode.node.memory_trim``).  0: glibc's
     default (8 per core)."""
     txn_keepalive_ms: int = 60_000
     """Idle time after which a transaction expires, when BeginTxn asks for the node default."""
@@ -175,11 +175,11 @@ class NodeConfig:
     below it appends are refused (STORAGE_FULL, retriable) and the node flushes and truncates at
     once; taken again by themselves once space returns.  256 MiB covers what the node may write
     between two readings (every 0.5 s) plus a memtable flush and a Parquet file (see
-    streamingnode.storage).  0 turns the check off."""
+    streamingnode.node.disk_guard).  0 turns the check off."""
     cluster_nats: str = ""
     """Cluster mode (off while empty): the NATS servers' URLs, comma-separated (flag ``--nats``, or
     ``--cluster-nats``).  The node then serves only the pchannels whose lease it holds
-    (``streamingnode.cluster``); README "Cluster mode"."""
+    (``streamingnode.cluster.ownership``); README "Cluster mode"."""
     wal: str = "rocksdb"
     """The WAL backend: ``rocksdb`` (on ``data_dir``, this node's own) or ``jetstream`` (the log shared
     by the cluster, on the NATS servers of ``cluster_nats``; cluster mode only)."""

@@ -26,10 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flusher import Flusher, FlusherConfig, _layout
+from flusher import Flusher, FlusherConfig, layout
 from flusher.compact import CompactionConfig
-from flusher.spark import read_collection_arrow
-from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from flusher.read.spark import read_collection_arrow
+from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
 from tests.unit.test_upsert_order import SCHEMA, Row, Statement, Writer
 from wal import WALManager, bodies
 
@@ -52,7 +52,7 @@ def arrow_reader(root: Path, as_of: int | None) -> Counter[Row]:
 def duckdb_reader(root: Path, as_of: int | None) -> Counter[Row]:
     import duckdb  # noqa: PLC0415
 
-    from flusher.duckdb import read_collection_duckdb  # noqa: PLC0415
+    from flusher.read.duckdb import read_collection_duckdb  # noqa: PLC0415
 
     with duckdb.connect() as con:
         rel = read_collection_duckdb(con, root, "c", as_of=as_of)
@@ -202,7 +202,7 @@ class Walk:
         self.history.append(f"flush: {len(files)} files")
 
     def _horizon(self) -> int:
-        _, _, horizon = _layout.visible_files(self.root, "c")
+        _, _, horizon = layout.visible_files(self.root, "c")
         return horizon or 0
 
     async def _compact(self) -> None:

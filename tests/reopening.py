@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
 from wal import WALManager
 
 FAST = ChainConfig(tick_interval=0.01, segment_max_rows=10)

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from interceptors.streaming import StreamingWAL
+    from interceptors.recovery.streaming_wal import StreamingWAL
     from wal.backend import TickEntry
 
 DEADLINE = 10.0

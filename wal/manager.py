@@ -20,7 +20,7 @@ from wal import names
 from wal._committer import GroupCommitter
 from wal.backend import Backend, ChannelInfo, Durability
 from wal.errors import ChannelNotExistError, InvalidArgumentError, OnShutdownError, StreamingError
-from wal.lifecycle import cancel_and_wait
+from wal.tasks import cancel_and_wait
 from wal.wal import WAL
 
 log = structlog.get_logger(__name__)

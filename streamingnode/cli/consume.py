@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamingnode.cli.connection import connect
 from streamingnode.cli.parsing import CliError, parse_where, ts_text
-from wal.lifecycle import cancel_and_wait
+from wal.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from streamingnode.client import AsyncClient, Consumer
@@ -45,12 +45,12 @@ def _printable(pack: MsgPack, limit: int | None,
     ``types`` when given (the others count as printed for the ack: they were read).
 
     When ``limit`` cuts the pack, the ack position is the end of the last whole delivery unit printed
-    (``wal.packs.delivery_units``: a transaction is one unit from BeginTxn to its end), as the node
+    (``streamingnode.wire.packs.delivery_units``: a transaction is one unit from BeginTxn to its end), as the node
     ends the parts of a pack it splits: the pack's start id with the unit's timetick.  A transaction
     cut in the middle is then delivered again, whole, to the group's next consumer.
     """
+    from streamingnode.wire.packs import delivery_units  # noqa: PLC0415
     from wal.message import MessageType, Position  # noqa: PLC0415
-    from wal.packs import delivery_units  # noqa: PLC0415
 
     messages = pack.messages
     chosen: list[Message] = []

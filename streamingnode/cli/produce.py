@@ -19,7 +19,7 @@ from typing import Any
 
 from streamingnode.cli.connection import connect
 from streamingnode.cli.parsing import CliError, Record, parse_raw_record, parse_record
-from wal.lifecycle import cancel_and_wait
+from wal.tasks import cancel_and_wait
 
 # How much produce keeps unacknowledged: enough to fill the producer's pipeline (8 batches of up
 # to 1,000 messages), bounded in bytes so that large messages cannot exhaust memory.
@@ -115,7 +115,7 @@ class _ProduceStats:
         self.error: BaseException | None = None
 
     def summary(self, seconds: float) -> str:
-        from streamingnode._progress import rate  # noqa: PLC0415
+        from streamingnode.cli.progress import rate  # noqa: PLC0415
 
         lat = sorted(self.latencies_ms)
         return (f"produced {self.acked} msgs, {self.bytes} bytes in {seconds:.3f} s: "
@@ -132,7 +132,7 @@ def _percentile(ordered: list[float], q: float) -> float:
 
 async def produce(args: argparse.Namespace, addr: str) -> int:
     """Run ``produce``; the exit code."""
-    from streamingnode._progress import ProgressBar  # noqa: PLC0415
+    from streamingnode.cli.progress import ProgressBar  # noqa: PLC0415
 
     if args.size is not None and args.count is None:
         raise CliError("--size needs --count (generated load)")

@@ -9,7 +9,6 @@ from typing import Any, TypeVar
 
 import grpc
 
-from streamingnode import convert
 from streamingnode.client._calls import unary
 from streamingnode.client._consumer import Consumer
 from streamingnode.client._data import DataClient
@@ -20,6 +19,7 @@ from streamingnode.client._txn import Transaction
 from streamingnode.client._types import ChannelDescription, GroupDescription, Owner, TxnInfo
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.wire import codec
 from wal.errors import InvalidArgumentError
 from wal.message import AppendResult, Position
 from wal.options import DeliverFilter, DeliverPolicy
@@ -238,19 +238,19 @@ class AsyncClient:
             raise InvalidArgumentError("seek_group needs exactly one of policy and position", field="target")
         request = spb.SeekConsumerGroupRequest(group=group, pchannel=pchannel, vchannel=vchannel)
         if policy is not None:
-            request.policy.CopyFrom(convert.policy_to_pb(policy))
+            request.policy.CopyFrom(codec.policy_to_pb(policy))
         else:
             assert position is not None
-            request.position.CopyFrom(convert.position_to_pb(position, vchannel))
+            request.position.CopyFrom(codec.position_to_pb(position, vchannel))
         resp = await self._call("SeekConsumerGroup", request, pchannel)
-        return convert.position_from_pb(resp.position)[0]
+        return codec.position_from_pb(resp.position)[0]
 
     # --- positions and flush ---------------------------------------------------------------------
     async def latest_position(self, pchannel: str, vchannel: str = "") -> tuple[Position | None, int]:
         """(the newest confirmed position or None when empty, the vchannel's MVCC timetick)."""
         resp = await self._call("GetLatestPosition", spb.GetLatestPositionRequest(pchannel=pchannel, vchannel=vchannel),
                                 pchannel, read=True)
-        last = convert.position_from_pb(resp.last)[0] if resp.HasField("last") else None
+        last = codec.position_from_pb(resp.last)[0] if resp.HasField("last") else None
         return last, resp.mvcc_timetick
 
     async def flush(self, pchannel: str, vchannel: str, collection: str | None = None) -> tuple[list[str], int]:
@@ -264,20 +264,20 @@ class AsyncClient:
         """Start a transaction (``keepalive_ms`` 0: the node's default)."""
         resp = await self._call("BeginTxn", spb.BeginTxnRequest(
             pchannel=pchannel, vchannel=vchannel, keepalive_ms=keepalive_ms), pchannel)
-        mid = convert.message_id_from_pb(resp.message_id, "message_id") if resp.HasField("message_id") else None
+        mid = codec.message_id_from_pb(resp.message_id, "message_id") if resp.HasField("message_id") else None
         return TxnInfo(pchannel, vchannel, resp.txn_id, resp.begin_timetick, mid, resp.keepalive_ms)
 
     async def commit_txn(self, pchannel: str, vchannel: str, txn_id: int) -> AppendResult:
         """Commit: AppendResult of the CommitTxn message (its timetick is when readers see the body)."""
         resp = await self._call("CommitTxn", spb.CommitTxnRequest(pchannel=pchannel, vchannel=vchannel, txn_id=txn_id),
                                 pchannel)
-        return AppendResult(convert.message_id_from_pb(resp.message_id, "message_id"), resp.commit_timetick, txn_id)
+        return AppendResult(codec.message_id_from_pb(resp.message_id, "message_id"), resp.commit_timetick, txn_id)
 
     async def rollback_txn(self, pchannel: str, vchannel: str, txn_id: int) -> AppendResult:
         """Roll back: AppendResult of the RollbackTxn message."""
         resp = await self._call("RollbackTxn", spb.RollbackTxnRequest(
             pchannel=pchannel, vchannel=vchannel, txn_id=txn_id), pchannel)
-        return AppendResult(convert.message_id_from_pb(resp.message_id, "message_id"), resp.rollback_timetick, txn_id)
+        return AppendResult(codec.message_id_from_pb(resp.message_id, "message_id"), resp.rollback_timetick, txn_id)
 
     @contextlib.asynccontextmanager
     async def txn(self, pchannel: str, vchannel: str, keepalive_ms: int = 0) -> AsyncIterator[Transaction]:

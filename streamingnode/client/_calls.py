@@ -1,7 +1,7 @@
 """The boundary between grpc and the SDK: every failure leaves here as a ``StreamingError``.
 
 The node puts its error code into the status (ErrorInfo) or into an in-band ``ErrorDetail``;
-``streamingnode.status`` turns either back into the same ``wal.errors`` class the node raised, so a
+``streamingnode.wire.codes`` turns either back into the same ``wal.errors`` class the node raised, so a
 caller catches ``ChannelNotExistError`` whether it talks to an embedded WAL or to a remote node.
 """
 
@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential, wait_random
 
-from streamingnode.status import from_rpc_error
+from streamingnode.wire.codes import from_rpc_error
 from wal.errors import ErrorCode, StreamingError, UnavailableError
 
 R = TypeVar("R")

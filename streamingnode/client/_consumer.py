@@ -38,23 +38,23 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from streamingnode import convert
-from streamingnode.client import _process
+from streamingnode.client import _parallel
 from streamingnode.client._calls import open_stream, reconnectable, translate, unary, with_reconnect, write
 from streamingnode.client._routing import Route
-from streamingnode.status import from_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from streamingnode.wire import codec
+from streamingnode.wire.codes import from_error_detail
 from wal.errors import ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError, UnavailableError
-from wal.lifecycle import cancel_and_wait
 from wal.message import Position
 from wal.options import DeliverFilter, DeliverPolicy, PolicyKind
 from wal.scanner import MsgPack
+from wal.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from streamingnode.client._process import Handler, KeyFunction
+    from streamingnode.client._parallel import Handler, KeyFunction
 
 
 class _State(enum.Enum):
@@ -209,7 +209,7 @@ class Consumer:
         else:
             positions = list(what)
         request = spb.ConsumeRequest(ack=spb.ConsumeAck(
-            positions=[convert.position_to_pb(p, self.vchannel) for p in positions]))
+            positions=[codec.position_to_pb(p, self.vchannel) for p in positions]))
         top = (max((p.message_id for p in positions), default=0), max((p.timetick for p in positions), default=0))
         fut: asyncio.Future[None] = self._loop.create_future()
         async with self._write_lock:
@@ -230,8 +230,8 @@ class Consumer:
         threads.  With a consumer group the position is committed only up to the first message not yet
         handled (per pack: a crash never skips work, and may redo part of a pack).  At most
         ``max_in_flight`` messages are taken and not yet handled; reading waits meanwhile.  See
-        ``streamingnode.client._process``."""
-        return await _process.process(self, handler, workers=workers, key=key, max_in_flight=max_in_flight)
+        ``streamingnode.client._parallel``."""
+        return await _parallel.process(self, handler, workers=workers, key=key, max_in_flight=max_in_flight)
 
     async def aclose(self) -> None:
         """Stop reading: end the stream and the background task.  Idempotent."""
@@ -355,7 +355,7 @@ class Consumer:
         resp = await self._unary("GetLatestPosition", spb.GetLatestPositionRequest(
             pchannel=self.pchannel, vchannel=self.vchannel))
         if resp.HasField("last"):
-            self._received = convert.position_from_pb(resp.last)[0]
+            self._received = codec.position_from_pb(resp.last)[0]
 
     async def _group_has_position(self) -> bool:
         if self.group is None:
@@ -383,8 +383,8 @@ class Consumer:
         if self._received is not None:
             policy, filters = resume_read(self._received, filters)
         open_ = spb.ConsumeOpen(
-            pchannel=self.pchannel, vchannel=self.vchannel, policy=convert.policy_to_pb(policy),
-            filters=convert.filters_to_pb(filters), consumer_group=self.group or "",
+            pchannel=self.pchannel, vchannel=self.vchannel, policy=codec.policy_to_pb(policy),
+            filters=codec.filters_to_pb(filters), consumer_group=self.group or "",
             # Column packs cost a fraction per message to encode and decode; msgpack_from_pb reads
             # both forms, so a node that ignores the flag still works.
             max_pack_messages=self._max_pack_messages, columns=True, max_response_bytes=self._max_receive_bytes)
@@ -421,12 +421,12 @@ class Consumer:
             if kind == "pack":
                 if self._state is not _State.RUNNING:
                     continue  # closing: nobody will read it
-                pack = convert.msgpack_from_pb(resp.pack)
+                pack = codec.msgpack_from_pb(resp.pack)
                 if resp.pack.continued:
                     parts.append(pack)  # nothing of it is delivered, nor resumed from, before the last part
                     continue
                 if parts:
-                    pack = convert.join_continued(parts, pack)
+                    pack = codec.join_continued(parts, pack)
                     parts = []
                 self._received = pack.end_position
                 self._packs.append(pack)

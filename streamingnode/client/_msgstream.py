@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Literal
 
 from streamingnode.client._consumer import Consumer
 from streamingnode.client._producer import Producer
+from streamingnode.wire.packs import delivery_units
 from wal.errors import ConsumerGroupExistError, InvalidArgumentError, OnShutdownError, StreamingError
-from wal.lifecycle import cancel_and_wait
 from wal.message import AppendResult, Message, Position
 from wal.options import DeliverPolicy
-from wal.packs import delivery_units
 from wal.scanner import MsgPack
+from wal.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from streamingnode.client._async import AsyncClient
@@ -75,7 +75,7 @@ class _Unit:
 
 
 def _units(messages: list[Message]) -> list[_Unit]:
-    """The pack's delivery units (wal.packs states the rule), each at its last message's timetick."""
+    """The pack's delivery units (streamingnode.wire.packs states the rule), each at its last message's timetick."""
     return [_Unit(messages[stop - 1].timetick, messages[start:stop]) for start, stop in delivery_units(messages)]
 
 

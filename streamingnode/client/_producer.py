@@ -59,11 +59,11 @@ import grpc
 from streamingnode.client._calls import done_writing, open_stream, reconnectable, translate, with_reconnect, write
 from streamingnode.client._routing import Route
 from streamingnode.client._spool import Spool
-from streamingnode.status import from_error_detail
-from streamingnode.tracing import with_current_context
+from streamingnode.observability.tracing import with_current_context
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from streamingnode.wire.codes import from_error_detail
 from wal.errors import (
     ErrorCode,
     InvalidArgumentError,
@@ -72,8 +72,8 @@ from wal.errors import (
     StreamingError,
     UnavailableError,
 )
-from wal.lifecycle import cancel_and_wait
 from wal.message import AppendResult, MessageType
+from wal.tasks import cancel_and_wait
 
 # In-band batch errors that the node sends just before it ends the stream (the channel was reopened,
 # or the node is stopping): nothing of the batch was written, and a new stream can take it.

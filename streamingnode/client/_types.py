@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from streamingnode import convert
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.wire import codec
 from wal.errors import ErrorCode
 from wal.message import MessageID, Position
 
@@ -55,8 +55,8 @@ class ChannelDescription:
             name=d.channel_name,
             owner=Owner(d.owner.role, d.owner.address, d.owner.description_text),
             term=d.term,
-            first_id=convert.message_id_from_pb(d.first_id, "first_id") if d.HasField("first_id") else None,
-            last_id=convert.message_id_from_pb(d.last_id, "last_id") if d.HasField("last_id") else None,
+            first_id=codec.message_id_from_pb(d.first_id, "first_id") if d.HasField("first_id") else None,
+            last_id=codec.message_id_from_pb(d.last_id, "last_id") if d.HasField("last_id") else None,
             last_timetick=d.last_timetick,
             state=state,
             failure=d.failure,
@@ -97,7 +97,7 @@ class GroupDescription:
     @classmethod
     def from_pb(cls, d: spb.ConsumerGroupDescription) -> GroupDescription:
         progress = tuple(
-            GroupProgress(p.vchannel, convert.position_from_pb(p.committed)[0], p.lag_messages, p.lag_ms, p.problem)
+            GroupProgress(p.vchannel, codec.position_from_pb(p.committed)[0], p.lag_messages, p.lag_ms, p.problem)
             for p in d.vchannels
         )
         return cls(d.pchannel, d.group, progress)

@@ -9,7 +9,7 @@
 - ``lifecycle``: start, serve, drain and stop a node's server (TLS and the protected mode there).
 """
 
-from streamingnode.server.lifecycle import RunningServer, ServerThread, serve, start_server
+from streamingnode.server.serve import RunningServer, ServerThread, serve, start_server
 from streamingnode.server.service import SERVICE_NAME, StreamingNodeService
 
 __all__ = ["SERVICE_NAME", "RunningServer", "ServerThread", "StreamingNodeService", "serve", "start_server"]

@@ -1,8 +1,8 @@
 """The unary handlers: transactions, channels, consumer groups, the latest position and Flush.
 
 Each one translates its request into a call on the node or a channel's streaming WAL and the result
-back into its response; the rules live below (``streamingnode.node``, ``streamingnode.groups``,
-``interceptors.streaming``).  Errors leave through ``errors.unary``.
+back into its response; the rules live below (``streamingnode.node.node``, ``streamingnode.node.groups``,
+``interceptors.recovery.streaming_wal``).  Errors leave through ``errors.unary``.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Any
 
 import grpc
 
-from streamingnode import convert
-from streamingnode.groups import check_group_name
-from streamingnode.node import Channel, Node, Owner
+from streamingnode.node.groups import check_group_name
+from streamingnode.node.node import Channel, Node, Owner
 from streamingnode.server.errors import call_deadline, require, unary
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.wire import codec
 from wal._codec import check_keepalive
 from wal.bodies import PROP_COLLECTION
 from wal.errors import InvalidArgumentError, InvalidTxnStateError, OutOfRangeError, StreamingError
@@ -58,7 +58,7 @@ class AdminHandlers:
         keepalive = request.keepalive_ms or self.node.config.txn_keepalive_ms
         txn, result = await channel.stream.begin_txn(vchannel, keepalive, deadline=call_deadline(context))
         return spb.BeginTxnResponse(
-            txn_id=txn.txn_id, begin_timetick=result.timetick, message_id=convert.message_id_to_pb(result.message_id),
+            txn_id=txn.txn_id, begin_timetick=result.timetick, message_id=codec.message_id_to_pb(result.message_id),
             keepalive_ms=txn.keepalive_ms,
         )
 
@@ -69,7 +69,7 @@ class AdminHandlers:
         channel = self._txn_channel(request.pchannel, request.vchannel, request.txn_id)
         result = await channel.stream.commit_txn(request.txn_id, deadline=call_deadline(context))
         return spb.CommitTxnResponse(
-            commit_timetick=result.timetick, message_id=convert.message_id_to_pb(result.message_id))
+            commit_timetick=result.timetick, message_id=codec.message_id_to_pb(result.message_id))
 
     @unary
     async def RollbackTxn(
@@ -78,7 +78,7 @@ class AdminHandlers:
         channel = self._txn_channel(request.pchannel, request.vchannel, request.txn_id)
         result = await channel.stream.rollback_txn(request.txn_id, deadline=call_deadline(context))
         return spb.RollbackTxnResponse(
-            rollback_timetick=result.timetick, message_id=convert.message_id_to_pb(result.message_id))
+            rollback_timetick=result.timetick, message_id=codec.message_id_to_pb(result.message_id))
 
     # --- channels --------------------------------------------------------------------------------
     @unary
@@ -123,8 +123,8 @@ class AdminHandlers:
                 d.failure = failure.reason
                 d.failure_code = pb.ErrorCode.ValueType(failure.code)
             if info.last_id is not None:
-                d.first_id.CopyFrom(convert.message_id_to_pb(info.first_id))
-                d.last_id.CopyFrom(convert.message_id_to_pb(info.last_id))
+                d.first_id.CopyFrom(codec.message_id_to_pb(info.first_id))
+                d.last_id.CopyFrom(codec.message_id_to_pb(info.last_id))
             out.append(d)
         return spb.DescribeChannelsResponse(descriptions=out)
 
@@ -163,7 +163,7 @@ class AdminHandlers:
                 problems = channel.groups.problems(group)
                 progress = [
                     spb.ConsumerGroupProgress(
-                        vchannel=p.vchannel, committed=convert.position_to_pb(p.committed, p.vchannel),
+                        vchannel=p.vchannel, committed=codec.position_to_pb(p.committed, p.vchannel),
                         lag_messages=p.lag_messages, lag_ms=p.lag_ms, problem=problems.get(p.vchannel, ""),
                     )
                     for p in channel.groups.progress(group)
@@ -181,7 +181,7 @@ class AdminHandlers:
         vchannel = VCHANNEL.check(request.vchannel, "vchannel", allow_empty=True)
         target = request.WhichOneof("target")
         if target == "position":
-            pos, _ = convert.position_from_pb(request.position)
+            pos, _ = codec.position_from_pb(request.position)
             if not pos.pchannel:
                 pos = pos._replace(pchannel=channel.stream.pchannel)
             why = channel.groups.problem(pos.message_id, 0) if pos.pchannel == channel.stream.pchannel else None
@@ -193,13 +193,13 @@ class AdminHandlers:
                 # An id without a time resumes as StartFrom(id) does: store that position's real time.
                 pos = await self._resolve(channel, DeliverPolicy.start_from(pos.message_id))
         elif target == "policy":
-            pos = await self._resolve(channel, convert.policy_from_pb(request.policy))
+            pos = await self._resolve(channel, codec.policy_from_pb(request.policy))
         else:
             raise InvalidArgumentError("seek needs a policy or a position", field="target")
         # Checked as an ack is, against the pchannel's range instead of a stream's: a position past the
         # newest message or the read point is refused (OUT_OF_RANGE), never stored to stall the group.
         await channel.groups.commit(group, [(vchannel, pos)], fields=[target])
-        return spb.SeekConsumerGroupResponse(position=convert.position_to_pb(pos, vchannel))
+        return spb.SeekConsumerGroupResponse(position=codec.position_to_pb(pos, vchannel))
 
     async def _resolve(self, channel: Channel, policy: DeliverPolicy) -> Position:
         """The position a fresh scanner with ``policy`` would start from, with the real timetick
@@ -236,7 +236,7 @@ class AdminHandlers:
         out = spb.GetLatestPositionResponse(mvcc_timetick=channel.stream.mvcc_timetick())
         latest = channel.stream.latest_position()
         if latest is not None:
-            out.last.CopyFrom(convert.position_to_pb(latest, request.vchannel))
+            out.last.CopyFrom(codec.position_to_pb(latest, request.vchannel))
         return out
 
     @unary

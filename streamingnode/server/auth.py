@@ -53,10 +53,10 @@ import grpc
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 
-from streamingnode._allocator import Trimmer
+from streamingnode.node.memory_trim import Trimmer
 from streamingnode.server.errors import TRIM_AFTER_BYTES, end_call
-from streamingnode.status import to_grpc_status
 from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.wire.codes import to_grpc_status
 from wal.errors import InvalidArgumentError, PermissionDeniedError, StreamingError, UnauthenticatedError
 
 _SERVICE = spb.DESCRIPTOR.services_by_name["StreamingNode"]

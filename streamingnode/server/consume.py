@@ -2,7 +2,7 @@
 
 A read starts from the open request's deliver policy and filters, or, for a consumer group with a
 committed position, just after that position.  Packs too large for one response are split at
-delivery units (``wal.packs``), so a transaction always arrives whole; a unit still too large (a big
+delivery units (``streamingnode.wire.packs``), so a transaction always arrives whole; a unit still too large (a big
 transaction) goes over consecutive responses marked ``MsgPack.continued``, which the client joins.
 Every response fits the client's receive limit (``ConsumeOpen.max_response_bytes``, 4 MiB unless it
 says more); a single message that cannot ends the stream with MESSAGE_TOO_LARGE.  Packs are encoded
@@ -33,10 +33,9 @@ from typing import Any
 import grpc
 import structlog
 
-from streamingnode import convert
-from streamingnode.groups import check_group_name
-from streamingnode.metrics import ChannelMetrics
-from streamingnode.node import Channel, Node
+from streamingnode.node.groups import check_group_name
+from streamingnode.node.node import Channel, Node
+from streamingnode.observability.metrics import ChannelMetrics
 from streamingnode.server.errors import refused, require
 from streamingnode.server.fanout import (
     EncodedPacks,
@@ -49,8 +48,10 @@ from streamingnode.server.fanout import (
     pack_key,
     position_key,
 )
-from streamingnode.status import to_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.wire import codec
+from streamingnode.wire.codes import to_error_detail
+from streamingnode.wire.packs import MESSAGE_OVERHEAD, continued_runs, split_pack
 from wal.clock import physical_ms
 from wal.errors import (
     InvalidArgumentError,
@@ -59,12 +60,11 @@ from wal.errors import (
     OutOfRangeError,
     StreamingError,
 )
-from wal.lifecycle import cancel_and_wait
 from wal.message import Position
 from wal.names import VCHANNEL
 from wal.options import DeliverFilter, DeliverPolicy, ReadOption
-from wal.packs import MESSAGE_OVERHEAD, continued_runs, split_pack
 from wal.scanner import MsgPack, Scanner
+from wal.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
@@ -145,8 +145,8 @@ class ConsumeStream:
         opened = first.open
         channel = self.node.channel(require(opened.pchannel, "open.pchannel"), "open.pchannel")
         vchannel = VCHANNEL.check(opened.vchannel, "open.vchannel", allow_empty=True)
-        policy = convert.policy_from_pb(opened.policy if opened.HasField("policy") else None)
-        filters = convert.filters_from_pb(opened.filters)
+        policy = codec.policy_from_pb(opened.policy if opened.HasField("policy") else None)
+        filters = codec.filters_from_pb(opened.filters)
         group = check_group_name(opened.consumer_group, "open.consumer_group") if opened.consumer_group else None
         if group is not None:
             committed = channel.groups.committed(group, vchannel)
@@ -188,7 +188,7 @@ class ConsumeStream:
             await self._write(spb.ConsumeResponse(opened=spb.ConsumeOpened(
                 consumer_id=self.consumer_id, term=channel.stream.term)))
             loop = asyncio.get_running_loop()
-            encode = convert.consume_columns_response if opened.columns else convert.consume_pack_response
+            encode = codec.consume_columns_response if opened.columns else codec.consume_pack_response
             self.fanout.streams[self.consumer_id] = self
             self.fanout.wals.add(channel.stream.wal)
             # The sender's steps on the loop are delivery's time (fanout.DeliveryTurns): its reads,
@@ -235,7 +235,7 @@ class ConsumeStream:
         turns = self.fanout.turns
         # Cached responses of message packs can be joined into one without decoding (columns cannot:
         # their extras count from a pack's first message).
-        joinable = encode is convert.consume_pack_response
+        joinable = encode is codec.consume_pack_response
         quiet_ms = round(self.node.config.consume_quiet_pack_seconds * 1000)
         pending: MsgPack | None = None
         position: Position | None = None  # where the next response starts, once known
@@ -377,7 +377,7 @@ class ConsumeStream:
         built = cache.get(joined_key)
         data = _single(built[1]) if built is not None else None
         if data is None:
-            data = convert.joined_pack_response(MsgPack(check.begin_ts, last.end_ts, [], position, end), vchannel, run)
+            data = codec.joined_pack_response(MsgPack(check.begin_ts, last.end_ts, [], position, end), vchannel, run)
             if data is None:  # not message packs after all: one at a time, as they were cached
                 self._sending(check.end_position)
                 await self._send_cached(responses, metrics)
@@ -440,10 +440,10 @@ class ConsumeStream:
                 raise _too_large(part, len(data), receive_limit)
         # A unit larger than one response (a big transaction, or properties the estimate leaves out):
         # consecutive responses, each within max_bytes by an upper bound of its messages' sizes.
-        runs = continued_runs(part.messages, max_bytes - convert.pack_head_bytes(part, vchannel))
+        runs = continued_runs(part.messages, max_bytes - codec.pack_head_bytes(part, vchannel))
         for k, (start, stop) in enumerate(runs):
             last = k == len(runs) - 1
-            piece = convert.continued_part(part, start, stop, last)
+            piece = codec.continued_part(part, start, stop, last)
             data = encode(piece, vchannel, not last)
             if len(data) > receive_limit:  # a single message: runs fit max_bytes otherwise
                 raise _too_large(piece, len(data), receive_limit)
@@ -463,7 +463,7 @@ class ConsumeStream:
                 if group is None:
                     raise InvalidArgumentError("ack needs a consumer_group on open", field="consumer_group")
                 fields = [f"ack.positions[{i}]" for i in range(len(request.ack.positions))]
-                positions = [convert.position_from_pb(p, field)
+                positions = [codec.position_from_pb(p, field)
                              for p, field in zip(request.ack.positions, fields, strict=True)]
                 if not positions:
                     raise InvalidArgumentError("ack has no positions", field="positions")

@@ -1,6 +1,6 @@
 """Error translation: how every handler turns a failure into the status its call ends with.
 
-A ``StreamingError`` becomes a gRPC status through the one table in ``streamingnode.status``
+A ``StreamingError`` becomes a gRPC status through the one table in ``streamingnode.wire.codes``
 (ErrorInfo in the details); anything else is a bug, logged with its traceback and answered with
 UNKNOWN, and the node keeps serving.  Errors of one produce batch or one consume ack travel in-band
 (see ``produce`` and ``consume``) and leave their stream open; these wrappers handle what ends a call.
@@ -22,10 +22,10 @@ import structlog
 from google.protobuf import message_factory
 from google.protobuf.message import DecodeError, Message
 
-from streamingnode._allocator import Trimmer
+from streamingnode.node.memory_trim import Trimmer
 from streamingnode.server.refusals import Refusals
-from streamingnode.status import to_grpc_status
 from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.wire.codes import to_grpc_status
 from wal.errors import (
     DeadlineExceededError,
     ErrorCode,

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 from wal.message import Position
 
 if TYPE_CHECKING:
-    from streamingnode.metrics import NodeMetrics
-    from streamingnode.node import Node
+    from streamingnode.node.node import Node
+    from streamingnode.observability.metrics import NodeMetrics
     from wal.scanner import MsgPack
     from wal.wal import WAL
 

@@ -27,7 +27,7 @@ import grpc
 from wal.errors import ResourceExhaustedError
 
 if TYPE_CHECKING:
-    from streamingnode.metrics import NodeMetrics
+    from streamingnode.observability.metrics import NodeMetrics
 
 REFUSAL_READ_SECONDS = 1.0
 """How long a refused stream waits for the client's opening request before answering anyway (a

@@ -20,15 +20,15 @@ import grpc
 import structlog
 
 from interceptors.dedup import PRODUCER_CLAIM, PROP_PRODUCER, PROP_SEQUENCE, dedup_step, skip_sequences
-from streamingnode import convert
-from streamingnode.node import Channel, Node
+from streamingnode.node.node import Channel, Node
 from streamingnode.server.errors import internal, refused, require
-from streamingnode.status import to_error_detail
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.wire import codec
+from streamingnode.wire.codes import to_error_detail
 from wal.errors import ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError
-from wal.lifecycle import cancel_and_wait
 from wal.message import AppendResult, Message, TxnContext, bind_txn, first_property, payload_bytes, stamp_sequence
+from wal.tasks import cancel_and_wait
 from wal.wal import COMMIT_OVERHEAD
 
 log = structlog.get_logger(__name__)
@@ -232,11 +232,11 @@ class ProduceStream:
         if batch.HasField("columns"):
             if len(batch.messages):
                 raise InvalidArgumentError("a produce batch carries messages or columns, not both", field="columns")
-            out, own = convert.produced_columns(batch.columns, limit)
+            out, own = codec.produced_columns(batch.columns, limit)
         else:
             if not batch.messages:
                 raise InvalidArgumentError("a produce batch needs at least one message", field="messages")
-            out = convert.produced_messages(batch.messages, limit)
+            out = codec.produced_messages(batch.messages, limit)
             own = {i: p.txn for i, p in enumerate(batch.messages) if p.HasField("txn")}
         reserved = first_property(out, _RESERVED_PROPERTIES)
         if reserved is not None:

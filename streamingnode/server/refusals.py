@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import structlog
 
-from streamingnode.metrics import NodeMetrics
+from streamingnode.observability.metrics import NodeMetrics
 from wal.errors import ErrorCode, StreamingError
 
 log = structlog.get_logger(__name__)

@@ -12,8 +12,8 @@ from typing import Any
 import grpc
 from google.protobuf import message_factory
 
-from streamingnode._allocator import Trimmer
-from streamingnode.node import Node
+from streamingnode.node.memory_trim import Trimmer
+from streamingnode.node.node import Node
 from streamingnode.server.admin import AdminHandlers
 from streamingnode.server.consume import ConsumeStream
 from streamingnode.server.errors import stream_errors

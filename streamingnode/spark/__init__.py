@@ -42,7 +42,7 @@ Design:
   with an ``AnalysisException`` whose message names the option.
 * **Collection mode** takes the collection's schema from its CREATE_COLLECTION message, scanned for
   in the log when the query starts: once retention has truncated that message, ``load()`` fails
-  naming the collection (read the flushed Parquet with ``flusher.spark.read_collection`` instead).
+  naming the collection (read the flushed Parquet with ``flusher.read.spark.read_collection`` instead).
 * **Rows**: see ``_rows`` (plain mode and collection mode).  **Sink** and what its exactly once covers:
   see ``_sink``.
 """

@@ -7,7 +7,7 @@ message.  Reading through the SDK's consumer instead turns every message into a 
 the executor spent more than twice the SDK consumer's CPU per message doing that and then taking the
 objects apart again (bench/RESULTS.md, "Spark reads the log live").  Collection mode, which decodes
 each message's Arrow body anyway, gets ``Message`` objects from the same packs
-(``convert.messages_from_columns``, the SDK's own decoder).
+(``codec.messages_from_columns``, the SDK's own decoder).
 
 The stream is opened through an ``AsyncClient``'s route (so the owner is found in a cluster, with the
 connection's token and TLS) on an event loop of the reading thread's own: the worker pulls each pack
@@ -27,12 +27,12 @@ import grpc
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streamingnode import convert
 from streamingnode.client._calls import open_stream, reconnectable, translate, with_reconnect
 from streamingnode.spark._options import Connection, Offset
 from streamingnode.spark._range import ReadStalledError, read_policy
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.wire import codec
 from wal import clock
 from wal.errors import StreamingError, UnavailableError
 from wal.message import Message, MessageType, Position
@@ -89,8 +89,8 @@ class _PackStream:
             policy = DeliverPolicy.start_from(self._received.message_id)
             filters = [*filters, DeliverFilter.timetick_gt(self._received.timetick)]
         request = spb.ConsumeRequest(open=spb.ConsumeOpen(
-            pchannel=self._pchannel, vchannel=self._vchannel, policy=convert.policy_to_pb(policy),
-            filters=convert.filters_to_pb(filters), columns=True))
+            pchannel=self._pchannel, vchannel=self._vchannel, policy=codec.policy_to_pb(policy),
+            filters=codec.filters_to_pb(filters), columns=True))
         try:
             stub = await self._route.stub()
             call = stub.Consume()
@@ -139,7 +139,7 @@ class _PackStream:
                 continue  # nothing of a pack is taken, nor resumed from, before its last part
             if not pack.end_positions:
                 raise UnavailableError("a pack without end positions", channel=self._pchannel)
-            end, _ = convert.position_from_pb(pack.end_positions[0])
+            end, _ = codec.position_from_pb(pack.end_positions[0])
             self._received = end
             return ColumnPack(tuple(parts), pack.end_ts, end)
 
@@ -276,7 +276,7 @@ def plain_batch(pack: ColumnPack, end_timetick: int, schema: pa.Schema) -> pa.Re
 
 def pack_messages(pack: ColumnPack) -> list[Message]:
     """``pack``'s messages as the SDK's consumer gives them (collection mode decodes their bodies)."""
-    return [m for part in pack.parts for m in convert.messages_from_columns(part)]
+    return [m for part in pack.parts for m in codec.messages_from_columns(part)]
 
 
 __all__ = ["ColumnPack", "pack_messages", "plain_batch", "read_packs"]

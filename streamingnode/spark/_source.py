@@ -120,7 +120,7 @@ def _find_collection(client: Any, opts: SourceOptions, *, truncated: bool) -> Co
         raise OptionError("collection", f"the CREATE_COLLECTION of collection {opts.collection!r} is no longer in "
                                         f"the log of {opts.pchannel!r}: retention truncated it, and collection "
                                         "mode takes the schema from it; read the flushed Parquet "
-                                        "(flusher.spark.read_collection) instead")
+                                        "(flusher.read.spark.read_collection) instead")
     if found is None:
         raise OptionError("collection", f"no collection {opts.collection!r} in the log of {opts.pchannel!r}"
                                         + (f" (vchannels {', '.join(opts.vchannels)})" if opts.vchannels else ""))

@@ -25,8 +25,8 @@ from google.protobuf import message_factory
 
 from streamingnode.client import AsyncClient
 from streamingnode.server import ServerThread
-from streamingnode.status import to_grpc_status
 from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.wire.codes import to_grpc_status
 from tests.integration.conftest import node_config
 from tests.waiting import until
 from wal.errors import NotOwnerError, ResourceExhaustedError

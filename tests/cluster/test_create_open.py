@@ -14,12 +14,12 @@ import grpc
 import nats
 import pytest
 
-from streamingnode.cluster import Leases, Membership, Ownership, bucket
-from streamingnode.node import Node
+from streamingnode.cluster.ownership import Leases, Membership, Ownership, bucket
+from streamingnode.node.node import Node
 from streamingnode.server import ServerThread
-from streamingnode.status import from_rpc_error
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from streamingnode.wire.codes import from_rpc_error
 from tests.integration.conftest import node_config
 from tests.natscluster import NatsCluster
 from tests.waiting import until

@@ -17,11 +17,11 @@ import pyarrow as pa
 import pytest
 
 from streamingnode.client import AsyncClient
-from streamingnode.cluster import preferred
-from streamingnode.status import from_rpc_error
+from streamingnode.cluster.ownership import preferred
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from streamingnode.wire.codes import from_rpc_error
 from tests.cluster.conftest import owner_seen_by
 from tests.natscluster import NatsCluster
 from tests.node_process import NodeProcess

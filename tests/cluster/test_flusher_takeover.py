@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 
 from flusher import incarnation
-from flusher.spark import read_collection_arrow
+from flusher.read.spark import read_collection_arrow
 from streamingnode.client import AsyncClient
-from streamingnode.cluster import preferred
+from streamingnode.cluster.ownership import preferred
 from tests.cluster.conftest import owner_seen_by
 from tests.natscluster import NatsCluster
 from tests.node_process import NodeProcess

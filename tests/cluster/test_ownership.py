@@ -18,12 +18,12 @@ import grpc
 import nats
 import pytest
 
-from streamingnode import cluster as cluster_module
-from streamingnode.cluster import Lease, Leases, Membership, bucket, encode_key, placement, preferred
+from streamingnode.cluster import ownership as cluster_module
+from streamingnode.cluster.ownership import Lease, Leases, Membership, bucket, encode_key, placement, preferred
 from streamingnode.server import ServerThread
-from streamingnode.status import from_rpc_error
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from streamingnode.wire.codes import from_rpc_error
 from tests.integration.conftest import node_config
 from tests.natscluster import NatsCluster
 from tests.node_process import NodeProcess, free_port

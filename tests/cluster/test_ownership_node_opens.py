@@ -16,8 +16,8 @@ import grpc
 import nats
 import pytest
 
-from streamingnode.cluster import Lease, Leases, bucket
-from streamingnode.node import Channel, Node
+from streamingnode.cluster.ownership import Lease, Leases, bucket
+from streamingnode.node.node import Channel, Node
 from streamingnode.server import ServerThread
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
@@ -127,7 +127,7 @@ def test_a_node_whose_first_ownership_pass_times_out_tries_again_and_starts(
 ) -> None:
     # NATS slow to answer at the start (an election, a busy host): the node used to exit with the
     # timeout of its first heartbeat.
-    from streamingnode.cluster import Membership  # noqa: PLC0415
+    from streamingnode.cluster.ownership import Membership  # noqa: PLC0415
 
     failures = [nats.errors.TimeoutError(), nats.errors.NoRespondersError()]
     heartbeat = Membership.heartbeat
@@ -137,7 +137,7 @@ def test_a_node_whose_first_ownership_pass_times_out_tries_again_and_starts(
             raise failures.pop(0)
         await heartbeat(self)
     monkeypatch.setattr(Membership, "heartbeat", slow_at_first)
-    monkeypatch.setattr("streamingnode.node.FIRST_PASS_RETRY_SECONDS", 0.05, raising=False)
+    monkeypatch.setattr("streamingnode.node.node.FIRST_PASS_RETRY_SECONDS", 0.05, raising=False)
     config = node_config(tmp_path / "n", cluster_nats=nats_r1.url, node_id="n", lease_seconds=LEASE,
                          cluster_prefix=prefix, channels=("p0",), flusher=False)
     with ServerThread(config) as srv:
@@ -148,13 +148,13 @@ def test_a_node_whose_first_ownership_pass_times_out_tries_again_and_starts(
 def test_a_node_gives_up_its_first_ownership_pass_after_the_deadline_naming_the_cause(
     nats_r1: NatsCluster, tmp_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from streamingnode.cluster import Membership  # noqa: PLC0415
+    from streamingnode.cluster.ownership import Membership  # noqa: PLC0415
 
     async def never(self: Membership) -> None:
         raise nats.errors.TimeoutError()
     monkeypatch.setattr(Membership, "heartbeat", never)
-    monkeypatch.setattr("streamingnode.node.FIRST_PASS_SECONDS", 0.3)
-    monkeypatch.setattr("streamingnode.node.FIRST_PASS_RETRY_SECONDS", 0.05, raising=False)
+    monkeypatch.setattr("streamingnode.node.node.FIRST_PASS_SECONDS", 0.3)
+    monkeypatch.setattr("streamingnode.node.node.FIRST_PASS_RETRY_SECONDS", 0.05, raising=False)
     config = node_config(tmp_path / "n", cluster_nats=nats_r1.url, node_id="n", lease_seconds=LEASE,
                          cluster_prefix=prefix, channels=("p0",), flusher=False)
     srv = ServerThread(config)

@@ -21,7 +21,7 @@ import pytest
 from nats.js.kv import KeyValue
 from structlog.testing import capture_logs
 
-from streamingnode.cluster import Lease, Leases, Membership, Ownership, bucket, encode_key, placement
+from streamingnode.cluster.ownership import Lease, Leases, Membership, Ownership, bucket, encode_key, placement
 from tests.natscluster import NatsCluster
 from tests.waiting import until
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from streamingnode.client import AsyncClient, GroupDescription
-from streamingnode.cluster import preferred
+from streamingnode.cluster.ownership import preferred
 from streamingnode.config import load_config
 from tests.cluster.conftest import start_cluster
 from tests.natscluster import NatsCluster

@@ -32,7 +32,7 @@ import pyarrow as pa
 import structlog
 
 from flusher import Flusher, FlusherConfig
-from interceptors.streaming import ChainConfig, open_streaming_wal
+from interceptors.recovery.streaming_wal import ChainConfig, open_streaming_wal
 from wal import ChannelExistError, CollectionExistError, PartitionExistError, WALManager, bodies
 
 SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("s", pa.string())])

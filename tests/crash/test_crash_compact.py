@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flusher import _layout
+from flusher import layout
 from flusher.compact import KILL_ENV, STEPS, CompactionConfig, compact_collection, recover
 from tests.unit.test_compact import _write, visible
 
@@ -25,8 +25,8 @@ compact_collection(Path(sys.argv[1]), "c", CompactionConfig(min_files=2, horizon
 def _tree(root: Path) -> None:
     for i in range(6):
         _write(root, f"c/partition=p/segment={i}", [i, 100 + i], 10 + i, i)
-    _write(root, _layout.deletes_dir("c"), [2], 30, 20, data=False)
-    _write(root, _layout.deletes_dir("c"), [3, 999], 31, 21, data=False)
+    _write(root, layout.deletes_dir("c"), [2], 30, 20, data=False)
+    _write(root, layout.deletes_dir("c"), [3, 999], 31, 21, data=False)
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -40,13 +40,13 @@ def test_a_kill_after_each_step_leaves_the_visible_rows_exactly_once(tmp_path: P
     recover(tmp_path, "c")
     assert visible(tmp_path) == expected
     assert [p.name for p in tmp_path.rglob(".*.parquet")] == []
-    committed = bool(_layout.read_records(tmp_path, "c"))
+    committed = bool(layout.read_records(tmp_path, "c"))
     assert committed == (step != "output")
     # The next pass completes (or redoes) the work: same rows, fewer files.
     compact_collection(tmp_path, "c", CompactionConfig(min_files=2, horizon_seconds=0, grace_seconds=0),
                        now_ms=1 << 40)
     assert visible(tmp_path) == expected
-    data, deletes, _ = _layout.visible_files(tmp_path, "c")
+    data, deletes, _ = layout.visible_files(tmp_path, "c")
     assert len(data) == 1 and len(deletes) <= 1
 
 
@@ -67,7 +67,7 @@ def test_a_kill_while_the_only_delete_file_is_rewritten_loses_no_entry(tmp_path:
     _write(tmp_path, "c/partition=p/segment=1", [1, 2, 3, 4], compose(10, 0), 1)
     _write(tmp_path, "c/partition=p/segment=1", [5, 6, 7, 8], compose(20, 0), 2)
     for i, k in enumerate((1, 2, 3)):
-        _write(tmp_path, _layout.deletes_dir("c"), [k], compose(30 + i, 0), 3 + i, data=False)
+        _write(tmp_path, layout.deletes_dir("c"), [k], compose(30 + i, 0), 3 + i, data=False)
     compact_collection(tmp_path, "c", CompactionConfig(min_files=2, horizon_seconds=0, grace_seconds=0), now_ms=30)
     _write(tmp_path, "c/partition=p/segment=2", [9], compose(40, 0), 6)
     _write(tmp_path, "c/partition=p/segment=2", [10], compose(41, 0), 7)
@@ -79,7 +79,7 @@ def test_a_kill_while_the_only_delete_file_is_rewritten_loses_no_entry(tmp_path:
     assert visible(tmp_path) == expected
     recover(tmp_path, "c")
     assert visible(tmp_path) == expected
-    for rec in _layout.read_records(tmp_path, "c"):
+    for rec in layout.read_records(tmp_path, "c"):
         assert set(rec.inputs).isdisjoint(rec.outputs)
     compact_collection(tmp_path, "c", CompactionConfig(min_files=2, horizon_seconds=0, grace_seconds=0),
                        now_ms=1 << 40)

@@ -18,9 +18,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from flusher import _layout
+from flusher import layout
 from flusher.compact import KILL_ENV, STEPS
-from flusher.spark import read_collection_arrow
+from flusher.read.spark import read_collection_arrow
 from streamingnode.client import AsyncClient
 from tests.crash.evidence import stderr_on_failure
 from tests.node_process import NodeProcess
@@ -75,7 +75,7 @@ async def _write(address: str) -> tuple[dict[int, str], dict[int, str]]:
 
 
 def _root(data_dir: Path) -> Path:
-    [coll] = [p for p in (data_dir / "parquet").rglob("c") if p.is_dir() and _layout.DELETES_DIR not in p.parts]
+    [coll] = [p for p in (data_dir / "parquet").rglob("c") if p.is_dir() and layout.DELETES_DIR not in p.parts]
     return coll.parent
 
 
@@ -103,7 +103,7 @@ async def test_a_node_killed_after_each_compaction_step_reads_every_acknowledged
             assert proc.returncode == -signal.SIGKILL, f"the node exited {proc.returncode}, not by its kill hook"
             node.kill()  # reap it and close its pipes
             root = _root(data_dir)
-            committed = bool(_layout.read_records(root, "c"))
+            committed = bool(layout.read_records(root, "c"))
             assert committed == (step != "output")
             _check(root, want)  # readers, before any recovery
 
@@ -118,7 +118,7 @@ async def test_a_node_killed_after_each_compaction_step_reads_every_acknowledged
             # The restarted node finishes the work: one data file, no hidden name left, same rows.
             def done() -> bool:
                 try:
-                    files, deletes, _ = _layout.visible_files(root, "c")
+                    files, deletes, _ = layout.visible_files(root, "c")
                     return len(files) == 1 and not deletes and not list(root.rglob(".*.parquet"))
                 except FileNotFoundError:  # the node removed a directory while it was listed: look again
                     return False

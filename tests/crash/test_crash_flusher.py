@@ -26,7 +26,7 @@ import pytest
 
 from flusher import Flusher, FlusherConfig
 from flusher.commit import KILL_ENV, STEPS
-from interceptors.streaming import open_streaming_wal
+from interceptors.recovery.streaming_wal import open_streaming_wal
 from tests.crash.child_flusher import CHAIN
 from tests.crash.evidence import stderr_on_failure, tail
 from wal import Message, MessageType, WALManager, bodies
@@ -214,7 +214,7 @@ async def test_sigkill_at_every_commit_step_and_during_ingestion_leaves_exactly_
     # And once more after a clean restart: nothing changes.
     assert await _verify(data_dir, root, logs) == (rows, deletes)
     # What Spark reads after all the kills: exactly the visible rows, each once.
-    from flusher.spark import read_collection  # noqa: PLC0415
+    from flusher.read.spark import read_collection  # noqa: PLC0415
 
     for coll in ("c", "d"):
         df = read_collection(spark, str(root), coll, primary_key="pk")

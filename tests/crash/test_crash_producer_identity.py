@@ -12,9 +12,9 @@ import grpc
 import pytest
 
 from streamingnode.client import AsyncClient, DuplicateSequenceMismatchError, ProducerFencedError
-from streamingnode.status import from_rpc_error
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from streamingnode.wire.codes import from_rpc_error
 from tests.crash.evidence import stderr_on_failure
 from tests.node_process import NodeProcess
 from wal.errors import ErrorCode

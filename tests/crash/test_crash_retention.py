@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamingnode.client import AsyncClient
-from streamingnode.retention import KILL_ENV
+from streamingnode.node.retention import KILL_ENV
 from tests.crash.evidence import stderr_on_failure
 from tests.node_process import NodeProcess, free_port
 from wal.errors import StreamingError, UnavailableError
@@ -180,7 +180,7 @@ async def test_sigkill_around_truncation_loses_no_row_and_no_segment_id(
     assert set(got) <= ledger.attempted
     print(f"\nretention crash: {run} runs, {len(ledger.acked)} acknowledged rows, first ids {ledger.first_ids}")
 
-    from flusher.spark import read_collection  # noqa: PLC0415
+    from flusher.read.spark import read_collection  # noqa: PLC0415
 
     df = read_collection(spark, str(data_dir / "parquet" / "p"), "c", primary_key="pk")
     spark_pks = Counter(r["pk"] for r in df.select("pk").collect())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from interceptors.streaming import ChainConfig, open_streaming_wal
+from interceptors.recovery.streaming_wal import ChainConfig, open_streaming_wal
 from tests.crash.evidence import stderr_on_failure, tail
 from tests.factories import data
 from wal import MessageType, WALManager

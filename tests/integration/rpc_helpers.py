@@ -131,6 +131,6 @@ def payloads(packs: Iterable[pb.MsgPack], types: tuple[int, ...] = (pb.MESSAGE_T
 
 def status_of(exc: grpc.aio.AioRpcError) -> tuple[grpc.StatusCode, str]:
     """(gRPC code, ErrorInfo reason) of a failed call."""
-    from streamingnode.status import from_rpc_error  # noqa: PLC0415
+    from streamingnode.wire.codes import from_rpc_error  # noqa: PLC0415
 
     return exc.code(), from_rpc_error(exc).code.name

@@ -21,8 +21,8 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from streamingnode._logging import configure_logging
 from streamingnode.client import AsyncClient, Client
+from streamingnode.observability.logs import configure_logging
 from streamingnode.server import ServerThread
 from streamingnode.server.auth import RULES, TokenTable, hash_token
 from streamingnode.v1 import common_pb2 as pb

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from streamingnode.client import Client
-from streamingnode.status import to_grpc_status
+from streamingnode.wire.codes import to_grpc_status
 from wal.errors import ErrorCode, StreamingError, UnavailableError
 
 pytestmark = pytest.mark.integration

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from streamingnode._progress import ProgressBar
 from streamingnode.cli.parsing import ts_text
+from streamingnode.cli.progress import ProgressBar
 from streamingnode.client import Client
 from streamingnode.server import ServerThread
 from tests.integration.conftest import node_config

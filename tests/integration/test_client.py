@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from interceptors.streaming import ChainConfig
+from interceptors.recovery.streaming_wal import ChainConfig
 from streamingnode.client import AsyncClient, Consumer, Owner, Producer
 from streamingnode.client._producer import NODE_DEDUP_WINDOW
 from wal.errors import (

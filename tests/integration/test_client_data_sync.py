@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from flusher.spark import read_collection_arrow
+from flusher.read.spark import read_collection_arrow
 from streamingnode.client import (
     AsyncClient,
     Client,

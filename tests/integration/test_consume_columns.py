@@ -8,11 +8,11 @@ import asyncio
 import grpc
 import pytest
 
-from streamingnode import convert
 from streamingnode.client import AsyncClient
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from streamingnode.wire import codec
 from tests.integration.rpc_helpers import data, produce
 from tests.waiting import until
 from wal.message import Message
@@ -27,7 +27,7 @@ async def _read(stub: sgrpc.StreamingNodeStub, open_: spb.ConsumeOpen, *, last_i
     packs: list[pb.MsgPack] = []
     try:
         async with asyncio.timeout(10):
-            while not packs or all(m.message_id != last_id for m in convert.msgpack_from_pb(packs[-1]).messages):
+            while not packs or all(m.message_id != last_id for m in codec.msgpack_from_pb(packs[-1]).messages):
                 resp = await call.read()
                 assert resp is not grpc.aio.EOF
                 if resp.WhichOneof("response") == "pack":
@@ -70,8 +70,8 @@ async def test_column_packs_are_the_message_packs(stub: sgrpc.StreamingNodeStub)
             assert not g.messages and g.HasField("columns") == bool(w.messages), "columns, not messages"
             assert (g.begin_ts, g.end_ts, g.start_positions, g.end_positions) == (
                 w.begin_ts, w.end_ts, w.start_positions, w.end_positions)
-            assert convert.msgpack_from_pb(g) == convert.msgpack_from_pb(w)
-        messages = [m for p in got for m in convert.msgpack_from_pb(p).messages]
+            assert codec.msgpack_from_pb(g) == codec.msgpack_from_pb(w)
+        messages = [m for p in got for m in codec.msgpack_from_pb(p).messages]
         in_txn = [m for m in messages if m.txn is not None]
         assert [m.payload for m in in_txn if m.message_type == pb.MESSAGE_TYPE_DATA] == [b"t-a", b"t-b"]
         assert all(m.txn is not None and m.txn.txn_id == kept.txn_id for m in in_txn)
@@ -90,18 +90,18 @@ async def test_the_sdk_consumer_reads_column_packs(
     stub: sgrpc.StreamingNodeStub, server: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     decoded: list[int] = []
-    real = convert.messages_from_columns
+    real = codec.messages_from_columns
 
     def spy(c: pb.MessageColumns) -> list[Message]:
         decoded.append(len(c.types))
         return real(c)
 
-    monkeypatch.setattr(convert, "messages_from_columns", spy)
+    monkeypatch.setattr(codec, "messages_from_columns", spy)
     await stub.CreateChannels(spb.CreateChannelsRequest(channel_names=["p"]))
     _, (r,) = await produce(stub, "p", [[data("v", b"a", k="v"), data("", b"b"), data("v", b"c")]])
     last_id = int.from_bytes(r.appended.results[-1].id.id, "big")
     want = [m for p in await _read(stub, spb.ConsumeOpen(pchannel="p", vchannel="v"), last_id=last_id)
-            for m in convert.msgpack_from_pb(p).messages]
+            for m in codec.msgpack_from_pb(p).messages]
     assert not decoded
     got: list[Message] = []
     async with AsyncClient(server, timeout=10.0) as client, client.consumer("p", "v") as consumer:

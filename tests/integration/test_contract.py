@@ -21,10 +21,10 @@ from grpc_reflection.v1alpha import reflection_pb2 as rpb
 
 from streamingnode.server import ServerThread
 from streamingnode.server import produce as produce_module
-from streamingnode.status import from_rpc_error
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from streamingnode.wire.codes import from_rpc_error
 from tests.integration.rpc_helpers import consume, data, produce
 from wal.message import AppendResult
 

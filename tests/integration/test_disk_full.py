@@ -79,7 +79,7 @@ def read_all(address: str, count: int) -> list[bytes]:
 
 def verify_clean(data_dir: Path) -> None:
     """``streamingnode verify`` finds nothing (when this tree has the command)."""
-    if importlib.util.find_spec("streamingnode.verify") is None:
+    if importlib.util.find_spec("streamingnode.offline.verify") is None:
         return
     done = subprocess.run([sys.executable, "-m", "streamingnode", "verify", "--data-dir", str(data_dir)],
                           capture_output=True, text=True, check=False, timeout=120, cwd=REPO,

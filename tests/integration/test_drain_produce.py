@@ -10,9 +10,9 @@ import grpc
 import pytest
 
 from streamingnode.server import ServerThread
-from streamingnode.status import from_rpc_error
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc
+from streamingnode.wire.codes import from_rpc_error
 from tests.integration.conftest import node_config
 from tests.integration.rpc_helpers import data
 from tests.waiting import until

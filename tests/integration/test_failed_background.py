@@ -18,7 +18,7 @@ import grpc
 import pytest
 import structlog
 
-from interceptors.snapshot import SNAPSHOT_META, load_snapshot
+from interceptors.recovery.snapshot import SNAPSHOT_META, load_snapshot
 from streamingnode.client import AsyncClient
 from streamingnode.config import NodeConfig
 from streamingnode.server import ServerThread

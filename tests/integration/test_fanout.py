@@ -11,12 +11,12 @@ from typing import Any
 import grpc
 import pytest
 
-from streamingnode import convert
 from streamingnode.server import ServerThread
 from streamingnode.server.fanout import fanout_of
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from streamingnode.wire import codec
 from tests.integration.conftest import node_config
 from tests.integration.rpc_helpers import data, produce
 from tests.waiting import until
@@ -372,13 +372,13 @@ async def test_a_reader_behind_the_one_it_follows_joins_the_cached_packs_into_fe
         # A second reader from the start sends the same joined responses, built once for both: their
         # bytes are cached with the packs they join.
         builds: list[int] = []
-        real = convert.joined_pack_response
+        real = codec.joined_pack_response
 
         def counted(*args: Any) -> bytes | None:
             builds.append(1)
             return real(*args)
 
-        monkeypatch.setattr(convert, "joined_pack_response", counted)
+        monkeypatch.setattr(codec, "joined_pack_response", counted)
         assert await _raw_read(channel, open_, last_id) == behind
         assert not builds
 

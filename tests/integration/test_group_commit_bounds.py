@@ -1,4 +1,4 @@
-"""A group's position moves only where its readers have been (``streamingnode.groups``,
+"""A group's position moves only where its readers have been (``streamingnode.node.groups``,
 ``server/consume.py``): an ack commits only positions its stream delivered, of its own vchannel,
 between the group's position and the end of the last pack sent; SeekConsumerGroup refuses a target
 past the pchannel's end; a position stored out of range by an older version is reported by
@@ -17,12 +17,12 @@ import pytest
 from google.protobuf.empty_pb2 import Empty
 
 from streamingnode.client import AsyncClient, Consumer, MsgPack
-from streamingnode.groups import META_KEY
+from streamingnode.node.groups import META_KEY
+from streamingnode.offline.verify import verify
 from streamingnode.server import ServerThread
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc
-from streamingnode.verify import verify
 from tests.factories import ins, tick
 from tests.integration.conftest import node_config
 from tests.integration.rpc_helpers import data, payloads, produce, status_of

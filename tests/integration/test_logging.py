@@ -13,8 +13,8 @@ import grpc
 import pytest
 import structlog
 
-from streamingnode._logging import configure_logging
 from streamingnode.client import AsyncClient
+from streamingnode.observability.logs import configure_logging
 from streamingnode.server import ServerThread
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flusher import _layout
+from flusher import layout
 from streamingnode.client import AsyncClient
 from streamingnode.server import ServerThread
 from tests.integration.conftest import node_config
@@ -279,14 +279,14 @@ async def test_a_background_compaction_shows_in_the_compaction_counters(tmp_path
         def settled() -> bool:
             # Key 0's row and its delete entry are gone for good, and one file holds the rest.
             s = scrape(address)
-            files, deletes, _ = _layout.visible_files(root, "users")
+            files, deletes, _ = layout.visible_files(root, "users")
             return (value(s, "streamingnode_compaction_rows_dropped_total", pchannel="p1") == 1
                     and value(s, "streamingnode_compaction_delete_entries_dropped_total", pchannel="p1") == 1
                     and len(files) == 1 and not deletes)
 
         await until(settled, "a compaction that drops key 0 and leaves one file", timeout=60)
         s = scrape(address)
-        [name] = _layout.visible_files(root, "users")[0]
+        [name] = layout.visible_files(root, "users")[0]
         final = Path(name)
         written = value(s, "streamingnode_flusher_files_total", pchannel="p1")
         assert written == 4  # three data files and one delete file

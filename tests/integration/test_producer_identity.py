@@ -14,9 +14,9 @@ import grpc
 import pytest
 
 from streamingnode.client import AsyncClient, DuplicateSequenceMismatchError, ProducerFencedError
-from streamingnode.status import from_rpc_error
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.wire.codes import from_rpc_error
 from tests.integration.rpc_helpers import consume, data, payloads
 from tests.integration.test_client import data_of, read_until
 from wal.errors import ErrorCode

@@ -14,7 +14,7 @@ import grpc
 import pytest
 import structlog
 
-from streamingnode._logging import configure_logging
+from streamingnode.observability.logs import configure_logging
 from streamingnode.server import ServerThread
 from streamingnode.server.refusals import Refusals
 from streamingnode.v1 import streaming_pb2 as spb

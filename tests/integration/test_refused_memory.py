@@ -24,7 +24,7 @@ import grpc
 import pytest
 from google.protobuf.message import Message
 
-from streamingnode import _allocator
+from streamingnode.node import memory_trim
 from streamingnode.server import ServerThread
 from streamingnode.server.auth import hash_token
 from streamingnode.v1 import streaming_pb2 as spb
@@ -230,7 +230,7 @@ def test_a_large_request_is_followed_by_a_trim(tmp_path: Path, monkeypatch: pyte
     """A unary request of 1 MiB or more, refused for its size or answered, and a stream refused for
     its large open: the allocator is trimmed after each burst (what is freed goes back to the system)."""
     trims: list[int] = []
-    monkeypatch.setattr(_allocator, "trim", lambda: trims.append(1) or True)
+    monkeypatch.setattr(memory_trim, "trim", lambda: trims.append(1) or True)
     config = node_config(tmp_path / "data", auth_tokens=_tokens(tmp_path / "tokens.toml"))
     with ServerThread(config) as srv:
         assert _call(srv.address, _big_describe(2 << 20), TOKEN) == [grpc.StatusCode.RESOURCE_EXHAUSTED]

@@ -10,9 +10,9 @@ import grpc
 import pytest
 
 from streamingnode.client import AsyncClient
-from streamingnode.status import GRPC_CODE, from_error_detail
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.wire.codes import GRPC_CODE, from_error_detail
 from tests.integration.rpc_helpers import consume, data, payloads, produce, produce_batches
 from wal.errors import ChannelNotExistError, ErrorCode, OutOfOrderSequenceError
 from wal.message import MessageType

@@ -15,9 +15,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from streamingnode.client import AsyncClient
-from streamingnode.status import from_rpc_error
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from streamingnode.wire.codes import from_rpc_error
 from tests.node_process import REPO, NodeProcess, free_port
 from wal.errors import ErrorCode, MessageTooLargeError
 from wal.message import MessageType

@@ -14,8 +14,8 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from flusher.duckdb import read_collection_duckdb
-from flusher.spark import read_collection_arrow
+from flusher.read.duckdb import read_collection_duckdb
+from flusher.read.spark import read_collection_arrow
 from streamingnode.client import AsyncClient, InvalidArgumentError, ShardedCollection, shard_of
 from streamingnode.server import ServerThread
 from tests.integration.conftest import node_config

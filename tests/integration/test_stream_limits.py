@@ -16,9 +16,9 @@ import pytest
 
 from streamingnode.client import AsyncClient
 from streamingnode.server import ServerThread
-from streamingnode.status import from_rpc_error
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from streamingnode.wire.codes import from_rpc_error
 from tests.integration.conftest import node_config
 from tests.waiting import until
 from wal.errors import ErrorCode

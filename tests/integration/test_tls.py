@@ -15,7 +15,7 @@ import trustme
 
 from streamingnode.client import AsyncClient, Client
 from streamingnode.server import ServerThread
-from streamingnode.server.lifecycle import is_loopback
+from streamingnode.server.serve import is_loopback
 from tests.integration.conftest import node_config
 from tests.node_process import REPO
 from wal.errors import InvalidArgumentError, StreamingError, UnavailableError

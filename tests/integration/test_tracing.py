@@ -17,8 +17,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from interceptors.chain import STEP_SPAN_PREFIX
 from streamingnode.client import AsyncClient, Client
+from streamingnode.observability.tracing import (
+    CONSUME_SPAN,
+    PRODUCE_SPAN,
+    TRACEPARENT,
+    Tracing,
+    context_from_properties,
+)
 from streamingnode.server import ServerThread, start_server
-from streamingnode.tracing import CONSUME_SPAN, PRODUCE_SPAN, TRACEPARENT, Tracing, context_from_properties
 from tests.integration.conftest import node_config
 from wal.errors import InvalidArgumentError
 from wal.message import Message, MessageType

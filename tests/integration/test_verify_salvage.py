@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from flusher import Flusher, FlusherConfig
-from interceptors.streaming import ChainConfig, open_streaming_wal
+from interceptors.recovery.streaming_wal import ChainConfig, open_streaming_wal
 from wal import Message, MessageType, WALManager, bodies, new_time_tick
 from wal.backends import RocksBackend, _journal
 

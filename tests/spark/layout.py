@@ -1,4 +1,5 @@
-"""Writes Parquet files the way the flusher does (the layout in `flusher.spark`'s docstring), for the readers' tests.
+"""Writes Parquet files the way the flusher does (the layout in `flusher.read.spark`'s docstring), for the
+readers' tests.
 
 Deliberately independent of the flusher's own code: these tests check the readers against the written contract,
 so a drift in the flusher shows up as a disagreement instead of being copied here.
@@ -13,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flusher.spark import DELETES_DIR, DROPPED_MARKER, PRIMARY_KEY_METADATA
+from flusher.read.spark import DELETES_DIR, DROPPED_MARKER, PRIMARY_KEY_METADATA
 
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -119,7 +120,7 @@ def write_history(root: Path, name: str = "books") -> FlushedCollection:
     return c
 
 
-# (id, _ts) visible as of each bound, by the rules in flusher.spark's docstring.
+# (id, _ts) visible as of each bound, by the rules in flusher.read.spark's docstring.
 HISTORY_AS_OF: dict[str, tuple[int | None, set[tuple[int, int]]]] = {
     "before-anything": (timetick(0) - 1, set()),
     "at-12ms": (timetick(12, (1 << 18) - 1), {(1, timetick(0)), (2, timetick(0, 1)), (3, timetick(10))}),

@@ -1,4 +1,4 @@
-"""flusher.spark.read_collection_arrow: the same files and the same as-of rules with pyarrow.dataset (no Spark)."""
+"""flusher.read.spark.read_collection_arrow: the same files and the same as-of rules with pyarrow.dataset (no Spark)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from flusher.spark import CollectionNotFoundError, read_collection_arrow
+from flusher.read.spark import CollectionNotFoundError, read_collection_arrow
 
 from .layout import HISTORY_AS_OF, FlushedCollection, timetick, write_history
 

@@ -1,4 +1,4 @@
-"""flusher.spark.as_of: wall clock to timetick (no Spark needed)."""
+"""flusher.read.spark.as_of: wall clock to timetick (no Spark needed)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from flusher.spark import as_of
+from flusher.read.spark import as_of
 
 from .layout import BASE_MS, timetick
 

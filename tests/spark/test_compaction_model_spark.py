@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from flusher.spark import read_collection
+from flusher.read.spark import read_collection
 from tests.compaction_model import SEED_ENV, Walk, arrow_reader, duckdb_reader
 from tests.seeds import draw_seed
 from tests.unit.test_upsert_order import Row

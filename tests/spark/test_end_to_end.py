@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flusher.spark import read_collection
+from flusher.read.spark import read_collection
 from streamingnode.client import AsyncClient
 from streamingnode.server import ServerThread
 from tests.integration.conftest import node_config

@@ -1,4 +1,4 @@
-"""flusher.spark.read_collection against files written in the flusher's layout, on a real local Spark."""
+"""flusher.read.spark.read_collection against files written in the flusher's layout, on a real local Spark."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from flusher.spark import CollectionLayoutError, CollectionNotFoundError, as_of, read_collection
+from flusher.read.spark import CollectionLayoutError, CollectionNotFoundError, as_of, read_collection
 
 from .layout import BASE_MS, HISTORY_AS_OF, FlushedCollection, timetick, write_history
 

@@ -20,10 +20,10 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from flusher import _layout
+from flusher import layout
 from flusher.compact import CompactionConfig, compact_collection
-from flusher.duckdb import read_collection_duckdb
-from flusher.spark import AsOfBeforeHorizonError, read_collection, read_collection_arrow
+from flusher.read.duckdb import read_collection_duckdb
+from flusher.read.spark import AsOfBeforeHorizonError, read_collection, read_collection_arrow
 from streamingnode.client import AsyncClient
 from streamingnode.server import ServerThread
 from tests.integration.conftest import node_config
@@ -171,7 +171,7 @@ def test_spark_pyarrow_and_duckdb_agree_with_the_model(
     config = CompactionConfig(min_files=2, horizon_seconds=0, grace_seconds=3600)
     result = compact_collection(root, "c", config, now_ms=physical_ms(middle))
     assert result.generation is not None and result.horizon is not None and result.files_after < result.files_before
-    [record] = _layout.read_records(root, "c")
+    [record] = layout.read_records(root, "c")
     assert all((root / p).exists() for p in record.inputs), "the inputs are still there: the readers must skip them"
     check_pyarrow_and_duckdb(root, model, bounds, result.horizon)
     later = [b for b in bounds[1:] if b is not None and b >= result.horizon]

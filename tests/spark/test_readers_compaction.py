@@ -17,9 +17,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-import flusher.spark
-from flusher.duckdb import read_collection_duckdb
-from flusher.spark import AsOfBeforeHorizonError, CollectionLayoutError, read_collection, read_collection_arrow
+import flusher.read.spark
+from flusher.read.duckdb import read_collection_duckdb
+from flusher.read.spark import AsOfBeforeHorizonError, CollectionLayoutError, read_collection, read_collection_arrow
 from tests.spark.layout import FlushedCollection, file_name, timetick
 
 pytestmark = pytest.mark.spark
@@ -91,7 +91,7 @@ def test_spark_fails_naming_an_output_that_keeps_only_its_hidden_name(
     """Spark skips a name starting with '.' even when it is named: rather than read the inputs, or nothing, the
     read waits for the link and then fails naming the file (no wait here)."""
     compacted(tmp_path, hidden_output=True)
-    monkeypatch.setattr(flusher.spark, "_LINK_WAIT_SECONDS", 0.0)
+    monkeypatch.setattr(flusher.read.spark, "_LINK_WAIT_SECONDS", 0.0)
     hidden = tmp_path / OUTPUT
     with pytest.raises(CollectionLayoutError, match="hidden name") as raised:
         read_collection(spark, tmp_path, "c")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from flusher.spark import read_collection
+from flusher.read.spark import read_collection
 from tests import typed_rows
 
 pytestmark = pytest.mark.spark

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 
 from flusher import Flusher, FlusherConfig
-from flusher.spark import read_collection
-from interceptors.streaming import open_streaming_wal
+from flusher.read.spark import read_collection
+from interceptors.recovery.streaming_wal import open_streaming_wal
 from streamingnode.client import AsyncClient
 from streamingnode.server import ServerThread
 from tests.integration.conftest import node_config
@@ -122,8 +122,8 @@ def test_the_reader_keeps_the_old_rule_for_files_written_before_the_id_column(tm
     """No ``_id`` in the files: a delete at a row's very timetick does not remove it (``row._ts < del._ts``)."""
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    from flusher._layout import deletes_dir, file_name  # noqa: PLC0415
-    from flusher.spark import read_collection_arrow  # noqa: PLC0415
+    from flusher.layout import deletes_dir, file_name  # noqa: PLC0415
+    from flusher.read.spark import read_collection_arrow  # noqa: PLC0415
 
     ts = 1 << 40
     data = tmp_path / "c" / "partition=_default" / "segment=1"

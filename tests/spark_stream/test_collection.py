@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from flusher.spark import read_collection_arrow
+from flusher.read.spark import read_collection_arrow
 from streamingnode.client import AsyncClient
 from streamingnode.server import ServerThread
 from tests.spark_stream.test_source import wait

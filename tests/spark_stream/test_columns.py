@@ -20,9 +20,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from streamingnode import convert
 from streamingnode.spark import _columns, _range, _rows
 from streamingnode.v1 import common_pb2 as pb
+from streamingnode.wire import codec
 from wal import clock
 from wal.message import MessageType, Position
 
@@ -128,4 +128,4 @@ def test_a_pack_of_framing_only_gives_no_batch() -> None:
 def test_messages_from_the_same_columns_are_the_sdk_decoders() -> None:
     messages = _columns.pack_messages(pack(PACK[:3], PACK[3:]))
     assert [m.payload for m in messages] == [r[4] for r in PACK]
-    assert messages == convert.messages_from_columns(columns(PACK))
+    assert messages == codec.messages_from_columns(columns(PACK))

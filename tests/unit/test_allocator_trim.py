@@ -9,14 +9,14 @@ import threading
 
 import pytest
 
-from streamingnode import _allocator
-from streamingnode._allocator import Trimmer
+from streamingnode.node import memory_trim
+from streamingnode.node.memory_trim import Trimmer
 from tests.waiting import until
 
 
 async def test_a_burst_of_drops_is_one_trim(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(_allocator, "trim", lambda: calls.append(1) or True)
+    monkeypatch.setattr(memory_trim, "trim", lambda: calls.append(1) or True)
     trimmer = Trimmer(delay=0.01)
     for _ in range(12):
         trimmer.soon()
@@ -34,7 +34,7 @@ async def test_a_drop_during_a_trim_asks_for_one_more(monkeypatch: pytest.Monkey
         release.wait(30)
         return True
 
-    monkeypatch.setattr(_allocator, "trim", slow_trim)
+    monkeypatch.setattr(memory_trim, "trim", slow_trim)
     trimmer = Trimmer(delay=0.0)
     trimmer.soon()
     await asyncio.to_thread(running.wait, 30)
@@ -48,7 +48,7 @@ async def test_a_drop_during_a_trim_asks_for_one_more(monkeypatch: pytest.Monkey
 
 async def test_drops_that_never_stop_still_trim(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(_allocator, "trim", lambda: calls.append(1) or True)
+    monkeypatch.setattr(memory_trim, "trim", lambda: calls.append(1) or True)
     trimmer = Trimmer(delay=2.0, longest=0.1)
 
     async def drop_forever() -> None:
@@ -66,4 +66,4 @@ async def test_drops_that_never_stop_still_trim(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_trim_runs_here() -> None:
-    assert _allocator.trim()  # glibc on this platform
+    assert memory_trim.trim()  # glibc on this platform

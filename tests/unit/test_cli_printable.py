@@ -1,5 +1,6 @@
 """``consume --count``: what it prints of a pack and where a group acks, by the delivery units of
-``wal.packs`` (a transaction printed in part is not acked, so the group's next consumer gets it whole)."""
+``streamingnode.wire.packs``
+(a transaction printed in part is not acked, so the group's next consumer gets it whole)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The hybrid timestamp's one home (wal.clock) and the one way to stop a task (wal.lifecycle)."""
+"""The hybrid timestamp's one home (wal.clock) and the one way to stop a task (wal.tasks)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import contextlib
 import pytest
 
 from wal.clock import LOGICAL_BITS, LOGICAL_MAX, TIMETICK_MAX, compose, physical_ms, txn_expired, wall_ms, wall_ts
-from wal.lifecycle import cancel_and_wait
+from wal.tasks import cancel_and_wait
 
 
 def test_layout_is_physical_ms_shifted_by_18() -> None:

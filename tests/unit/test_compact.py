@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flusher import CHECKPOINT_META, Flusher, FlusherConfig, _layout
+from flusher import CHECKPOINT_META, Flusher, FlusherConfig, layout
 from flusher.compact import CompactionConfig, compact_collection
-from interceptors.streaming import StreamingWAL
+from interceptors.recovery.streaming_wal import StreamingWAL
 from tests.unit.test_flusher import SCHEMA, open_stream, rows, settle
 from wal import WALManager, bodies
 
@@ -30,9 +30,9 @@ def _tuples(files: list[str], pk: str = "pk") -> list[tuple[int, int, int]]:
 
 
 def visible(root: Path, as_of: int | None = None) -> list[tuple[int, int]]:
-    """The rows a reader sees as of ``as_of`` by the row rule, from ``_layout.visible_files``."""
-    data, deletes, horizon = _layout.visible_files(root, "c")
-    _layout.check_as_of(as_of, horizon, "c")
+    """The rows a reader sees as of ``as_of`` by the row rule, from ``layout.visible_files``."""
+    data, deletes, horizon = layout.visible_files(root, "c")
+    layout.check_as_of(as_of, horizon, "c")
     dels = [d for d in _tuples(deletes) if as_of is None or d[1] <= as_of]
     out = []
     for k, ts, mid in _tuples(data):
@@ -62,7 +62,7 @@ async def _small_files(swal: StreamingWAL, f: Flusher, n: int) -> list[int]:
 
 
 def _sizes(root: Path) -> tuple[int, int]:
-    data, deletes, _ = _layout.visible_files(root, "c")
+    data, deletes, _ = layout.visible_files(root, "c")
     files = data + deletes
     return len(files), sum(Path(p).stat().st_size for p in files)
 
@@ -86,7 +86,7 @@ async def test_compaction_shrinks_the_files_drops_dead_rows_and_keeps_reads_at_o
     later = await settle(f, swal)
     assert visible(tmp_path) == visible(tmp_path, later) == before
     assert visible(tmp_path, r.horizon) == before
-    with pytest.raises(_layout.AsOfBeforeHorizonError, match=f"as-of timetick {ticks[0]} is before"):
+    with pytest.raises(layout.AsOfBeforeHorizonError, match=f"as-of timetick {ticks[0]} is before"):
         visible(tmp_path, ticks[0])
     # Every input is gone (grace 0) and nothing hidden is left behind.
     assert [p.name for p in tmp_path.rglob(".*.parquet")] == []
@@ -116,7 +116,7 @@ async def test_a_flusher_replaying_everything_never_writes_compacted_rows_again(
     await settle(g, swal)
     assert visible(tmp_path) == sorted([*expected, *[(k, ts) for k, ts in visible(tmp_path) if k == 500]])
     # Nothing compacted away is written again (a reader would hide it by name, a plain glob would not).
-    [rec] = _layout.read_records(tmp_path, "c")
+    [rec] = layout.read_records(tmp_path, "c")
     assert [p for p in rec.inputs if (tmp_path / p).exists()] == []
     assert len([k for k, _ in visible(tmp_path) if k == 500]) == 1
     await g.aclose()
@@ -137,7 +137,7 @@ async def test_a_reader_running_while_compaction_runs_sees_the_old_set_or_the_ne
 
     def read() -> None:
         # The test's own reader of visible_files, and the shipped pyarrow reader, in turns.
-        from flusher.spark import read_collection_arrow  # noqa: PLC0415
+        from flusher.read.spark import read_collection_arrow  # noqa: PLC0415
 
         turn = 0
         while not stop.is_set() or turn < 2:  # each reader at least once
@@ -184,20 +184,20 @@ def _write(root: Path, directory: str, keys: list[int], ts: int, mid: int, *, da
             "_id": pa.array([mid] * len(keys), pa.int64())}
     if data:
         cols["_segment"] = pa.array([1] * len(keys), pa.int64())
-    key = _layout.encode_key((ts, mid))
-    t = pa.table(cols).replace_schema_metadata({_layout.FIRST_KEY: key, _layout.LAST_KEY: key,
+    key = layout.encode_key((ts, mid))
+    t = pa.table(cols).replace_schema_metadata({layout.FIRST_KEY: key, layout.LAST_KEY: key,
                                                 b"streamingnode.primary_key": b"pk"})
     (root / directory).mkdir(parents=True, exist_ok=True)
-    pq.write_table(t, root / directory / _layout.file_name(mid, mid))
+    pq.write_table(t, root / directory / layout.file_name(mid, mid))
 
 
 def test_an_offline_pass_keeps_every_delete_entry(tmp_path: Path) -> None:
     """Offline (no flusher), rows not yet flushed may be older than an entry: none is dropped."""
     for i in range(2):
-        _write(tmp_path, _layout.deletes_dir("c"), [i], 10 + i, i, data=False)
+        _write(tmp_path, layout.deletes_dir("c"), [i], 10 + i, i, data=False)
     r = compact_collection(tmp_path, "c", EAGER, drop_deletes=False)
     assert (r.generation, r.files_before, r.files_after, r.delete_entries_dropped) == (1, 2, 1, 0)
-    _, deletes, _ = _layout.visible_files(tmp_path, "c")
+    _, deletes, _ = layout.visible_files(tmp_path, "c")
     assert sorted(k for k, _, _ in _tuples(deletes)) == [0, 1]
 
 
@@ -207,11 +207,11 @@ def test_a_delete_entry_stays_while_a_row_it_removes_is_left_in_a_file_not_compa
     for i in range(3):
         _write(tmp_path, "c/partition=p/segment=1", [7, 10 + i], 10 + i, i)
     _write(tmp_path, "c/partition=q/segment=2", [7, 20, 21, 22, 23, 24], 20, 5)
-    _write(tmp_path, _layout.deletes_dir("c"), [7], 30, 9, data=False)
-    _write(tmp_path, _layout.deletes_dir("c"), [11], 40, 10, data=False)  # removes p's row of key 11
+    _write(tmp_path, layout.deletes_dir("c"), [7], 30, 9, data=False)
+    _write(tmp_path, layout.deletes_dir("c"), [11], 40, 10, data=False)  # removes p's row of key 11
     r = compact_collection(tmp_path, "c", EAGER, now_ms=1 << 40)
     assert (r.rows_dropped, r.delete_entries_dropped) == (4, 1)  # p's three 7s and its 11; the entry of 11
-    data, deletes, _ = _layout.visible_files(tmp_path, "c")
+    data, deletes, _ = layout.visible_files(tmp_path, "c")
     assert sorted(k for k, _, _ in _tuples(deletes)) == [7]
     assert sorted(k for k, _, _ in _tuples(data)) == [7, 10, 12, 20, 21, 22, 23, 24]  # q's 7 is still there
     assert [k for k, _ in visible(tmp_path)] == [10, 12, 20, 21, 22, 23, 24]  # and still removed

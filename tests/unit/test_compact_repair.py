@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from flusher import Flusher, FlusherConfig, _layout, _overlaps
+from flusher import Flusher, FlusherConfig, _overlaps, layout
 from flusher.compact import CompactionConfig
-from flusher.spark import read_collection_arrow
-from interceptors.streaming import StreamingWAL
+from flusher.read.spark import read_collection_arrow
+from interceptors.recovery.streaming_wal import StreamingWAL
 from tests.unit.test_flusher import SCHEMA, open_stream, rows
 from tests.waiting import until
 from wal import WALManager, bodies
@@ -33,9 +33,9 @@ async def swal(manager: WALManager) -> AsyncIterator[StreamingWAL]:
 
 
 def _plant_old_naming(monkeypatch: pytest.MonkeyPatch) -> None:
-    plain = _layout.file_name
-    monkeypatch.setattr(_layout, "file_name", lambda first, last, generation=None: plain(first, last))
-    monkeypatch.setattr(_layout, "check_record", lambda root, collection, rec: None)
+    plain = layout.file_name
+    monkeypatch.setattr(layout, "file_name", lambda first, last, generation=None: plain(first, last))
+    monkeypatch.setattr(layout, "check_record", lambda root, collection, rec: None)
 
 
 async def _next_ms(after: int) -> None:
@@ -94,18 +94,18 @@ async def test_a_flusher_gives_an_output_named_after_its_input_its_own_name_and_
     [o] = _overlaps.find(tmp_path)
     [rel] = o.paths
     if gone:  # what the older recovery did once the grace period was over: the only copy deleted
-        for p in (rel, _layout.hidden(rel)):
+        for p in (rel, layout.hidden(rel)):
             (tmp_path / p).unlink(missing_ok=True)
-    with pytest.raises(_layout.OverlappingRecordError, match=f"collection 'c': compaction record .* lists {rel}"):
+    with pytest.raises(layout.OverlappingRecordError, match=f"collection 'c': compaction record .* lists {rel}"):
         _keys(tmp_path)
     g = await _restart(swal, f)
     try:
         assert g.problems == []
         assert _overlaps.find(tmp_path) == []
-        [_, rec] = _layout.read_records(tmp_path, "c")
+        [_, rec] = layout.read_records(tmp_path, "c")
         assert rec.outputs[-1] == _overlaps.renamed(rel, 2) and rel in rec.inputs
         assert _keys(tmp_path) == list(range(4, 11))
-        _, _, horizon = _layout.visible_files(tmp_path, "c")
+        _, _, horizon = layout.visible_files(tmp_path, "c")
         assert _keys(tmp_path, horizon) == list(range(3, 9))  # key 3's delete is after the horizon
         # Compaction goes on from the repaired set, and the old path goes with the grace period.
         await g.compact("c", config=EAGER, now_ms=int(time.time() * 1000))
@@ -125,7 +125,7 @@ async def test_an_output_lost_past_retention_is_reported_and_readers_keep_refusi
     monkeypatch.undo()
     [o] = _overlaps.find(tmp_path)
     [rel] = o.paths
-    for p in (rel, _layout.hidden(rel)):
+    for p in (rel, layout.hidden(rel)):
         (tmp_path / p).unlink(missing_ok=True)
     await swal.append(bodies.insert("v", "c", rows(50, 1)))
     await f.flush("v")
@@ -136,7 +136,7 @@ async def test_an_output_lost_past_retention_is_reported_and_readers_keep_refusi
         assert f"collection 'c': compaction record {o.record_path} lists {rel} as both input and output" in line
         assert "are no longer in the WAL" in line
         assert g.stats().files_lost == 1
-        with pytest.raises(_layout.OverlappingRecordError):
+        with pytest.raises(layout.OverlappingRecordError):
             _keys(tmp_path)
         # A pass over every collection leaves this one alone and compacts the others.
         await swal.append(bodies.create_collection("v", "d", SCHEMA, "pk"))
@@ -145,26 +145,26 @@ async def test_an_output_lost_past_retention_is_reported_and_readers_keep_refusi
             await g.flush("v", "d")
         results = await g.compact(config=EAGER)
         assert [(r.collection, r.generation) for r in results] == [("d", 1)]
-        with pytest.raises(_layout.OverlappingRecordError):
+        with pytest.raises(layout.OverlappingRecordError):
             await g.compact("c", config=EAGER)
     finally:
         await g.aclose()
 
 
 def test_verify_names_the_collection_and_the_record(tmp_path: Path) -> None:
-    from streamingnode.verify import check_compactions  # noqa: PLC0415
+    from streamingnode.offline.verify import check_compactions  # noqa: PLC0415
 
     root = tmp_path / "parquet"
-    rel = f"{_layout.deletes_dir('c')}/{_layout.file_name(3, 5)}"
-    rec = _layout.CompactionRecord(2, 7, (rel,), (rel,), {})
-    (root / "p" / _layout.compactions_dir("c")).mkdir(parents=True)
-    (root / "p" / _layout.compactions_dir("c") / _layout.record_name(2)).write_bytes(rec.to_json())
+    rel = f"{layout.deletes_dir('c')}/{layout.file_name(3, 5)}"
+    rec = layout.CompactionRecord(2, 7, (rel,), (rel,), {})
+    (root / "p" / layout.compactions_dir("c")).mkdir(parents=True)
+    (root / "p" / layout.compactions_dir("c") / layout.record_name(2)).write_bytes(rec.to_json())
     findings, read = check_compactions(root, None)
     assert read == 1
     [finding] = findings
     assert finding.channel == "p"
     assert finding.line() == (
-        f"{root / 'p' / 'c' / '_compactions' / _layout.record_name(2)}: collection 'c': compaction record 2 lists "
+        f"{root / 'p' / 'c' / '_compactions' / layout.record_name(2)}: collection 'c': compaction record 2 lists "
         f"{rel} as both input and output: readers refuse the collection; start the node to rebuild the file from "
         "the WAL")
 
@@ -172,16 +172,16 @@ def test_verify_names_the_collection_and_the_record(tmp_path: Path) -> None:
 def test_the_verify_command_reports_it_and_exits_1(tmp_path: Path) -> None:
     import io  # noqa: PLC0415
 
-    from streamingnode.verify import run  # noqa: PLC0415
+    from streamingnode.offline.verify import run  # noqa: PLC0415
 
     data_dir = tmp_path / "data"
-    rel = f"{_layout.deletes_dir('c')}/{_layout.file_name(3, 5)}"
-    records = data_dir / "parquet" / "p" / _layout.compactions_dir("c")
+    rel = f"{layout.deletes_dir('c')}/{layout.file_name(3, 5)}"
+    records = data_dir / "parquet" / "p" / layout.compactions_dir("c")
     records.mkdir(parents=True)
-    (records / _layout.record_name(2)).write_bytes(_layout.CompactionRecord(2, 7, (rel,), (rel,), {}).to_json())
+    (records / layout.record_name(2)).write_bytes(layout.CompactionRecord(2, 7, (rel,), (rel,), {}).to_json())
     out, err = io.StringIO(), io.StringIO()
     assert run(str(data_dir), None, None, out, err) == 1, err.getvalue()
     lines = out.getvalue().splitlines()
-    assert f"{records / _layout.record_name(2)}: collection 'c': compaction record 2 lists {rel} as both" in \
+    assert f"{records / layout.record_name(2)}: collection 'c': compaction record 2 lists {rel} as both" in \
         out.getvalue(), lines
     assert lines[-1].startswith(f"verify {data_dir}: 1 finding(s)") and "1 compaction records" in lines[-1], lines

@@ -88,7 +88,7 @@ def serve_config(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> NodeConfig
         seen.append(config)
 
     monkeypatch.setattr(server, "serve", fake_serve)
-    monkeypatch.setattr("streamingnode._logging.configure_logging", lambda *_, **__: None)
+    monkeypatch.setattr("streamingnode.observability.logs.configure_logging", lambda *_, **__: None)
     assert entry.main(["serve", *argv]) == 0
     return seen[0]
 

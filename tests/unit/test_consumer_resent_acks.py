@@ -10,10 +10,10 @@ from typing import Any
 
 import grpc
 
-from streamingnode import convert
 from streamingnode.client import Consumer
-from streamingnode.status import to_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.wire import codec
+from streamingnode.wire.codes import to_error_detail
 from tests.waiting import until
 from wal.errors import OnShutdownError
 from wal.message import Position
@@ -42,7 +42,7 @@ class _Call:
 
     def feed_pack(self, start: tuple[int, int], end: tuple[int, int]) -> None:
         pack = MsgPack(start[1], end[1], [], Position("p", *start), Position("p", *end))
-        self.responses.put_nowait(spb.ConsumeResponse(pack=convert.msgpack_to_pb(pack, "v")))
+        self.responses.put_nowait(spb.ConsumeResponse(pack=codec.msgpack_to_pb(pack, "v")))
 
     def feed_acked(self) -> None:
         self.responses.put_nowait(spb.ConsumeResponse(acked=spb.ConsumeAcked()))

@@ -1,5 +1,5 @@
-"""Column packs (ConsumeOpen.columns): ``convert.consume_columns_response`` on the node and
-``convert.msgpack_from_pb`` on the client must give exactly the MsgPack that the messages form gives,
+"""Column packs (ConsumeOpen.columns): ``codec.consume_columns_response`` on the node and
+``codec.msgpack_from_pb`` on the client must give exactly the MsgPack that the messages form gives,
 whatever the pack holds and wherever its fragments are cut; malformed columns are refused."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamingnode import convert
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.wire import codec
 from wal.errors import InvalidArgumentError
 from wal.message import Message, MessageType, Position, TxnContext
 from wal.scanner import MsgPack
@@ -53,11 +53,11 @@ def _pack(msgs: list[Message], begin: int = 5, end: int = 9) -> MsgPack:
 
 
 def _as_messages(pack: MsgPack, vchannel: str) -> spb.ConsumeResponse:
-    return spb.ConsumeResponse.FromString(convert.consume_pack_response(pack, vchannel))
+    return spb.ConsumeResponse.FromString(codec.consume_pack_response(pack, vchannel))
 
 
 def _as_columns(pack: MsgPack, vchannel: str, **kw: int) -> spb.ConsumeResponse:
-    return spb.ConsumeResponse.FromString(convert.consume_columns_response(pack, vchannel, **kw))
+    return spb.ConsumeResponse.FromString(codec.consume_columns_response(pack, vchannel, **kw))
 
 
 def _same_as_messages_form(pack: MsgPack, vchannel: str, **kw: int) -> pb.MsgPack:
@@ -68,9 +68,9 @@ def _same_as_messages_form(pack: MsgPack, vchannel: str, **kw: int) -> pb.MsgPac
     assert cols.pack.HasField("columns") == bool(pack.messages)
     for field in ("begin_ts", "end_ts", "start_positions", "end_positions"):
         assert getattr(cols.pack, field) == getattr(want.pack, field), field
-    got = convert.msgpack_from_pb(cols.pack)
-    assert got == convert.msgpack_from_pb(want.pack)
-    for a, b in zip(got.messages, convert.msgpack_from_pb(want.pack).messages, strict=True):
+    got = codec.msgpack_from_pb(cols.pack)
+    assert got == codec.msgpack_from_pb(want.pack)
+    for a, b in zip(got.messages, codec.msgpack_from_pb(want.pack).messages, strict=True):
         for slot in Message.__slots__:  # Message.__eq__ ignores nothing, but say which slot differs
             assert getattr(a, slot) == getattr(b, slot), slot
     return cols.pack
@@ -101,7 +101,7 @@ def test_a_delivered_message_reads_back_field_for_field() -> None:
         _message(MessageType.DATA, "v2", b"b", 13, 2, 9, None, {"k": "v"}, TxnContext(4, 1000)),
         _message(MessageType.DATA, "v1", b"c", 14, 2, 0, 0),
     ]
-    got = convert.msgpack_from_pb(_as_columns(_pack(sent), "").pack).messages
+    got = codec.msgpack_from_pb(_as_columns(_pack(sent), "").pack).messages
     for s, g in zip(sent, got, strict=True):
         for slot in Message.__slots__:
             assert getattr(g, slot) == getattr(s, slot), slot
@@ -135,7 +135,7 @@ def test_a_last_confirmed_column_of_the_wrong_length_is_refused() -> None:
     cols = _as_columns(_pack(msgs), "v").pack.columns
     cols.last_confirmeds.append(9)
     with pytest.raises(InvalidArgumentError, match="last_confirmeds has 4 entries for 3"):
-        convert.messages_from_columns(cols)
+        codec.messages_from_columns(cols)
 
 
 def test_presence_with_default_values_reads_as_message_from_pb() -> None:
@@ -146,8 +146,8 @@ def test_presence_with_default_values_reads_as_message_from_pb() -> None:
     cols = pb.MessageColumns(types=[sent.type], vchannels=[sent.vchannel], timeticks=[0], wal_terms=[0], ids=[0],
                              payloads=[b""], extras=[pb.MessageExtras(index=0, last_confirmed=pb.MessageID(),
                                                                       txn=pb.TxnContext())])
-    (got,) = convert.messages_from_columns(cols)
-    assert got == convert.message_from_pb(sent)
+    (got,) = codec.messages_from_columns(cols)
+    assert got == codec.message_from_pb(sent)
     assert got.last_confirmed == 0 and got.txn == TxnContext(0, 0)
 
 # --- malformed columns, as a client may receive them ----------------------------------------------
@@ -165,7 +165,7 @@ def _with_positions(cols: pb.MessageColumns) -> pb.MsgPack:
 
 
 def test_good_columns_decode() -> None:
-    got = convert.msgpack_from_pb(_with_positions(_good_columns())).messages
+    got = codec.msgpack_from_pb(_with_positions(_good_columns())).messages
     assert [m.properties for m in got] == [{}, {"a": "b"}, {}]
     assert [m.message_id for m in got] == [0, 1, None]
 
@@ -180,7 +180,7 @@ def test_columns_of_other_lengths_are_refused(column: str, change: str) -> None:
     else:
         field.append(field[0])
     with pytest.raises(InvalidArgumentError, match=rf"columns\.{column}") as err:
-        convert.msgpack_from_pb(_with_positions(cols))
+        codec.msgpack_from_pb(_with_positions(cols))
     assert err.value.fields["field"] == f"columns.{column}"
 
 
@@ -188,7 +188,7 @@ def test_fewer_types_than_the_other_columns_are_refused() -> None:
     cols = _good_columns()
     del cols.types[-1]
     with pytest.raises(InvalidArgumentError, match="columns"):
-        convert.msgpack_from_pb(_with_positions(cols))
+        codec.msgpack_from_pb(_with_positions(cols))
 
 
 @pytest.mark.parametrize("indices", [[3], [0, 7], [2**32 - 1], [1, 1], [2, 1]])
@@ -198,17 +198,17 @@ def test_extras_out_of_range_or_order_are_refused(indices: list[int]) -> None:
     for i in indices:
         cols.extras.add(index=i, properties={"k": "v"})
     with pytest.raises(InvalidArgumentError, match=r"columns\.extras") as err:
-        convert.msgpack_from_pb(_with_positions(cols))
+        codec.msgpack_from_pb(_with_positions(cols))
     assert err.value.fields["field"] == "columns.extras"
 
 
 def test_extras_with_no_messages_are_refused() -> None:
     with pytest.raises(InvalidArgumentError, match=r"columns\.extras"):
-        convert.msgpack_from_pb(_with_positions(pb.MessageColumns(extras=[pb.MessageExtras(index=0, no_id=True)])))
+        codec.msgpack_from_pb(_with_positions(pb.MessageColumns(extras=[pb.MessageExtras(index=0, no_id=True)])))
 
 
 def test_a_pack_with_messages_and_columns_is_refused() -> None:
     p = _with_positions(_good_columns())
     p.messages.add(type=pb.MESSAGE_TYPE_DATA, vchannel="v")
     with pytest.raises(InvalidArgumentError, match="not both"):
-        convert.msgpack_from_pb(p)
+        codec.msgpack_from_pb(p)

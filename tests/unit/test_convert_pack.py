@@ -1,4 +1,4 @@
-"""``convert.consume_pack_response`` encodes a pack in fragments; it must parse to exactly the
+"""``codec.consume_pack_response`` encodes a pack in fragments; it must parse to exactly the
 ConsumeResponse that one SerializeToString of the whole would give, whatever the pack holds."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamingnode import convert
 from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.wire import codec
 from wal.message import Message, MessageType, Position, TxnContext
 from wal.scanner import MsgPack
 
@@ -30,7 +30,7 @@ def messages(draw: st.DrawFn) -> Message:
 
 
 def whole(pack: MsgPack, vchannel: str) -> spb.ConsumeResponse:
-    return spb.ConsumeResponse(pack=convert.msgpack_to_pb(pack, vchannel))
+    return spb.ConsumeResponse(pack=codec.msgpack_to_pb(pack, vchannel))
 
 
 @settings(max_examples=60, deadline=None)
@@ -38,7 +38,7 @@ def whole(pack: MsgPack, vchannel: str) -> spb.ConsumeResponse:
        vchannel=st.sampled_from(["", "v"]))
 def test_fragments_parse_to_the_whole(msgs: list[Message], begin: int, end: int, vchannel: str) -> None:
     pack = MsgPack(begin, end, msgs, Position("p", 3, begin), Position("p", 3 + len(msgs), end))
-    got = spb.ConsumeResponse.FromString(convert.consume_pack_response(pack, vchannel))
+    got = spb.ConsumeResponse.FromString(codec.consume_pack_response(pack, vchannel))
     assert got == whole(pack, vchannel)
     assert got.WhichOneof("response") == "pack"
 
@@ -50,7 +50,7 @@ def test_a_pack_of_megabytes_has_a_multi_byte_length() -> None:
         m._id = i
         msgs.append(m)
     pack = MsgPack(0, 3000, msgs, Position("p", 0, 0), Position("p", 2100, 3000))
-    raw = convert.consume_pack_response(pack, "v")
+    raw = codec.consume_pack_response(pack, "v")
     assert len(raw) > 2 << 20
     got = spb.ConsumeResponse.FromString(raw)
     assert got == whole(pack, "v")
@@ -61,9 +61,9 @@ def test_a_pack_of_megabytes_has_a_multi_byte_length() -> None:
 @given(msgs=st.lists(messages(), max_size=50))
 def test_a_delivered_message_reads_back_field_for_field(msgs: list[Message]) -> None:
     pack = MsgPack(0, 1, msgs, Position("p", 0, 0), Position("p", len(msgs), 1))
-    parsed = spb.ConsumeResponse.FromString(convert.consume_pack_response(pack, "v")).pack
+    parsed = spb.ConsumeResponse.FromString(codec.consume_pack_response(pack, "v")).pack
     for sent, pm in zip(msgs, parsed.messages, strict=True):
-        got = convert.message_from_pb(pm)
+        got = codec.message_from_pb(pm)
         for slot in Message.__slots__:
             want = getattr(sent, slot)
             if slot == "_not_persisted":
@@ -87,8 +87,8 @@ def test_joined_responses_parse_to_the_pack_they_make_together(
         at += len(msgs)
     whole_pack = MsgPack(packs[0].begin_ts, packs[-1].end_ts, [m for p in packs for m in p.messages],
                          packs[0].start_position, packs[-1].end_position)
-    responses = [convert.consume_pack_response(p, vchannel) for p in packs]
-    joined = convert.joined_pack_response(whole_pack, vchannel, responses)
+    responses = [codec.consume_pack_response(p, vchannel) for p in packs]
+    joined = codec.joined_pack_response(whole_pack, vchannel, responses)
     assert joined is not None
     assert spb.ConsumeResponse.FromString(joined) == whole(whole_pack, vchannel)
 
@@ -97,11 +97,11 @@ def test_only_whole_message_packs_can_be_joined() -> None:
     m = Message(MessageType.DATA, "v", b"x", timetick=2)
     m._id = 3
     pack = MsgPack(1, 2, [m], Position("p", 3, 1), Position("p", 4, 2))
-    plain = convert.consume_pack_response(pack, "v")
-    assert convert.pack_messages_offset(plain) is not None
-    for other in (convert.consume_pack_response(pack, "v", continued=True),  # a part of a larger pack
-                  convert.consume_columns_response(pack, "v"),  # extras count from the pack's first message
+    plain = codec.consume_pack_response(pack, "v")
+    assert codec.pack_messages_offset(plain) is not None
+    for other in (codec.consume_pack_response(pack, "v", continued=True),  # a part of a larger pack
+                  codec.consume_columns_response(pack, "v"),  # extras count from the pack's first message
                   spb.ConsumeResponse(opened=spb.ConsumeOpened(consumer_id=1)).SerializeToString(),
                   plain[:-1]):  # cut short
-        assert convert.pack_messages_offset(other) is None
-        assert convert.joined_pack_response(pack, "v", [plain, other]) is None
+        assert codec.pack_messages_offset(other) is None
+        assert codec.joined_pack_response(pack, "v", [plain, other]) is None

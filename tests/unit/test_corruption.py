@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import rocksdict
 
-from interceptors.streaming import ChainConfig, open_streaming_wal
+from interceptors.recovery.streaming_wal import ChainConfig, open_streaming_wal
 from tests.factories import data, flat, ins, packs_until, tick
 from wal import CorruptedError, DeliverPolicy, ReadOption, WALManager, decode_block
 from wal.backends import RocksBackend

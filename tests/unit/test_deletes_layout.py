@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flusher import Flusher, FlusherConfig, _layout
-from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
-from streamingnode.verify.parquet import parquet_files
+from flusher import Flusher, FlusherConfig, layout
+from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
+from streamingnode.offline.verify.parquet import parquet_files
 from tests.flushed import delete_files
 from wal import InvalidArgumentError, Message, WALManager, bodies, names
 
@@ -30,7 +30,7 @@ async def swal(manager: WALManager) -> AsyncIterator[StreamingWAL]:
 
 
 def test_the_deletes_directory_is_no_collection_name() -> None:
-    assert _layout.DELETES_DIR == names.DELETES_DIR == "_deletes"
+    assert layout.DELETES_DIR == names.DELETES_DIR == "_deletes"
     with pytest.raises(InvalidArgumentError, match="'_deletes' is reserved"):
         bodies.validate_name("collection", "_deletes")
     assert bodies.validate_name("collection", "_deleted") == "_deleted"
@@ -51,7 +51,7 @@ async def test_a_glob_of_the_collection_directory_reads_data_files_only(swal: St
     [deletes] = delete_files(tmp_path, "c")
     assert deletes.parent == tmp_path / "_deletes" / "c"
     assert f"_deletes/c/{deletes.name}" in written
-    assert f"_deletes/c/{deletes.name}" in _layout.committed_files(tmp_path)  # the flusher's start-up listing
+    assert f"_deletes/c/{deletes.name}" in layout.committed_files(tmp_path)  # the flusher's start-up listing
     assert deletes in list(parquet_files(tmp_path, None))  # verify's listing checks it too
 
     # What a user types first: every file under the collection's directory is a data file (no NULL rows).

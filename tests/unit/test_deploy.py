@@ -234,7 +234,7 @@ def serve_config(argv: list[str], env: dict[str, str], monkeypatch: pytest.Monke
         seen.append(config)
 
     monkeypatch.setattr(server, "serve", fake_serve)
-    monkeypatch.setattr("streamingnode._logging.configure_logging", lambda *_, **__: None)
+    monkeypatch.setattr("streamingnode.observability.logs.configure_logging", lambda *_, **__: None)
     assert argv[0] == "streamingnode" and argv[1] == "serve", argv
     try:
         code = cli.main(argv[1:])

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from flusher import CHECKPOINT_META, Flusher, FlusherConfig
-from interceptors.streaming import ChainConfig, open_streaming_wal
+from interceptors.recovery.streaming_wal import ChainConfig, open_streaming_wal
 from tests.reopening import SCHEMA, rows
 from tests.waiting import until
 from wal import ChannelFencedError, Message, MessageType, UnrecoverableError, WALManager, bodies
@@ -340,24 +340,24 @@ async def test_a_parquet_file_is_synced_renamed_and_its_directory_synced_before_
 def test_compaction_outputs_and_their_directories_are_synced_before_the_record_publishes_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from flusher import _layout  # noqa: PLC0415
+    from flusher import layout  # noqa: PLC0415
     from flusher.compact import CompactionConfig, compact_collection  # noqa: PLC0415
     from tests.unit.test_compact import _write  # noqa: PLC0415
 
     for i in range(3):  # three small data files of two partitions' worth, and two delete files
         _write(tmp_path, "c/partition=p/segment=1", [2 * i, 2 * i + 1], 10 + i, i)
         _write(tmp_path, "c/partition=q/segment=2", [100 + i], 10 + i, 10 + i)
-    _write(tmp_path, _layout.deletes_dir("c"), [0], 20, 20, data=False)
-    _write(tmp_path, _layout.deletes_dir("c"), [100], 21, 21, data=False)
+    _write(tmp_path, layout.deletes_dir("c"), [0], 20, 20, data=False)
+    _write(tmp_path, layout.deletes_dir("c"), [100], 21, 21, data=False)
     calls = FileCalls(monkeypatch)
     r = compact_collection(tmp_path, "c", CompactionConfig(min_files=2, horizon_seconds=0, grace_seconds=60),
                            drop_deletes=False)
-    [rec] = _layout.read_records(tmp_path, "c")
+    [rec] = layout.read_records(tmp_path, "c")
     assert r.generation == rec.generation == 1 and len(rec.outputs) == 3  # two partitions and the deletes
-    record = str((tmp_path / _layout.compactions_dir("c") / _layout.record_name(1)).resolve())
+    record = str((tmp_path / layout.compactions_dir("c") / layout.record_name(1)).resolve())
     [published] = [i for i, e in enumerate(calls.events) if e[0] == "rename" and e[2] == record]
     for out in rec.outputs:
-        path = str((tmp_path / _layout.hidden(out)).resolve())  # the name it was written under
+        path = str((tmp_path / layout.hidden(out)).resolve())  # the name it was written under
         synced = [i for i, e in enumerate(calls.events[:published]) if e == ("fsync", path, "")]
         assert synced, f"compaction output {out} was published before it was fsynced"
         assert calls.sizes[path] == os.path.getsize(path), f"{out} grew after its fsync"

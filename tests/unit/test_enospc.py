@@ -22,8 +22,8 @@ import pytest
 from flusher import Flusher, FlusherConfig
 from flusher.commit import commit_file, remove_temporaries
 from flusher.flusher import FlusherState
-from interceptors.streaming import ChainConfig, open_streaming_wal
-from streamingnode.storage import StorageMonitor, free_bytes
+from interceptors.recovery.streaming_wal import ChainConfig, open_streaming_wal
+from streamingnode.node.disk_guard import StorageMonitor, free_bytes
 from tests.reopening import SCHEMA, rows
 from wal import Message, MessageType, StorageFullError, UnrecoverableError, WALManager, bodies
 from wal.backends import _journal

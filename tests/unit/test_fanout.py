@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 
 from streamingnode.config import NodeConfig
-from streamingnode.node import Node
+from streamingnode.node.node import Node
 from streamingnode.server import consume
 from streamingnode.server.consume import _cut, _merge
 from streamingnode.server.fanout import DeliveryTurns, EncodedPacks, PackCheck, SendingThreads, fanout_of, governed
+from streamingnode.wire.packs import MESSAGE_OVERHEAD
 from tests.factories import ins, tick
 from wal import WAL, WALManager
 from wal.errors import InvalidArgumentError
 from wal.message import Message, MessageType, Position
-from wal.packs import MESSAGE_OVERHEAD
 from wal.scanner import MsgPack
 
 

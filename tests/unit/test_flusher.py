@@ -16,7 +16,7 @@ import pytest
 
 import flusher as flusher_package
 from flusher import CHECKPOINT_META, Flusher, FlusherConfig
-from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
 from tests.conftest import ManagerFactory
 from tests.flushed import data_files, delete_files, pks, read_all
 from tests.waiting import until
@@ -460,7 +460,7 @@ def test_the_package_exports_what_the_node_needs() -> None:
 def test_importing_the_package_stays_light_for_spark_submit() -> None:
     # The reader takes the timestamp layout from wal.clock (standard library only); nothing else of
     # the log, no RocksDB and no gRPC may load with it.
-    code = ("import sys, flusher, flusher.spark; "
+    code = ("import sys, flusher, flusher.read.spark; "
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('rocksdict', 'interceptors', 'grpc') "
             "or (m.startswith('wal') and m not in ('wal', 'wal.clock'))); "
             "print(heavy); assert flusher.Flusher.__name__ == 'Flusher'")

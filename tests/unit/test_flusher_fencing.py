@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flusher import Flusher, FlusherConfig, _layout, commit
-from interceptors.streaming import open_streaming_wal
+from flusher import Flusher, FlusherConfig, commit, layout
+from interceptors.recovery.streaming_wal import open_streaming_wal
 from tests.flushed import data_files, pks
 from tests.unit.test_compact import EAGER, _small_files
 from tests.unit.test_flusher import FAST, SCHEMA, open_stream, rows
@@ -97,15 +97,15 @@ async def test_a_compaction_of_an_older_term_commits_nothing_after_a_newer_term_
     old = Flusher(old_wal, tmp_path, FlusherConfig(compaction=EAGER))
     await old.start()
     await _small_files(old_wal, old, 4)
-    before = _layout.visible_files(tmp_path, "c")
+    before = layout.visible_files(tmp_path, "c")
     new_wal = await open_streaming_wal(manager, "p", FAST)
     await new_wal.ready()
     new = Flusher(new_wal, tmp_path, FlusherConfig())
     await new.start()  # removes the old term's staging directory
     with pytest.raises(ChannelFencedError, match="newer term"):
         await old.compact()
-    assert _layout.visible_files(tmp_path, "c") == before
-    assert _layout.read_records(tmp_path, "c") == []
+    assert layout.visible_files(tmp_path, "c") == before
+    assert layout.read_records(tmp_path, "c") == []
     await old.aclose()
     await new.aclose()
     await new_wal.aclose()

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flusher import Flusher, FlusherConfig
-from interceptors.streaming import ChainConfig, open_streaming_wal
+from interceptors.recovery.streaming_wal import ChainConfig, open_streaming_wal
 from wal import WALManager, bodies
 from wal.backends import MemoryBackend
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from streamingnode.groups import ConsumerGroups
+from streamingnode.node.groups import ConsumerGroups
 from tests.factories import ins
 from wal import WAL, Position, WALManager
 from wal.errors import InvalidArgumentError, OutOfRangeError, StreamingError

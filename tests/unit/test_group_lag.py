@@ -1,4 +1,4 @@
-"""The lag rule of ``streamingnode.groups`` over a real WAL: per vchannel, behind its newest message,
+"""The lag rule of ``streamingnode.node.groups`` over a real WAL: per vchannel, behind its newest message,
 exact at 0; the high-water from appends (broadcasts count for every vchannel, other vchannels do not)
 and, after a restart, from one read of what follows the groups' positions."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from streamingnode.groups import ConsumerGroups, lag
+from streamingnode.node.groups import ConsumerGroups, lag
 from tests.reopening import Opened
 from wal import Message, MessageType, Position
 from wal.clock import compose

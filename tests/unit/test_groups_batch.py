@@ -1,4 +1,4 @@
-"""Batched group commits (``streamingnode.groups``): changes that arrive while a store of the groups
+"""Batched group commits (``streamingnode.node.groups``): changes that arrive while a store of the groups
 record is in flight are stored together by the next one; each caller returns only once the store
 holding its change is durable, and a failed store fails every change it held.  The record keeps its
 format: one written by an older node loads, and a restart keeps every acknowledged position.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from streamingnode.groups import META_KEY, ConsumerGroups
+from streamingnode.node.groups import META_KEY, ConsumerGroups
 from tests.factories import ins
 from tests.waiting import until
 from wal import WAL, Position, WALManager

@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from interceptors._ack import AckManager
 from interceptors.chain import SAMPLE_EVERY, build_chain
 from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE, DedupInterceptor
 from interceptors.lock import LockInterceptor, RWLock
 from interceptors.redo import RedoInterceptor
+from interceptors.timetick.ack import AckManager
 from tests.factories import ins
 from wal import AppendResult, Message, MessageType, OutOfRangeError, StreamingError
 from wal.adaptor import append_deadline
@@ -361,7 +361,7 @@ class _FakeWAL:
 
 
 async def test_batches_waiting_for_a_new_clock_window_keep_their_order() -> None:
-    from interceptors.timetick import TimeTickInterceptor  # noqa: PLC0415
+    from interceptors.timetick.interceptor import TimeTickInterceptor  # noqa: PLC0415
 
     tt = TimeTickInterceptor(_FakeWAL(), interval=60, window_ms=10, wall_ms=lambda: 1000)  # type: ignore[arg-type]
     await tt.start()
@@ -416,7 +416,7 @@ async def test_data_finished_while_a_persisted_tick_is_written_is_still_dirty() 
     # The tick covers what finished before it was allocated, not what finishes while it is written:
     # a lone append can complete inside its caller's turn, before the tick's task resumes, and a
     # flag cleared after the write dropped it (no persisted tick followed it until the next data).
-    from interceptors.timetick import TimeTickInterceptor  # noqa: PLC0415
+    from interceptors.timetick.interceptor import TimeTickInterceptor  # noqa: PLC0415
 
     wal = _GatedWAL()
     tt = TimeTickInterceptor(wal, interval=3600)  # type: ignore[arg-type]

@@ -482,8 +482,8 @@ def test_the_writer_zero_writes_ahead_so_a_sync_changes_no_file_size(tmp_path: P
 
 
 async def test_verify_reads_a_preallocated_journal_to_its_records_end(tmp_path: Path) -> None:
-    from streamingnode.verify.access import Finding  # noqa: PLC0415
-    from streamingnode.verify.journal import scan_journal  # noqa: PLC0415
+    from streamingnode.offline.verify.access import Finding  # noqa: PLC0415
+    from streamingnode.offline.verify.journal import scan_journal  # noqa: PLC0415
 
     path = tmp_path / "db"
     _crash_after(path, _APPEND_40)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
 from tests.factories import data, flat
 from wal import DeliverFilter, DeliverPolicy, Message, MessageType, MsgPack, ReadOption, Scanner, WALManager
 from wal.message import Position, TxnContext

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
 from streamingnode.client import AsyncClient
 from streamingnode.server import ServerThread
 from streamingnode.server.produce import ProduceStream

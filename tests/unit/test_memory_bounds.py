@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-import streamingnode.node
+import streamingnode.node.node
 from streamingnode.config import NodeConfig, load_config
-from streamingnode.node import Node
+from streamingnode.node.node import Node
 from tests.factories import ins, tick
 from wal import WALManager
 from wal.backends import MemoryBackend
@@ -147,7 +147,7 @@ async def test_the_nodes_memory_settings_reach_the_backend_and_the_wals(tmp_path
 # one "Arena N:" block per arena it made.
 _ARENAS = textwrap.dedent("""
     import ctypes, sys, threading
-    from streamingnode._allocator import limit_arenas
+    from streamingnode.node.memory_trim import limit_arenas
     if int(sys.argv[1]):
         assert limit_arenas(int(sys.argv[1]))
     held, barrier = [], threading.Barrier(8)
@@ -176,7 +176,7 @@ async def test_the_node_limits_the_arenas_before_its_threads_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     limits: list[int] = []
-    monkeypatch.setattr(streamingnode.node, "limit_arenas", limits.append)
+    monkeypatch.setattr(streamingnode.node.node, "limit_arenas", limits.append)
     assert NodeConfig().malloc_arena_max == 2
     node = await Node.start(NodeConfig(data_dir=tmp_path / "data", flusher=False, malloc_arena_max=3))
     await node.aclose()

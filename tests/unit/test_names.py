@@ -11,8 +11,8 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 
 from flusher.commit import PathOutsideRootError, inside
-from streamingnode import status
-from streamingnode.groups import check_group_name
+from streamingnode.node.groups import check_group_name
+from streamingnode.wire import codes
 from wal import bodies, names
 from wal.errors import ChannelNotExistError, InvalidArgumentError, StreamingError
 
@@ -101,29 +101,29 @@ def _header_bytes(st: object) -> int:
 def test_no_error_can_exceed_the_16_kib_metadata_limit() -> None:
     err = StreamingError("é" * 20_000, channel="x" * 10_000, vchannel="\u4e00" * 5000,
                          **{f"k{i}" * 50: "v" * 300 for i in range(100)})
-    st = status.to_grpc_status(err)
+    st = codes.to_grpc_status(err)
     assert _header_bytes(st) < 12 * 1024
     (_, raw), = [(k, v) for k, v in st.trailing_metadata if k == "grpc-status-details-bin"]
     rich = status_pb2.Status.FromString(raw)
     info = error_details_pb2.ErrorInfo()
     any_pb2.Any.Unpack(rich.details[0], info)
     assert info.metadata["channel"].startswith("xxx") and len(info.metadata["channel"].encode()) <= 256
-    assert sum(len(k) + len(v.encode()) for k, v in info.metadata.items()) <= status.MAX_METADATA_BYTES
-    assert len(rich.message.encode()) <= status.MAX_MESSAGE_BYTES and "bytes)" in rich.message
-    detail = status.to_error_detail(err)
-    assert len(detail.message.encode()) <= status.MAX_MESSAGE_BYTES
-    assert sum(len(k) + len(v.encode()) for k, v in detail.metadata.items()) <= status.MAX_METADATA_BYTES
+    assert sum(len(k) + len(v.encode()) for k, v in info.metadata.items()) <= codes.MAX_METADATA_BYTES
+    assert len(rich.message.encode()) <= codes.MAX_MESSAGE_BYTES and "bytes)" in rich.message
+    detail = codes.to_error_detail(err)
+    assert len(detail.message.encode()) <= codes.MAX_MESSAGE_BYTES
+    assert sum(len(k) + len(v.encode()) for k, v in detail.metadata.items()) <= codes.MAX_METADATA_BYTES
 
 
 def test_a_small_error_is_carried_whole() -> None:
     err = ChannelNotExistError("pchannel 'p' does not exist", channel="p")
-    back = status.from_error_detail(status.to_error_detail(err))
+    back = codes.from_error_detail(codes.to_error_detail(err))
     assert str(back) == str(err) and back.fields == {"channel": "p"}
 
 
 def test_the_quarantine_directory_is_no_collection_name() -> None:
     """Damaged Parquet files go to a directory beside the collections: no collection may take its name."""
-    from flusher._layout import QUARANTINE_DIR  # noqa: PLC0415
+    from flusher.layout import QUARANTINE_DIR  # noqa: PLC0415
 
     assert QUARANTINE_DIR == names.QUARANTINE_DIR
     with pytest.raises(InvalidArgumentError, match="reserved"):

@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from streamingnode import convert
 from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.wire import codec
+from streamingnode.wire.packs import continued_runs, wire_bound
 from wal.message import Message, MessageType, Position, TxnContext
-from wal.packs import continued_runs, wire_bound
 from wal.scanner import MsgPack
 
 
@@ -30,7 +30,7 @@ def _pack(messages: list[Message]) -> MsgPack:
     return MsgPack(10, 2**64 - 1, messages, Position("p" * 128, 5, 10), Position("p" * 128, 5, 2**64 - 1))
 
 
-@pytest.mark.parametrize("encode", [convert.consume_pack_response, convert.consume_columns_response])
+@pytest.mark.parametrize("encode", [codec.consume_pack_response, codec.consume_columns_response])
 def test_wire_bound_bounds_each_message(encode: object) -> None:
     rng = random.Random(7)
     for i in range(300):
@@ -53,25 +53,25 @@ def test_continued_runs_fit_the_budget_and_cover_in_order() -> None:
     assert (250, 251) in runs
 
 
-@pytest.mark.parametrize("encode", [convert.consume_pack_response, convert.consume_columns_response])
+@pytest.mark.parametrize("encode", [codec.consume_pack_response, codec.consume_columns_response])
 def test_continued_parts_fit_and_join_to_the_pack(encode: object) -> None:
     rng = random.Random(11)
     pack = _pack([_message(rng, i) for i in range(400)])
     budget = 16_384
-    runs = continued_runs(pack.messages, budget - convert.pack_head_bytes(pack, "v"))
+    runs = continued_runs(pack.messages, budget - codec.pack_head_bytes(pack, "v"))
     assert len(runs) > 5
     decoded = []
     for k, (start, stop) in enumerate(runs):
         last = k == len(runs) - 1
-        data = encode(convert.continued_part(pack, start, stop, last), "v", not last)  # type: ignore[operator]
+        data = encode(codec.continued_part(pack, start, stop, last), "v", not last)  # type: ignore[operator]
         assert len(data) <= budget or stop - start == 1
         resp = spb.ConsumeResponse.FromString(data)
         assert resp.pack.continued is not last
-        part = convert.msgpack_from_pb(resp.pack)
+        part = codec.msgpack_from_pb(resp.pack)
         # A part that is not the last ends where the pack starts: acking it re-reads the whole pack.
         assert part.end_position == (pack.end_position if last else pack.start_position)
         decoded.append(part)
-    whole = convert.join_continued(decoded[:-1], decoded[-1])
+    whole = codec.join_continued(decoded[:-1], decoded[-1])
     assert whole.start_position == pack.start_position and whole.end_position == pack.end_position
     assert (whole.begin_ts, whole.end_ts) == (pack.begin_ts, pack.end_ts)
     assert [(m.payload, m.properties, m.vchannel, m.timetick, m.txn) for m in whole.messages] == [

@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 import structlog
 
-from flusher import _layout, _probe
+from flusher import _probe, layout
 from flusher._buffers import Buffer
-from flusher.spark import DamagedFileError, read_collection_arrow
+from flusher.read.spark import DamagedFileError, read_collection_arrow
 from streamingnode.config import NodeConfig
-from streamingnode.node import Node, Owner
+from streamingnode.node.node import Node, Owner
 from tests.waiting import until
 from wal import bodies
 from wal.message import Position
@@ -51,11 +51,11 @@ async def write_files(node: Node) -> None:
 
 
 def parquet_files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*.parquet") if _layout.QUARANTINE_DIR not in p.parts)
+    return sorted(p for p in root.rglob("*.parquet") if layout.QUARANTINE_DIR not in p.parts)
 
 
 def quarantined(root: Path) -> list[Path]:
-    return sorted((root / _layout.QUARANTINE_DIR).glob("*")) if (root / _layout.QUARANTINE_DIR).is_dir() else []
+    return sorted((root / layout.QUARANTINE_DIR).glob("*")) if (root / layout.QUARANTINE_DIR).is_dir() else []
 
 
 def metric(node: Node, name: str) -> float:
@@ -94,8 +94,8 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
     "first page": flip(lambda d: 40),
     "middle of the pages": flip(lambda d: footer_start(d) // 2),
     "footer start": flip(footer_start),
-    "last key's id in the footer": flip(lambda d: d.index(b":", d.rindex(_layout.LAST_KEY)) + 1),
-    "first key's time in the footer": lambda path: set_byte(path, _layout.FIRST_KEY, 2, ord("9")),
+    "last key's id in the footer": flip(lambda d: d.index(b":", d.rindex(layout.LAST_KEY)) + 1),
+    "first key's time in the footer": lambda path: set_byte(path, layout.FIRST_KEY, 2, ord("9")),
     "footer length": flip(lambda d: len(d) - 7),
     "tail magic": flip(lambda d: len(d) - 1),
     "truncated": truncate,
@@ -156,7 +156,7 @@ async def test_a_damaged_file_whose_messages_were_truncated_is_reported_lost(tmp
         files = [f for f in parquet_files(root) if "_deletes" not in f.parts]
         channel = node.channel(P)
         victim = files[0]
-        first_id = _layout.parse_name(victim.name)
+        first_id = layout.parse_name(victim.name)
         assert first_id is not None and channel.retention is not None
 
         async def truncated() -> bool:
@@ -240,9 +240,9 @@ def test_the_arrow_reader_names_a_damaged_file_and_never_lists_the_quarantine(tm
     coll.mkdir(parents=True)
     table = pa.table({"pk": pa.array([1, 2], pa.int64()), "_ts": pa.array([1, 2], pa.int64()),
                       "_segment": pa.array([1, 1], pa.int64())})
-    pq.write_table(table, coll / _layout.file_name(1, 1))
-    pq.write_table(table, coll / _layout.file_name(2, 2), write_page_checksum=True)
-    bad = coll / _layout.file_name(2, 2)
+    pq.write_table(table, coll / layout.file_name(1, 1))
+    pq.write_table(table, coll / layout.file_name(2, 2), write_page_checksum=True)
+    bad = coll / layout.file_name(2, 2)
     flip(lambda d: 40)(bad)
     with pytest.raises(DamagedFileError) as caught:
         read_collection_arrow(tmp_path, "c")
@@ -250,9 +250,9 @@ def test_the_arrow_reader_names_a_damaged_file_and_never_lists_the_quarantine(tm
     assert str(bad) in str(caught.value)
 
     # Moved aside as the flusher does: readers no longer see it, nor anything else in _quarantine/.
-    moved = _layout.quarantine(tmp_path, bad.relative_to(tmp_path).as_posix())
+    moved = layout.quarantine(tmp_path, bad.relative_to(tmp_path).as_posix())
     pq.write_table(table, bad)
-    again = _layout.quarantine(tmp_path, bad.relative_to(tmp_path).as_posix())
+    again = layout.quarantine(tmp_path, bad.relative_to(tmp_path).as_posix())
     assert moved != again and moved.exists() and again.name == moved.name + ".1"  # never overwritten
     assert read_collection_arrow(tmp_path, "c").num_rows == 2
 
@@ -273,10 +273,10 @@ async def test_a_file_that_aborts_the_parquet_reader_is_found_damaged_without_st
 ) -> None:
     """pyarrow 26 aborts the process (std::terminate) on some footers: here a column chunk's
     histogram.  The checks run in a child, which names the file it died on."""
-    good = tmp_path / _layout.file_name(10, 12)
+    good = tmp_path / layout.file_name(10, 12)
     pq.write_table(_table(), good, compression="zstd", coerce_timestamps="us", allow_truncated_timestamps=True,
                    write_page_checksum=True)
-    bad = tmp_path / "c" / _layout.file_name(10, 12)
+    bad = tmp_path / "c" / layout.file_name(10, 12)
     bad.parent.mkdir()
     data = bytearray(good.read_bytes())
     data[898] ^= 0x01  # a column chunk's definition level histogram (the offset moves when the columns change)
@@ -311,7 +311,7 @@ async def test_a_rebuilt_file_is_not_written_again_by_the_replay_behind_it(tmp_p
         root = node.config.parquet_root / P
         (victim,) = parquet_files(root)
         original = pq.read_table(victim)
-        ids = _layout.parse_name(victim.name)
+        ids = layout.parse_name(victim.name)
         assert ids is not None and flusher.checkpoint.message_id <= min(ids)  # the replay reads the file's rows
     finally:
         await node.aclose()
@@ -373,7 +373,7 @@ async def test_flipped_bytes_across_every_file_are_rewritten_or_harmless(tmp_pat
             rewritten += len(quarantined(root))
         finally:
             await node.aclose()
-        shutil.rmtree(root / _layout.QUARANTINE_DIR, ignore_errors=True)
+        shutil.rmtree(root / layout.QUARANTINE_DIR, ignore_errors=True)
         for f, data in originals.items():
             f.write_bytes(data)
     # Most bytes of a file are pages and footer under a checksum or a check: most flips are found.

@@ -11,10 +11,10 @@ import pytest
 
 from flusher import Flusher, FlusherConfig
 from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE, dedup_step
-from interceptors.snapshot import SNAPSHOT_META, RecoverySnapshot, load_snapshot
-from interceptors.streaming import StreamingWAL, open_streaming_wal
-from streamingnode.groups import ConsumerGroups
-from streamingnode.retention import ChannelRetention, RetentionConfig
+from interceptors.recovery.snapshot import SNAPSHOT_META, RecoverySnapshot, load_snapshot
+from interceptors.recovery.streaming_wal import StreamingWAL, open_streaming_wal
+from streamingnode.node.groups import ConsumerGroups
+from streamingnode.node.retention import ChannelRetention, RetentionConfig
 from tests.flushed import pks
 from tests.reopening import FAST, SCHEMA, Opened, rows
 from tests.waiting import persisted_tick, until
@@ -297,8 +297,8 @@ async def test_snapshot_above_first_id_after_a_crash_is_used_then_truncated(open
     bound, _ = await retention.bound()
     cut = await swal.wal.block_start(bound)
     assert cut > 0
-    from interceptors.snapshot import ShadowReplay  # noqa: PLC0415
-    from interceptors.streaming import default_interceptors  # noqa: PLC0415
+    from interceptors.recovery.snapshot import ShadowReplay  # noqa: PLC0415
+    from interceptors.recovery.streaming_wal import default_interceptors  # noqa: PLC0415
 
     steps, _, txns, _ = default_interceptors(swal.wal, FAST)
     shadow = ShadowReplay(swal.wal, steps, txns)

@@ -15,14 +15,14 @@ import pyarrow.parquet as pq
 import rocksdict
 
 from flusher import Flusher, FlusherConfig
-from interceptors.streaming import ChainConfig, open_streaming_wal
-from streamingnode.salvage import run as salvage_run
-from streamingnode.verify import run as verify_run
+from interceptors.recovery.streaming_wal import ChainConfig, open_streaming_wal
+from streamingnode.offline.salvage import run as salvage_run
+from streamingnode.offline.verify import run as verify_run
 from tests.factories import ins, tick
 from wal import WALManager, bodies
 from wal.backend import WriteGroup
 from wal.backends import RocksBackend, _journal
-from wal.backends._keys import DAMAGED, KEY_ID, TRUNCATED_META, U32, U64
+from wal.backends.rocks_layout import DAMAGED, KEY_ID, TRUNCATED_META, U32, U64
 
 KEYS = {"p": 1, "q": 2, "d": 3}
 BLOCKS = 10

@@ -14,10 +14,10 @@ import nats.js.errors
 import pytest
 
 from streamingnode.client._producer import Producer, _Batch
-from streamingnode.cluster import Ownership
+from streamingnode.cluster.ownership import Ownership
 from streamingnode.server.produce import ProduceStream
-from streamingnode.status import to_error_detail
 from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.wire.codes import to_error_detail
 from tests.waiting import until
 from wal.backends.jetstream import JetStreamBackend
 from wal.errors import ErrorCode, OnShutdownError, StreamingError, UnavailableError, UnrecoverableError

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from interceptors.shard import ShardInterceptor
+from interceptors.shard.interceptor import ShardInterceptor
 from tests.factories import flat, packs_until, tick
 from wal import AppendResult, Message, MessageType, TxnContext, WALManager, bodies
 from wal.backends import MemoryBackend

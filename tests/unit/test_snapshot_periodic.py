@@ -13,9 +13,15 @@ import pytest
 import structlog
 
 from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE
-from interceptors.snapshot import PERIODIC_METAS, SNAPSHOT_META, RecoverySnapshot, ShadowReplay, stored_snapshots
-from interceptors.streaming import StreamingWAL, default_interceptors
-from streamingnode.retention import ChannelRetention, RetentionConfig
+from interceptors.recovery.snapshot import (
+    PERIODIC_METAS,
+    SNAPSHOT_META,
+    RecoverySnapshot,
+    ShadowReplay,
+    stored_snapshots,
+)
+from interceptors.recovery.streaming_wal import StreamingWAL, default_interceptors
+from streamingnode.node.retention import ChannelRetention, RetentionConfig
 from tests.reopening import SCHEMA, Opened, rows
 from tests.waiting import persisted_tick
 from wal import AppendResult, Message, MessageType, bodies

@@ -1,4 +1,4 @@
-"""Splitting a large MsgPack into responses (``wal.packs``).
+"""Splitting a large MsgPack into responses (``streamingnode.wire.packs``).
 
 Plain packs: the bisecting path cuts exactly where the unit-by-unit one does.  Packs with
 transactions: no part cuts a transaction, parts concatenate to the pack, a part is closed as soon as
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamingnode.wire.packs import MESSAGE_OVERHEAD, _split_plain, _split_units, delivery_units, split_pack
 from wal.message import Message, MessageType, Position
-from wal.packs import MESSAGE_OVERHEAD, _split_plain, _split_units, delivery_units, split_pack
 from wal.scanner import MsgPack
 
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from interceptors.chain import build_chain
-from interceptors.streaming import ChainConfig, StreamingWAL, default_interceptors
+from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, default_interceptors
 from streamingnode.client import Consumer
 from wal import Message, MessageType, OnShutdownError, WALManager
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from streamingnode.status import (
+from streamingnode.wire.codes import (
     GRPC_CODE,
     error_class,
     from_error_detail,

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
 from tests.conftest import ManagerFactory
 from tests.factories import data
 from tests.waiting import ticks_pass, until

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE
-from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
 from tests.conftest import ManagerFactory
 from tests.factories import data
 from wal import (

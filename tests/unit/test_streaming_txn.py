@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
 from tests import waiting
 from tests.conftest import ManagerFactory
 from tests.factories import data, flat

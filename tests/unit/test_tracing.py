@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind
 
 from interceptors.chain import STEP_SPAN_PREFIX
-from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
-from streamingnode.tracing import (
+from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
+from streamingnode.observability.tracing import (
     CONSUME_SPAN,
     MAX_LINKS,
     PRODUCE_SPAN,

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
 from tests.factories import data, packs_until
 from wal import (
     AppendResult,

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flusher import _layout
+from flusher import layout
 from flusher._buffers import _to_parquet, parquet_field
-from flusher.spark import read_collection_arrow
+from flusher.read.spark import read_collection_arrow
 from streamingnode.client import AsyncClient
 from streamingnode.server import ServerThread
 from tests import typed_rows
@@ -190,7 +190,7 @@ def _vectors(vec: list[Any], h: list[Any] | None = None, b: list[Any] | None = N
 ])
 def test_a_vector_holding_a_nan_or_an_infinity_is_refused_naming_column_and_row(batch: Any, match: str) -> None:
     """As a sparse vector is (Milvus refuses both): one message, SCHEMA_MISMATCH (gRPC INVALID_ARGUMENT)."""
-    from streamingnode.status import to_grpc_status  # noqa: PLC0415
+    from streamingnode.wire.codes import to_grpc_status  # noqa: PLC0415
 
     with pytest.raises(SchemaMismatchError, match=match + " holds a NaN or infinite value \\(collection 'c'\\)") as e:
         bodies.RowCheck(VECTORS, "id", "c").check_insert(batch())
@@ -293,7 +293,7 @@ def test_every_type_round_trips_through_the_node_into_parquet_read_by_pyarrow_an
 
     problems = typed_rows.mismatches(_arrow_rows(root), typed_rows.EXPECTED)
     assert not problems, "\n".join(problems)
-    _layout.check_data(str(path))  # what a restarted flusher checks every file with: nothing to quarantine
+    layout.check_data(str(path))  # what a restarted flusher checks every file with: nothing to quarantine
 
     # Every timestamp is stored as microseconds (Spark reads neither nanoseconds nor, with a zone, seconds).
     parquet = pq.ParquetFile(path)

@@ -1,4 +1,4 @@
-"""Statement order inside a transaction, and UPSERT: the row rule (``flusher.spark``'s docstring) from the log
+"""Statement order inside a transaction, and UPSERT: the row rule (``flusher.read.spark``'s docstring) from the log
 through the flusher to the pyarrow reader, checked against a model that replays the operations in (ts, id) order
 with a dict.  ``tests/spark/test_upsert_order_spark.py`` runs the same scenarios through Spark."""
 
@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from flusher import Flusher, FlusherConfig, _repair
-from flusher._layout import deletes_dir
-from flusher.spark import read_collection_arrow
-from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
+from flusher.layout import deletes_dir
+from flusher.read.spark import read_collection_arrow
+from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
 from wal import InvalidArgumentError, Message, MessageType, SchemaMismatchError, WALManager, bodies
 
 SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("val", pa.string())])

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import rocksdict
 
-from streamingnode.salvage import SalvageRefusedError, salvage
-from streamingnode.verify import verify
+from streamingnode.offline.salvage import SalvageRefusedError, salvage
+from streamingnode.offline.verify import verify
 from tests.factories import ins, tick
 from wal import WALManager
 from wal.backends import RocksBackend

@@ -32,7 +32,7 @@ import rocksdict
 from wal._codec import block_checksum_ok, block_count
 from wal.backend import WriteGroup
 from wal.backends._journal import Torn
-from wal.backends._keys import KEY_ID, TICK_VALUE, TRUNCATED_META, U32, U64
+from wal.backends.rocks_layout import KEY_ID, TICK_VALUE, TRUNCATED_META, U32, U64
 
 _MAX_ID = 0xFFFFFFFFFFFFFFFF
 

@@ -98,8 +98,8 @@ from nats.js import api
 
 from wal._codec import block_count
 from wal.backend import Backend, ChannelInfo, TickEntry, WriteGroup
-from wal.backends._keys import TRUNCATED_META, tail_state
-from wal.backends._keys import U64 as _U64
+from wal.backends.rocks_layout import TRUNCATED_META, tail_state
+from wal.backends.rocks_layout import U64 as _U64
 from wal.errors import (
     ChannelExistError,
     ChannelFencedError,

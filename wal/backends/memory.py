@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from wal._codec import block_count
 from wal.backend import Backend, ChannelInfo, TickEntry, WriteGroup
-from wal.backends._keys import tail_state
+from wal.backends.rocks_layout import tail_state
 from wal.errors import (
     ChannelExistError,
     ChannelNotExistError,

@@ -37,11 +37,11 @@ import structlog
 from wal._codec import block_count
 from wal.backend import Backend, ChannelInfo, TickEntry, WriteGroup
 from wal.backends import _journal, _replay
-from wal.backends._keys import DAMAGED, TRUNCATED_META, tail_state
-from wal.backends._keys import KEY_ID as _KEY_ID
-from wal.backends._keys import TICK_VALUE as _TICK_VALUE
-from wal.backends._keys import U32 as _U32
-from wal.backends._keys import U64 as _U64
+from wal.backends.rocks_layout import DAMAGED, TRUNCATED_META, tail_state
+from wal.backends.rocks_layout import KEY_ID as _KEY_ID
+from wal.backends.rocks_layout import TICK_VALUE as _TICK_VALUE
+from wal.backends.rocks_layout import U32 as _U32
+from wal.backends.rocks_layout import U64 as _U64
 from wal.errors import (
     ChannelExistError,
     ChannelNotExistError,

@@ -9,15 +9,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamingnode.verify.access import Finding, Progress, one_line
-from streamingnode.verify.journal import JournalRecord, scan_journal
-from streamingnode.verify.tables import Unreadable, describe_key, scan_rocks
+from streamingnode.offline.verify.access import Finding, Progress, one_line
+from streamingnode.offline.verify.journal import JournalRecord, scan_journal
+from streamingnode.offline.verify.tables import Unreadable, describe_key, scan_rocks
 from wal.backends._journal import KEPT_SUFFIX
-from wal.backends._keys import DAMAGED, TRUNCATED_META
-from wal.backends._keys import KEY_ID as _KEY_ID
-from wal.backends._keys import TICK_VALUE as _TICK_VALUE
-from wal.backends._keys import U32 as _U32
-from wal.backends._keys import U64 as _U64
+from wal.backends.rocks_layout import DAMAGED, TRUNCATED_META
+from wal.backends.rocks_layout import KEY_ID as _KEY_ID
+from wal.backends.rocks_layout import TICK_VALUE as _TICK_VALUE
+from wal.backends.rocks_layout import U32 as _U32
+from wal.backends.rocks_layout import U64 as _U64
 
 
 @dataclass(slots=True)
@@ -244,7 +244,7 @@ def scan_wal(data_dir: str, db: Any, progress: Progress | None = None) -> WalSca
 
 
 def check_snapshots(data_dir: str, db: Any, scan: WalScan, only: str | None) -> None:
-    from interceptors.snapshot import SNAPSHOT_META, RecoverySnapshot  # noqa: PLC0415
+    from interceptors.recovery.snapshot import SNAPSHOT_META, RecoverySnapshot  # noqa: PLC0415
     from wal.errors import CorruptedError  # noqa: PLC0415
 
     for ch in scan.channels.values():
@@ -277,7 +277,7 @@ def check_groups(data_dir: str, db: Any, scan: WalScan, only: str | None) -> Non
     checked less): past the last stored id, below the oldest retained one, or with a timetick above
     any the pchannel has allocated (its timetick mark and its timestamp window).  Such a group would
     fail to open, or read nothing until the clock reached that time."""
-    from streamingnode.groups import META_KEY, range_problem  # noqa: PLC0415
+    from streamingnode.node.groups import META_KEY, range_problem  # noqa: PLC0415
     from wal.clock import WINDOW_META, decode_window  # noqa: PLC0415
 
     rocks_name = os.path.join(data_dir, "(rocksdb)")

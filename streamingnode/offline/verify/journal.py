@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from streamingnode.verify.access import Finding
+from streamingnode.offline.verify.access import Finding
 from wal.backend import WriteGroup
 
 JOURNAL_DIR = "journal"

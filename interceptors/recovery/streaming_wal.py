@@ -22,10 +22,10 @@ from interceptors.base import Interceptor, RecoverableInterceptor
 from interceptors.chain import Chain, build_chain
 from interceptors.dedup import DedupInterceptor
 from interceptors.lock import LockInterceptor
+from interceptors.recovery.snapshot import RecoverySnapshot, import_snapshot, newest_snapshot, snapshot_steps
 from interceptors.redo import RedoInterceptor
-from interceptors.shard import ShardInterceptor
-from interceptors.snapshot import RecoverySnapshot, import_snapshot, newest_snapshot, snapshot_steps
-from interceptors.timetick import TimeTickInterceptor
+from interceptors.shard.interceptor import ShardInterceptor
+from interceptors.timetick.interceptor import TimeTickInterceptor
 from interceptors.txn import TxnInterceptor, TxnManager, TxnSession, TxnState, commit_message, rollback_message
 from wal.adaptor import WALAdaptor
 from wal.errors import (
@@ -35,11 +35,11 @@ from wal.errors import (
     TxnNotFoundError,
     TxnTooLargeError,
 )
-from wal.lifecycle import cancel_and_wait
 from wal.manager import WALManager
 from wal.message import AppendResult, Message, MessageID, Position, TxnContext
 from wal.options import ReadOption
 from wal.scanner import Scanner
+from wal.tasks import cancel_and_wait
 from wal.wal import WAL
 
 log = structlog.get_logger(__name__)
@@ -111,7 +111,7 @@ class StreamingWAL:
         """How many stored messages recovery replayed (None until it finished)."""
         self.recovered_snapshot: RecoverySnapshot | None = None
         """The replayed state at the end of recovery, when no transaction was open there: where the
-        periodic snapshots (``streamingnode.retention``) start, instead of replaying again."""
+        periodic snapshots (``streamingnode.node.retention``) start, instead of replaying again."""
 
     def start(self) -> None:
         """Start recovery in the background; appends wait (through the adaptor) until it is done.

@@ -13,7 +13,7 @@ as DATA_LOSS) and a message naming the pchannel and the cause, until it is repai
 restarted, or destroyed.  A failed group commit (a sync error: ``UnrecoverableError``) stops every
 write of the node's WAL until it is reopened, so it shows the same way on every pchannel.
 
-Cluster mode (``cluster_nats`` set; ``streamingnode.cluster``): the node opens only the pchannels
+Cluster mode (``cluster_nats`` set; ``streamingnode.cluster.ownership``): the node opens only the pchannels
 whose lease it holds, when it takes the lease, and closes one when it loses or hands off the lease.
 A call on any other pchannel fails fast with NOT_OWNER naming the owner's address and term, as last
 read from the leases (no KV round trip on the call path).  With ``wal = "rocksdb"`` each node keeps
@@ -40,14 +40,14 @@ import structlog
 from flusher import incarnation
 from flusher.commit import inside
 from flusher.flusher import Flusher, FlusherConfig
-from interceptors.streaming import ChainConfig, StreamingWAL, open_streaming_wal
-from streamingnode._allocator import limit_arenas
+from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
 from streamingnode.config import NodeConfig, compaction_config
-from streamingnode.groups import ConsumerGroups
-from streamingnode.metrics import NodeMetrics
-from streamingnode.retention import ChannelRetention, RetentionConfig
-from streamingnode.storage import StorageMonitor, start_monitor
-from streamingnode.tracing import Tracing
+from streamingnode.node.disk_guard import StorageMonitor, start_monitor
+from streamingnode.node.groups import ConsumerGroups
+from streamingnode.node.memory_trim import limit_arenas
+from streamingnode.node.retention import ChannelRetention, RetentionConfig
+from streamingnode.observability.metrics import NodeMetrics
+from streamingnode.observability.tracing import Tracing
 from wal.backend import ChannelInfo
 from wal.errors import (
     ChannelExistError,
@@ -63,7 +63,7 @@ from wal.manager import WALManager
 from wal.names import PCHANNEL, shorten
 
 if TYPE_CHECKING:
-    from streamingnode.cluster import ClusterClient, Lease, Ownership
+    from streamingnode.cluster.ownership import ClusterClient, Lease, Ownership
 
 log = structlog.get_logger(__name__)
 
@@ -166,7 +166,7 @@ class Node:
         self._admin = asyncio.Lock()
         self._closing = False
         self.storage: StorageMonitor | None = None
-        """Free-space watch (streamingnode.storage), started once the channels are open."""
+        """Free-space watch (streamingnode.node.disk_guard), started once the channels are open."""
         self.ready = asyncio.Event()
         self.draining = asyncio.Event()
         """Set when the node starts to drain: open reads end so that the shutdown is not held up."""
@@ -234,7 +234,7 @@ class Node:
 
     # --- cluster mode ----------------------------------------------------------------------------
     async def _join_cluster(self) -> None:
-        from streamingnode.cluster import ClusterClient, Leases, Membership, Ownership  # noqa: PLC0415  (nats-py)
+        from streamingnode.cluster.ownership import ClusterClient, Leases, Membership, Ownership  # noqa: PLC0415  (nats-py)
 
         cfg = self.config
         self.cluster = await ClusterClient.connect(cfg.cluster_nats, cfg.cluster_prefix, cfg.lease_seconds,

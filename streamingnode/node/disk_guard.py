@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from wal.errors import StorageFullError, StreamingError
-from wal.lifecycle import cancel_and_wait
+from wal.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
-    from streamingnode.node import Node
+    from streamingnode.node.node import Node
 
 log = structlog.get_logger(__name__)
 

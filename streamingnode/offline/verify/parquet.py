@@ -7,10 +7,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from streamingnode.verify.access import Finding, one_line
+from streamingnode.offline.verify.access import Finding, one_line
 
 PARQUET_DIR = "parquet"
-# flusher/_layout.py: files whose name starts with these are not the flusher's committed data.
+# flusher/layout.py: files whose name starts with these are not the flusher's committed data.
 _HIDDEN = (".", "_quarantine")
 
 
@@ -31,7 +31,7 @@ def check_parquet(path: Path) -> list[Finding]:
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    from flusher import _layout  # noqa: PLC0415
+    from flusher import layout  # noqa: PLC0415
 
     where = str(path)
     try:
@@ -53,13 +53,13 @@ def check_parquet(path: Path) -> list[Finding]:
             if table.num_rows != rg.num_rows:
                 out.append(Finding(where, f"row group {i} holds {table.num_rows} rows, its footer says {rg.num_rows}"))
         kv = meta.metadata or {}
-        first, last = kv.get(_layout.FIRST_KEY), kv.get(_layout.LAST_KEY)
+        first, last = kv.get(layout.FIRST_KEY), kv.get(layout.LAST_KEY)
         if first is None or last is None:
             out.append(Finding(where, "no delivery-key metadata: not written by the flusher"))
         else:
             stem = path.name.lstrip(".")[: -len(".parquet")]
-            ids = (_layout.decode_key(first)[1], _layout.decode_key(last)[1])
-            if _layout.parse_name(path.name.lstrip(".")) != ids:
+            ids = (layout.decode_key(first)[1], layout.decode_key(last)[1])
+            if layout.parse_name(path.name.lstrip(".")) != ids:
                 out.append(Finding(where, f"the name's ids {stem!r} are not its first and last message ids {ids}"))
     except (OSError, pa.ArrowException, ValueError, KeyError) as exc:
         out.append(Finding(where, f"damaged Parquet data: {one_line(str(exc))}"))
@@ -73,25 +73,25 @@ def check_compactions(root: Path, only: str | None) -> tuple[list[Finding], int]
     does not parse, lists a path as both input and output (the file is lost once its inputs are
     deleted: flusher/README.md, Compaction, Repair), or publishes an output missing under both its
     names.  Returns the findings and how many records were read."""
-    from flusher import _layout  # noqa: PLC0415
+    from flusher import layout  # noqa: PLC0415
 
     out: list[Finding] = []
     read = 0
     pchannels = [root / only] if only is not None else sorted(
         p for p in root.iterdir() if p.is_dir() and not p.name.startswith(_HIDDEN)) if root.is_dir() else []
     for base in pchannels:
-        collections = sorted(c.name for c in base.iterdir() if (c / _layout.COMPACTIONS_DIR).is_dir()) \
+        collections = sorted(c.name for c in base.iterdir() if (c / layout.COMPACTIONS_DIR).is_dir()) \
             if base.is_dir() else []
         for c in collections:
             try:
-                records = _layout.read_records(base, c)
-            except _layout.LayoutError as exc:
-                out.append(Finding(str(base / _layout.compactions_dir(c)), one_line(str(exc)), channel=base.name))
+                records = layout.read_records(base, c)
+            except layout.LayoutError as exc:
+                out.append(Finding(str(base / layout.compactions_dir(c)), one_line(str(exc)), channel=base.name))
                 continue
             consumed = {p for r in records for p in r.inputs}
             for rec in records:
                 read += 1
-                where = str(base / _layout.compactions_dir(c) / _layout.record_name(rec.generation))
+                where = str(base / layout.compactions_dir(c) / layout.record_name(rec.generation))
                 both = rec.overlap()
                 if both:
                     out.append(Finding(where, f"collection {c!r}: compaction record {rec.generation} lists "
@@ -101,7 +101,7 @@ def check_compactions(root: Path, only: str | None) -> tuple[list[Finding], int]
                 for o in rec.outputs:
                     if o in both or o in consumed:
                         continue
-                    if not (base / o).exists() and not (base / _layout.hidden(o)).exists():
+                    if not (base / o).exists() and not (base / layout.hidden(o)).exists():
                         out.append(Finding(where, f"collection {c!r}: output {o} of compaction record "
                                                   f"{rec.generation} is missing under both its names",
                                            channel=base.name))

@@ -24,14 +24,14 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from streamingnode._logging import default_to_stderr
 from streamingnode.config import NodeConfig
-from streamingnode.node import Node
+from streamingnode.node.node import Node
+from streamingnode.observability.logs import default_to_stderr
+from streamingnode.observability.tracing import Tracing
 from streamingnode.server.auth import AuthInterceptor, TokenTable
 from streamingnode.server.reflection import enable_reflection
 from streamingnode.server.service import SERVICE_NAME, StreamingNodeService, add_service
 from streamingnode.server.tls import load_tls
-from streamingnode.tracing import Tracing
 from wal.errors import InvalidArgumentError, UnavailableError
 
 log = structlog.get_logger(__name__)

@@ -310,7 +310,7 @@ def _pack_head(pack: MsgPack, vchannel: str, continued: bool = False) -> pb.MsgP
 
 
 def pack_head_bytes(pack: MsgPack, vchannel: str) -> int:
-    """Bytes of a ConsumeResponse carrying ``pack`` besides its messages' own (``wal.packs.wire_bound``):
+    """Bytes of a ConsumeResponse carrying ``pack`` besides its messages' own (``streamingnode.wire.packs.wire_bound``):
     the header with its positions, the continued flag and the framing of the response."""
     size: int = _pack_head(pack, vchannel, True).ByteSize()
     return size + 16

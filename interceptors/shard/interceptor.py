@@ -32,8 +32,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from interceptors._segments import Segment, SegmentInfo, SegmentState, SegmentTable
 from interceptors.base import AppendNext
+from interceptors.shard.segments import Segment, SegmentInfo, SegmentState, SegmentTable
 from wal import bodies, names
 from wal.bodies import DEFAULT_PARTITION, PROP_COLLECTION, PROP_PARTITION, PROP_PRIMARY_KEY, PROP_ROWS
 from wal.clock import LOGICAL_BITS

@@ -13,7 +13,7 @@ before it truncates: a crash in between leaves a snapshot above the first retain
 valid — recovery starts at the snapshot and ignores the messages below it.
 
 Snapshots are also written *periodically* (``PERIODIC_METAS``, every N messages or S seconds; see
-``streamingnode.retention``), independent of truncation, so that restart time does not grow with the
+``streamingnode.node.retention``), independent of truncation, so that restart time does not grow with the
 retained log: recovery starts from the newest valid snapshot of all (``newest_snapshot``).  The
 periodic ones alternate between two slots, so the previous one stays until the new one is durable; a
 snapshot that fails its checksum or does not decode is passed over, with a warning naming it, for

@@ -2,12 +2,12 @@
 
 The rules are stated once, in ``flusher/README.md`` ("Retention (truncating the WAL)"): which bounds
 hold the cut, how it is rounded to a block and moved below a spanning transaction, the two steps
-(``snapshot`` into ``interceptors.snapshot``, then ``truncate``), what a crash between them leaves,
+(``snapshot`` into ``interceptors.recovery.snapshot``, then ``truncate``), what a crash between them leaves,
 and what a reader of a truncated id gets (``OutOfRangeError``).  This module implements them, one
 ``ChannelRetention`` task per pchannel.
 
 It also writes the periodic recovery snapshots (every ``snapshot_every_messages`` messages or
-``snapshot_every_seconds`` seconds, independent of truncation; see ``interceptors.snapshot``), so a
+``snapshot_every_seconds`` seconds, independent of truncation; see ``interceptors.recovery.snapshot``), so a
 restart replays only what came after the newest one.  A second task keeps a shadow replay of the log
 in memory, a little behind its end, and stores its state at the first point no transaction spans
 once a snapshot is due.  Every shadow replay (this one and the truncation's) decodes and applies in a
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import structlog
 
 from flusher.flusher import Flusher
-from interceptors.snapshot import (
+from interceptors.recovery.snapshot import (
     PERIODIC_METAS,
     RecoverySnapshot,
     ShadowReplay,
@@ -34,13 +34,13 @@ from interceptors.snapshot import (
     store_snapshot,
     stored_snapshots,
 )
-from interceptors.streaming import StreamingWAL, default_interceptors
-from streamingnode.groups import ConsumerGroups
+from interceptors.recovery.streaming_wal import StreamingWAL, default_interceptors
+from streamingnode.node.groups import ConsumerGroups
 from wal.clock import compose
 from wal.crashpoints import CrashPoints
 from wal.errors import CorruptedError, ErrorCode, InvalidArgumentError, StreamingError
-from wal.lifecycle import cancel_and_wait
 from wal.message import MessageID, MessageType
+from wal.tasks import cancel_and_wait
 from wal.wal import WALState
 
 log = structlog.get_logger(__name__)

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from wal.backends._keys import KEY_ID as _KEY_ID
-from wal.backends._keys import U32 as _U32
+from wal.backends.rocks_layout import KEY_ID as _KEY_ID
+from wal.backends.rocks_layout import U32 as _U32
 
 
 def _next_boundary(key: bytes) -> bytes | None:

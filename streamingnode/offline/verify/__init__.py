@@ -35,18 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from streamingnode.verify.access import (
-    DataDirInUseError,
-    Finding,
-    Progress,
-    offline,
-    one_line,
-    open_read_only,
-)
-from streamingnode.verify.channels import ChannelScan, Extent, WalScan, check_groups, check_snapshots, scan_wal
-from streamingnode.verify.journal import JOURNAL_DIR, JournalRecord, scan_journal
-from streamingnode.verify.parquet import PARQUET_DIR, check_compactions, check_parquet, parquet_files
-from streamingnode.verify.tables import Unreadable, describe_key, rocks_file, scan_rocks
+from streamingnode.offline.verify.access import DataDirInUseError, Finding, Progress, offline, one_line, open_read_only
+from streamingnode.offline.verify.channels import ChannelScan, Extent, WalScan, check_groups, check_snapshots, scan_wal
+from streamingnode.offline.verify.journal import JOURNAL_DIR, JournalRecord, scan_journal
+from streamingnode.offline.verify.parquet import PARQUET_DIR, check_compactions, check_parquet, parquet_files
+from streamingnode.offline.verify.tables import Unreadable, describe_key, rocks_file, scan_rocks
 from wal.errors import StreamingError
 
 

@@ -18,11 +18,11 @@ from collections.abc import Callable
 
 import structlog
 
-from interceptors._ack import AckManager, Pending
 from interceptors.base import AppendNext
+from interceptors.timetick.ack import AckManager, Pending
 from wal.clock import WINDOW_META, HybridClock, decode_window, encode_window
-from wal.lifecycle import cancel_and_wait
 from wal.message import AppendResult, Message, MessageID, MessageType, new_time_tick
+from wal.tasks import cancel_and_wait
 from wal.wal import WAL
 
 log = structlog.get_logger(__name__)

@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from flusher.flusher import CHECKPOINT_META
-from interceptors.snapshot import SNAPSHOT_META
-from streamingnode.groups import META_KEY as GROUPS_META
-from streamingnode.verify import (
+from interceptors.recovery.snapshot import SNAPSHOT_META
+from streamingnode.node.groups import META_KEY as GROUPS_META
+from streamingnode.offline.verify import (
     PARQUET_DIR,
     ChannelScan,
     Unreadable,
@@ -54,11 +54,11 @@ from streamingnode.verify import (
     scan_rocks,
     scan_wal,
 )
-from wal.backends._keys import DAMAGED
-from wal.backends._keys import KEY_ID as _KEY_ID
-from wal.backends._keys import TICK_VALUE as _TICK_VALUE
-from wal.backends._keys import U32 as _U32
-from wal.backends._keys import U64 as _U64
+from wal.backends.rocks_layout import DAMAGED
+from wal.backends.rocks_layout import KEY_ID as _KEY_ID
+from wal.backends.rocks_layout import TICK_VALUE as _TICK_VALUE
+from wal.backends.rocks_layout import U32 as _U32
+from wal.backends.rocks_layout import U64 as _U64
 from wal.errors import StreamingError
 
 NEW_DIR = ".salvage-new"
@@ -300,19 +300,19 @@ def _parquet_past_cut(root: str, c: Cut) -> list[str]:
     """The committed Parquet files of the cut pchannel (relative to ``root``, the Parquet root) that
     hold rows of messages at or after the cut: their last delivery key is past ``c.boundary``, or
     their name's last id is at or past the cut (a damaged footer: the name is all there is)."""
-    from flusher import _layout, incarnation  # noqa: PLC0415
+    from flusher import incarnation, layout  # noqa: PLC0415
 
     directory = Path(root) / c.pchannel
     owner = incarnation.read_marker(directory)
     if not directory.is_dir() or owner not in (None, c.key):
         return []  # another incarnation's files: the node moves them aside itself
     out = []
-    for rel in _layout.committed_files(directory):
+    for rel in layout.committed_files(directory):
         path = directory / rel
-        ids = _layout.parse_name(path.name)
+        ids = layout.parse_name(path.name)
         try:
-            last: tuple[int, int] | None = _layout.read_keys(str(path))[1]
-        except _layout.DamagedFileError:
+            last: tuple[int, int] | None = layout.read_keys(str(path))[1]
+        except layout.DamagedFileError:
             last = None  # damaged below the cut: the flusher quarantines and rebuilds it
         if (ids is not None and ids[1] >= c.first) or (last is not None and last > c.boundary):
             out.append(f"{c.pchannel}/{rel}")

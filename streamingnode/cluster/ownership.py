@@ -56,7 +56,7 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSe
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from wal.errors import UnavailableError
-from wal.lifecycle import cancel_and_wait
+from wal.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 

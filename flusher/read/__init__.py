@@ -1,0 +1,1 @@
+"""As-of readers of the flushed tables: Spark, pyarrow and DuckDB."""

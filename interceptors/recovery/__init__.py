@@ -1,0 +1,1 @@
+"""Opening a pchannel for streaming: the chain in front of the WAL, recovery and snapshots."""

@@ -1,0 +1,1 @@
+"""The shard step: collections, partitions and segments of each vchannel."""

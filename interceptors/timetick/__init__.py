@@ -1,0 +1,1 @@
+"""The timetick step: allocates timeticks and keeps the acknowledged-timetick horizon."""

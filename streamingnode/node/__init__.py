@@ -1,0 +1,1 @@
+"""The node: its channels, consumer groups, retention, the disk guard and process tuning."""

@@ -1,0 +1,1 @@
+"""Metrics (Prometheus), traces (OpenTelemetry) and logs (structlog)."""

@@ -1,0 +1,1 @@
+"""Offline tools on a stopped node's data: verify, salvage and compact."""
