@@ -212,11 +212,13 @@ def test_create_commands_with_if_not_exists_run_twice(server: str) -> None:
 def _readme_block(heading: str) -> str:
     text = (ROOT / "README.md").read_text()
     section = text.split(f"## {heading}\n", 1)[1]
-    return section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return section.split("```bash run\n", 1)[1].split("```", 1)[0]
 
 
 def test_the_readme_quick_start_runs_twice(server: str) -> None:
-    script = _readme_block("Produce and consume in one minute")
+    # tests/integration/test_docs_snippets.py runs every block of the README; this one checks the tour's
+    # commands, lighter, with --if-not-exists where a second run needs it.
+    script = _readme_block("A one-minute tour")
     assert "--if-not-exists" in script
     script = script.replace(".venv/bin/streamingnode", f"{sys.executable} -m streamingnode")
     script = script.replace("--count 10000", "--count 100")  # the same commands, a lighter load

@@ -56,7 +56,7 @@ SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("name",
 # With a scrape every second, a 30 s window holds enough samples for rate() once the load has run a
 # few seconds, and is short enough that every counter still moves inside it while the load goes on.
 RATE_WINDOW = "30s"
-# Series a node exports only in cluster mode (README "Cluster mode"); their panels are checked by
+# Series a node exports only in cluster mode (docs/cluster.md); their panels are checked by
 # test_cluster_panels_return_data against a cluster-mode node.
 CLUSTER_ONLY = ("streamingnode_pchannel_owned", "streamingnode_lease_expiry_seconds",
                 "streamingnode_ownership_changes_total", "streamingnode_cluster_nodes")

@@ -1,4 +1,4 @@
-"""The README's streaming job, run as it is written there (the block after ``<!-- spark-job -->``)
+"""The streaming job of docs/spark.md, run as it is written there (its block fenced as ``python spark-job``)
 against a real node: orders in, one message per closed minute out, each exactly once."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ pytestmark = pytest.mark.integration
 
 
 def readme_job() -> str:
-    text = (REPO / "README.md").read_text()
-    found = re.search(r"<!-- spark-job -->\n```python\n(.*?)\n```", text, re.DOTALL)
-    assert found is not None, "the README has no spark-job block"
+    text = (REPO / "docs" / "spark.md").read_text()
+    found = re.search(r"^```python spark-job\n(.*?)\n```", text, re.DOTALL | re.MULTILINE)
+    assert found is not None, "docs/spark.md has no spark-job block"
     return found.group(1)
 
 
@@ -52,7 +52,7 @@ def _per_minute(addr: str) -> list[dict[str, Any]]:
 
 def test_the_readme_job_counts_orders_per_minute(sspark: Any, node: ServerThread, tmp_path: Path) -> None:
     namespace: dict[str, Any] = {"__name__": "readme"}
-    exec(compile(readme_job(), "README.md:spark-job", "exec"), namespace)
+    exec(compile(readme_job(), "docs/spark.md:spark-job", "exec"), namespace)
     with Client(node.address) as client:
         client.create_channels(["shop"])
         with client.producer("shop") as producer:

@@ -388,13 +388,13 @@ def test_kubernetes_cluster_manifests_agree(tmp_path: Path, monkeypatch: pytest.
 @pytest.mark.parametrize("manifest", ["kubernetes/servicemonitor.yaml", "kubernetes/cluster/servicemonitor.yaml"])
 def test_the_service_monitor_is_picked_by_kube_prometheus_stack(manifest: str) -> None:
     # kube-prometheus-stack's Prometheus selects ServiceMonitors by {release: <the Helm release>} unless
-    # its values say otherwise; the README says which value to set for another release name.
+    # its values say otherwise; docs/operations.md says which value to set for another release name.
     (monitor,) = by_kind(manifest)["ServiceMonitor"]
     release = monitor["metadata"]["labels"].get("release")
     assert release, "no release label: kube-prometheus-stack's default selector ignores the monitor"
     assert _selects({"matchLabels": {"release": release}}, monitor["metadata"]["labels"])
-    readme = (REPO / "README.md").read_text()
-    assert f"release: {release}" in readme and "serviceMonitorSelectorNilUsesHelmValues" in readme
+    guide = (REPO / "docs" / "operations.md").read_text()
+    assert f"release: {release}" in guide and "serviceMonitorSelectorNilUsesHelmValues" in guide
 
 
 def dockerignored(patterns: list[str], path: str) -> bool:
@@ -444,14 +444,14 @@ def test_dockerignore_matching() -> None:
 
 
 MIB = 1 << 20
-# What the formula in statefulset.yaml and README "Memory" adds up, besides the settings: the
+# What the formula in statefulset.yaml and docs/operations.md ("Memory") adds up, besides the settings: the
 # interpreter with gRPC, pyarrow and RocksDB loaded and idle, and what the allocator keeps of memory
 # freed under load (bench/RESULTS.md, the soak).
 RUNTIME_BYTES = 256 * MIB
 
 
 def memory_budget(config: NodeConfig, pchannels: int, consume_streams: int) -> int:
-    """The most memory a node holds by its settings (the manifest's comment and README say the same)."""
+    """The most memory a node holds by its settings (the manifest's comment and docs/operations.md say the same)."""
     from wal.backends.rocks import MAX_WRITE_BUFFERS  # noqa: PLC0415
 
     # The one database: its memtables (the one taking writes and one being flushed) and its block cache.
@@ -490,8 +490,8 @@ def test_the_memory_limit_covers_what_the_settings_let_the_node_hold(monkeypatch
     assert limit <= 2 * needed, f"limit {limit // MIB} MiB is far above the {needed // MIB} MiB budget"
     # The formula is written down where operators look, with the same terms.
     manifest = (DEPLOY / "kubernetes" / "statefulset.yaml").read_text()
-    readme = (REPO / "README.md").read_text()
-    for text in (manifest, readme):
+    guide = (REPO / "docs" / "operations.md").read_text()
+    for text in (manifest, guide):
         for term in ("flush_memory_cap_bytes", "flush_max_bytes", "tail_buffer_bytes", "max_request_bytes",
                      "consume_max_pack_bytes", "consume_buffer_bytes", "consume_cache_bytes",
                      "rocksdb_write_buffer_bytes", "rocksdb_block_cache_bytes", "memtable"):

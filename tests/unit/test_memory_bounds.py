@@ -1,4 +1,4 @@
-"""The memory settings (README "Memory") bound what they claim, and reach what they bound.
+"""The memory settings (docs/operations.md, "Memory") bound what they claim, and reach what they bound.
 
 - RocksDB: the write buffer, the number of memtables and the block cache (which also holds the
   tables' index and filter blocks) are what the backend was given, read back from RocksDB itself

@@ -209,7 +209,7 @@ class RocksBackend(Backend):
         # a torn tail record is dropped, never surfaced.
         opts.set_wal_recovery_mode(rocksdict.DBRecoveryMode.point_in_time())
         opts.increase_parallelism(2)
-        # Memory (README "Memory"): at most MAX_WRITE_BUFFERS memtables of write_buffer_bytes each (one
+        # Memory (docs/operations.md, "Memory"): at most MAX_WRITE_BUFFERS memtables of write_buffer_bytes each (one
         # taking writes, one being flushed), and one block cache that also holds the tables' index and
         # filter blocks, so that the SST files' readers are inside its bound rather than beside it.
         opts.set_write_buffer_size(write_buffer_bytes)
