@@ -12,8 +12,8 @@ $(VENV_STAMP): pyproject.toml
 
 install: $(VENV_STAMP)
 
-# The main job: the node, gRPC on 127.0.0.1:19530 (loopback: no authentication needed; see README's
-# Security section for anything wider), data in ./data (or $$STREAMINGNODE_DATA_DIR); Ctrl-C drains.
+# The main job: the node, gRPC on 127.0.0.1:19530 (loopback: no authentication needed; see
+# docs/security.md for anything wider), data in ./data (or $$STREAMINGNODE_DATA_DIR); Ctrl-C drains.
 run: $(VENV_STAMP)
 	.venv/bin/streamingnode serve
 
@@ -33,9 +33,10 @@ perf-check: $(VENV_STAMP)
 	@command -v valgrind >/dev/null 2>&1 || { echo "perf-check needs valgrind (apt-get install valgrind)" >&2; exit 1; }
 	$(PY) bench/append_instructions.py --check
 
-# The tests run a real Prometheus and promtool (Debian's prometheus package) and the Node.js example
-# (Debian's nodejs and npm, then the packages examples/node's lock file pins), and perf-check runs
-# valgrind; each installed when missing.
+# The tests run a real Prometheus and promtool (Debian's prometheus package), the Node.js example
+# (Debian's nodejs and npm, then the packages examples/node's lock file pins) and local Spark (a Java
+# runtime: Debian's default, OpenJDK 17 on Debian 12), and perf-check runs valgrind; each installed
+# when missing.
 tools:
 	@if ! command -v valgrind >/dev/null 2>&1; then \
 	  if ! command -v apt-get >/dev/null 2>&1; then \
@@ -57,6 +58,13 @@ tools:
 	  SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
 	  $$SUDO apt-get update -qq && \
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm; \
+	fi
+	@if ! command -v java >/dev/null 2>&1; then \
+	  if ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "the Spark tests need a Java runtime (17 or newer) on PATH" >&2; exit 1; fi; \
+	  SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends default-jre-headless; \
 	fi
 	@[ -d examples/node/node_modules ] || (cd examples/node && npm ci --no-audit --no-fund)
 
