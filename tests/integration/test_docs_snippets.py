@@ -37,7 +37,7 @@ pytestmark = pytest.mark.integration
 
 KINDS = ("run", "norun", "spark-job")
 RUNNABLE = ("bash", "python")
-BLOCK_TIMEOUT_S = 240  # one run of one block; the Spark job's cold JVM is the slowest (~15 s quiet)
+BLOCK_TIMEOUT_S = 900  # one run of one block, against a hang: Spark's cold JVM takes ~15 s quiet, minutes loaded
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^`\n]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
 
 
@@ -92,6 +92,41 @@ def test_the_fence_pattern_reads_indented_and_plain_blocks(tmp_path: Path) -> No
     assert got == [(3, "bash", "run", "echo a\n"), (9, "toml", "norun", "[a]\nb = 1\n")]
 
 
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but ``-`` and ``_`` dropped, spaces to ``-``."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = FENCE.sub("", path.read_text())
+    return {anchor(m.group(1)) for m in re.finditer(r"^#{1,6} (.+)$", text, re.M)}
+
+
+def test_links_between_the_pages_resolve() -> None:
+    """A page moved or a heading renamed breaks no link of README.md or docs/ (files and #anchors)."""
+    broken = []
+    for page in doc_files():
+        for target in LINK.findall(FENCE.sub("", page.read_text())):
+            if re.match(r"[a-z]+:", target):
+                continue  # http(s), mailto: not checked here
+            file_part, _, fragment = target.partition("#")
+            dest = (page.parent / file_part).resolve() if file_part else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such file)")
+            elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
+    assert not broken, broken
+
+
+def test_anchors_follow_githubs_rule() -> None:
+    assert anchor("Retention (truncating the WAL)") == "retention-truncating-the-wal"
+    assert anchor("With `--wal rocksdb`") == "with---wal-rocksdb"
+    assert anchor("Tokens, permissions, TLS") == "tokens-permissions-tls"
+
+
 def _prepared(block: Block, address: str) -> str:
     code = block.code.replace("localhost:19530", address)
     return code.replace(".venv/bin/", f"{Path(sys.executable).parent}/")
@@ -110,7 +145,7 @@ def _run(block: Block, address: str, shell_dir: Path, python_dir: Path) -> subpr
                           check=False)
 
 
-@pytest.mark.timeout(1200)  # docs/spark.md starts Spark twice; a loaded two-core machine takes minutes
+@pytest.mark.timeout(3600)  # docs/spark.md starts Spark twice; a loaded two-core machine takes minutes each
 @pytest.mark.parametrize("doc", [p.relative_to(REPO).as_posix() for p in doc_files() if runnable(p)])
 def test_the_runnable_blocks_run_twice_on_one_node(doc: str, tmp_path: Path) -> None:
     shell_dir, python_dir = tmp_path / "repo", tmp_path / "py"
