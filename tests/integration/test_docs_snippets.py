@@ -26,6 +26,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -145,8 +146,15 @@ def _run(block: Block, address: str, shell_dir: Path, python_dir: Path) -> subpr
                           check=False)
 
 
+def _doc_params() -> list[Any]:
+    """One test per page with runnable blocks; a page whose blocks start Spark carries the spark mark."""
+    return [pytest.param(p.relative_to(REPO).as_posix(),
+                         marks=[pytest.mark.spark] if any("spark" in b.code for b in runnable(p)) else [])
+            for p in doc_files() if runnable(p)]
+
+
 @pytest.mark.timeout(3600)  # docs/spark.md starts Spark twice; a loaded two-core machine takes minutes each
-@pytest.mark.parametrize("doc", [p.relative_to(REPO).as_posix() for p in doc_files() if runnable(p)])
+@pytest.mark.parametrize("doc", _doc_params())
 def test_the_runnable_blocks_run_twice_on_one_node(doc: str, tmp_path: Path) -> None:
     shell_dir, python_dir = tmp_path / "repo", tmp_path / "py"
     python_dir.mkdir(parents=True)
