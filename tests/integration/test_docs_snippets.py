@@ -15,7 +15,8 @@ A block declares itself in its fence's info string, after the language (which is
   under Spark against a node of its own.
 
 Blocks run twice because readers run them twice: a block that creates what it needs must create it
-only when it is missing, and a block that makes something new must give it a new name.
+only when it is missing, and a block that makes something new must give it a new name.  Links between
+the pages (files and #anchors) are checked too.
 """
 
 from __future__ import annotations
