@@ -179,7 +179,7 @@ class NodeConfig:
     cluster_nats: str = ""
     """Cluster mode (off while empty): the NATS servers' URLs, comma-separated (flag ``--nats``, or
     ``--cluster-nats``).  The node then serves only the pchannels whose lease it holds
-    (``streamingnode.cluster.ownership``); README "Cluster mode"."""
+    (``streamingnode.cluster.ownership``); docs/cluster.md."""
     wal: str = "rocksdb"
     """The WAL backend: ``rocksdb`` (on ``data_dir``, this node's own) or ``jetstream`` (the log shared
     by the cluster, on the NATS servers of ``cluster_nats``; cluster mode only)."""
