@@ -59,7 +59,7 @@ import grpc
 from streamingnode.client._calls import done_writing, open_stream, reconnectable, translate, with_reconnect, write
 from streamingnode.client._routing import Route
 from streamingnode.client._spool import Spool
-from streamingnode.observability.tracing import with_current_context
+from streamingnode.observability.trace_context import with_current_context
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
