@@ -63,7 +63,9 @@ from wal.manager import WALManager
 from wal.names import PCHANNEL, shorten
 
 if TYPE_CHECKING:
-    from streamingnode.cluster.ownership import ClusterClient, Lease, Ownership
+    from streamingnode.cluster.connection import ClusterClient
+    from streamingnode.cluster.leases import Lease
+    from streamingnode.cluster.ownership import Ownership
 
 log = structlog.get_logger(__name__)
 
@@ -234,7 +236,10 @@ class Node:
 
     # --- cluster mode ----------------------------------------------------------------------------
     async def _join_cluster(self) -> None:
-        from streamingnode.cluster.ownership import ClusterClient, Leases, Membership, Ownership  # noqa: PLC0415  (nats-py)
+        from streamingnode.cluster.connection import ClusterClient  # noqa: PLC0415  (nats-py)
+        from streamingnode.cluster.leases import Leases  # noqa: PLC0415  (nats-py)
+        from streamingnode.cluster.membership import Membership  # noqa: PLC0415  (nats-py)
+        from streamingnode.cluster.ownership import Ownership  # noqa: PLC0415  (nats-py)
 
         cfg = self.config
         self.cluster = await ClusterClient.connect(cfg.cluster_nats, cfg.cluster_prefix, cfg.lease_seconds,
