@@ -46,8 +46,8 @@ from wal.message import Message, MessageType, all_of_type, payload_bytes
 if TYPE_CHECKING:
     from interceptors.txn import TxnSession
     from streamingnode.cluster.ownership import Ownership
+    from streamingnode.node.channel import Channel
     from streamingnode.node.disk_guard import StorageMonitor
-    from streamingnode.node.node import Channel
 
 log = structlog.get_logger(__name__)
 

@@ -12,8 +12,9 @@ from typing import Any
 
 import grpc
 
+from streamingnode.node.channel import Channel, Owner
 from streamingnode.node.groups import check_group_name
-from streamingnode.node.node import Channel, Node, Owner
+from streamingnode.node.node import Node
 from streamingnode.server.errors import call_deadline, require, unary
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb

@@ -18,7 +18,8 @@ import pytest
 
 from streamingnode.cluster.kv import bucket
 from streamingnode.cluster.leases import Lease, Leases
-from streamingnode.node.node import Channel, Node
+from streamingnode.node.channel import Channel
+from streamingnode.node.node import Node
 from streamingnode.server import ServerThread
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
