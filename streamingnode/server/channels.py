@@ -1,9 +1,5 @@
 """Channel administration: CreateChannels, DestroyChannels and DescribeChannels (the rules:
-``streamingnode.node.node``; in cluster mode the owner comes from the leases).
-
-Each handler translates its request into a call on the node or a channel's streaming WAL and the
-result back into its response; errors leave through ``errors.unary``.
-"""
+``streamingnode.node.node``; in cluster mode the owner comes from the leases)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """Flush: seal a vchannel's (or one collection's) growing segments and return once the flusher
-has written their files.
-
-Each handler translates its request into a call on the node or a channel's streaming WAL and the
-result back into its response; errors leave through ``errors.unary``.
-"""
+has written their files."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """Consumer-group administration: create, destroy, describe (with lag) and seek (the rules:
-``streamingnode.node.groups``).
-
-Each handler translates its request into a call on the node or a channel's streaming WAL and the
-result back into its response; errors leave through ``errors.unary``.
-"""
+``streamingnode.node.groups``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""GetLatestPosition: a pchannel's newest acknowledged position and its MVCC timetick.
-
-Each handler translates its request into a call on the node or a channel's streaming WAL and the
-result back into its response; errors leave through ``errors.unary``.
-"""
+"""GetLatestPosition: a pchannel's newest acknowledged position and its MVCC timetick."""
 
 from __future__ import annotations
 

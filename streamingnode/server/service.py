@@ -3,7 +3,9 @@
 One RPC family, one module: the Produce stream is served in ``produce``, the Consume stream in
 ``consume``, and the unary RPCs by family in ``txn`` (Begin/Commit/RollbackTxn), ``channels``
 (Create/Destroy/DescribeChannels), ``groups`` (consumer-group administration and seek), ``positions``
-(GetLatestPosition) and ``flush`` (Flush); the servicer here puts them together.  ``errors`` turns
+(GetLatestPosition) and ``flush`` (Flush); the servicer here puts them together.  A unary handler
+translates its request into a call on the node or a channel's streaming WAL and the result back into
+its response; errors leave through ``errors.unary``.  ``errors`` turns
 what they raise into statuses and ``serve`` starts and stops the server this module registers the
 service on.
 """

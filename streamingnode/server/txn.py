@@ -1,8 +1,4 @@
-"""Transactions: BeginTxn, CommitTxn and RollbackTxn (the rules: ``interceptors.txn``).
-
-Each handler translates its request into a call on the node or a channel's streaming WAL and the
-result back into its response; errors leave through ``errors.unary``.
-"""
+"""Transactions: BeginTxn, CommitTxn and RollbackTxn (the rules: ``interceptors.txn``)."""
 
 from __future__ import annotations
 
