@@ -103,6 +103,11 @@ class TimeTickInterceptor:
         assert self._clock is not None, "timetick not started"
         return self._clock
 
+    @property
+    def started(self) -> bool:
+        """``start`` has loaded the clock: ``clock`` may be read."""
+        return self._clock is not None
+
     def mvcc_timetick(self) -> int:
         """Every message with a timestamp at or below this is acknowledged (or failed for good)."""
         return self.acks.confirmed_ts

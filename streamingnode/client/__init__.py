@@ -37,7 +37,7 @@ from streamingnode.client._sync import Client, SyncConsumer, SyncMsgStream, Sync
 from streamingnode.client._sync_data import SyncDataClient, SyncShardedCollection
 from streamingnode.client._txn import Transaction
 from streamingnode.client._types import ChannelDescription, GroupDescription, GroupProgress, Owner, TxnInfo
-from streamingnode.observability.tracing import message_links
+from streamingnode.observability.trace_context import message_links
 from wal.errors import (
     ChannelExistError,
     ChannelFencedError,

@@ -1,21 +1,15 @@
 """Cluster mode: which node owns which pchannel, by leases in NATS JetStream KV.
 
-Three parts, each usable alone:
+One loop per node, every TTL/3. For each pchannel, the preferred owner is given by rendezvous hashing
+over the live node ids (``preferred``). A preferred node takes a free or expired lease and opens the
+channel (``on_take``); a holder that is no longer preferred (a node joined) closes the channel
+(``on_lose``) and releases the lease, so the preferred node takes it at its next step; a holder whose
+renewal finds another owner, or whose lease ran out before a renewal succeeded, stops serving at once.
 
-- ``Membership``: this node's id and advertised address, a heartbeat in KV ``<prefix>_nodes``; the
-  live nodes are those whose heartbeat is younger than the lease TTL.
-- ``Leases``: a pchannel's lease in KV ``<prefix>_leases`` (key: the encoded pchannel name), a JSON
-  record ``{"node", "address", "term", "expires_ms", "serving"}`` written only by compare-and-set on
-  the KV revision: created when absent, updated when free, expired or ours.  Taking bumps the term; a
-  release keeps the term and empties the owner, so terms never go back.  ``serving`` turns true with
-  the first renewal after the holder opened the pchannel (a lease is taken before the open), which
-  is what CreateChannels waits for.
-- ``Ownership``: one loop per node, every TTL/3.  For each pchannel, the preferred owner is given by
-  rendezvous hashing over the live node ids (``preferred``).  A preferred node takes a free or expired
-  lease and opens the channel (``on_take``); a holder that is no longer preferred (a node joined)
-  closes the channel (``on_lose``) and releases the lease, so the preferred node takes it at its next
-  step; a holder whose renewal finds another owner, or whose lease ran out before a renewal
-  succeeded, stops serving at once.
+It stands on ``Membership`` (``streamingnode.cluster.membership``: the live nodes) and ``Leases``
+(``streamingnode.cluster.leases``: a pchannel's lease, by compare-and-set, and the clock assumption
+behind expiry); ``ClusterClient`` (``streamingnode.cluster.connection``) opens the NATS connection and
+their buckets; ``streamingnode.cluster.kv`` holds the KV sweep both read with.
 
 Scale.  A pass reads the whole nodes bucket and the whole leases bucket once each (``read_all``: one
 ordered consumer over the bucket, its last value per key pushed by the server, a few round trips
@@ -27,58 +21,31 @@ moment its open ends.  A pchannel whose open fails is released and not taken aga
 before a back-off (the pass interval, doubling per consecutive failure, capped at ``BACKOFF_MAX``;
 reset by a successful open); each failure is logged once, with its reason, and ``problems`` names
 it (DescribeChannels shows it).
-
-Clocks.  ``expires_ms`` is the holder's wall clock plus the TTL, and a contender compares it with its
-own wall clock.  This assumes the nodes' clocks agree to well within a third of the TTL (NTP keeps
-them within milliseconds; the default TTL is 10 s).  The holder itself never relies on wall time:
-it stops serving once TTL has passed on its monotonic clock since it *sent* its last successful
-renewal, which is never later than the moment a contender may see the lease as expired unless the
-clocks are skewed by more than that margin.  Should the assumption break, two nodes may both believe
-they own a pchannel for a moment; with a shared WAL the fenced appends (the WAL term) decide which
-one's writes count, so a skew costs availability, never data.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hashlib
-import json
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
 
-import nats
 import structlog
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from wal.errors import UnavailableError
+from streamingnode.cluster.leases import Lease, Leases
+from streamingnode.cluster.membership import Membership
 from wal.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
-CONNECT_SECONDS = 15.0
-"""How long a starting node tries to reach NATS before it gives up (a wrong address, NATS down)."""
 REASONS = ("taken", "released", "expired", "lost")
 """Why this node's ownership of a pchannel changed (the ``reason`` label of the changes counter)."""
 BACKOFF_MAX = 60.0
 """Seconds: the longest wait before a node tries again to open a pchannel whose opens keep failing."""
 CONCURRENT_WRITES = 64
 """Lease writes (renewals, takes) one pass has in flight at once: pipelined, not one round trip each."""
-
-
-def encode_key(name: str) -> str:
-    """A KV key for any name: KV keys allow only ``[-/_=.a-zA-Z0-9]``, so names are base32 (lower
-    case, no padding), which is reversible and keeps distinct names distinct."""
-    return base64.b32encode(name.encode()).decode().rstrip("=").lower()
-
-
-def decode_key(key: str) -> str:
-    padded = key.upper() + "=" * (-len(key) % 8)
-    return base64.b32decode(padded).decode()
 
 
 def _score(node: str, pchannel: str) -> int:
@@ -102,190 +69,6 @@ def placement(pchannels: Iterable[str], nodes: Iterable[str]) -> dict[str, str |
     """``preferred`` for every pchannel."""
     ids = sorted(set(nodes))
     return {p: preferred(p, ids) for p in pchannels}
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """A pchannel's lease as read from KV; ``revision`` 0 when the key does not exist yet."""
-
-    pchannel: str
-    node: str = ""
-    address: str = ""
-    term: int = 0
-    expires_ms: int = 0
-    revision: int = 0
-    serving: bool = False
-    """The holder has opened the pchannel (False between the take and the end of the open)."""
-
-    def held(self, at_ms: int | None = None) -> bool:
-        """Someone holds it and it has not expired (by this node's wall clock)."""
-        return bool(self.node) and self.expires_ms > (now_ms() if at_ms is None else at_ms)
-
-    def encode(self) -> bytes:
-        return json.dumps({"node": self.node, "address": self.address, "term": self.term,
-                           "expires_ms": self.expires_ms, "serving": self.serving}).encode()
-
-    @classmethod
-    def decode(cls, pchannel: str, value: bytes | None, revision: int) -> Lease:
-        try:
-            doc = json.loads(value or b"{}")
-            return cls(pchannel, str(doc.get("node", "")), str(doc.get("address", "")), int(doc.get("term", 0)),
-                       int(doc.get("expires_ms", 0)), revision, doc.get("serving") is True)
-        except (ValueError, TypeError, AttributeError):
-            # A record nobody here wrote: treated as free, and overwritten by CAS on its revision.
-            log.warning("unreadable lease record, treated as free", pchannel=pchannel, revision=revision)
-            return cls(pchannel, revision=revision)
-
-
-async def bucket(js: Any, name: str, *, ttl: float | None = None, replicas: int = 1) -> KeyValue:
-    """Open KV bucket ``name``, creating it when missing (two nodes creating it at once with the same
-    settings both succeed: JetStream treats an identical stream creation as a no-op)."""
-    try:
-        kv: KeyValue = await js.key_value(name)
-    except BucketNotFoundError:
-        kv = await js.create_key_value(bucket=name, history=1, ttl=ttl, replicas=replicas)
-    return kv
-
-
-async def read_all(kv: KeyValue, within: float) -> dict[str, KeyValue.Entry]:
-    """Every key's current entry (deleted and purged keys left out), in one sweep: an ordered consumer
-    over the bucket delivering the last value per key, stopped at the server's "no more pending"
-    marker.  A few round trips whatever the number of keys, where ``keys()`` then ``get()`` each is
-    one per key.  The consumer is ephemeral and goes away soon after (``inactive_threshold``)."""
-    out: dict[str, KeyValue.Entry] = {}
-    # Setting the watch up is bounded by the JetStream context's request timeout; not cancelled from
-    # here, since a watch cancelled half set up would leave its subscription behind.
-    watcher = await kv.watchall(inactive_threshold=max(2.0, within))
-    try:
-        async with asyncio.timeout(within):
-            async for entry in watcher:
-                if entry is None:
-                    # nats-py's "no more pending" marker.  It can come before any entry of a bucket that
-                    # is not empty: it is decided from the consumer's pending count, which is 0 once the
-                    # server has sent everything, whether or not the client has taken any of it yet.
-                    # Only an empty bucket ends the sweep here; otherwise its entries are on their way.
-                    if (await kv.status()).values == 0:
-                        break
-                    continue
-                if entry.operation in (KV_DEL, KV_PURGE):
-                    out.pop(entry.key, None)
-                else:
-                    out[entry.key] = entry
-                if entry.delta == 0:  # nothing pending after it: the end of what the bucket held
-                    break
-    finally:
-        await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it unannotated
-    return out
-
-
-class Membership:
-    """This node's heartbeat in ``<prefix>_nodes`` and the set of live nodes."""
-
-    def __init__(self, kv: KeyValue, node_id: str, address: str, ttl: float) -> None:
-        self.kv = kv
-        self.node_id = node_id
-        self.address = address
-        self.ttl = ttl
-
-    async def heartbeat(self) -> None:
-        value = json.dumps({"node": self.node_id, "address": self.address, "at_ms": now_ms()}).encode()
-        await self.kv.put(encode_key(self.node_id), value)
-
-    async def live(self) -> dict[str, str]:
-        """Live node id -> advertised address: heartbeats younger than the TTL (one sweep of the bucket)."""
-        oldest = now_ms() - int(self.ttl * 1000)
-        out: dict[str, str] = {}
-        for key, entry in (await read_all(self.kv, max(1.0, self.ttl / 3))).items():
-            try:
-                doc = json.loads(entry.value or b"{}")
-                if int(doc["at_ms"]) > oldest:
-                    out[str(doc["node"])] = str(doc["address"])
-            except (ValueError, TypeError, KeyError):
-                log.warning("unreadable heartbeat ignored", key=key)
-        return out
-
-    async def leave(self) -> None:
-        """Remove this node's heartbeat: the others stop counting it at once (a graceful stop)."""
-        await self.kv.delete(encode_key(self.node_id))
-
-
-class Leases:
-    """Take, renew, release and read pchannel leases in ``<prefix>_leases``, by CAS on the revision."""
-
-    def __init__(self, kv: KeyValue, node_id: str, address: str, ttl: float) -> None:
-        self.kv = kv
-        self.node_id = node_id
-        self.address = address
-        self.ttl = ttl
-
-    async def read(self, pchannel: str) -> Lease:
-        try:
-            entry = await self.kv.get(encode_key(pchannel))
-        except KeyNotFoundError:
-            return Lease(pchannel)
-        return Lease.decode(pchannel, entry.value, entry.revision or 0)
-
-    async def read_all(self) -> dict[str, Lease]:
-        """Every lease record, by pchannel name, in one sweep of the bucket (``read_all``); a pchannel
-        without a record is absent (``Lease(name)`` stands for it).  Keys that do not decode to a
-        name (written by something else) are skipped."""
-        out: dict[str, Lease] = {}
-        for key, entry in (await read_all(self.kv, max(1.0, self.ttl / 3))).items():
-            try:
-                name = decode_key(key)
-            except (ValueError, UnicodeDecodeError):
-                log.warning("lease key that is no pchannel name ignored", key=key[:200])
-                continue
-            out[name] = Lease.decode(name, entry.value, entry.revision or 0)
-        return out
-
-    async def _cas(self, lease: Lease, new: Lease) -> Lease | None:
-        """Write ``new`` if the key is still at ``lease.revision``; None when someone wrote first."""
-        key = encode_key(lease.pchannel)
-        try:
-            if lease.revision == 0:
-                revision = await self.kv.create(key, new.encode())
-            else:
-                revision = await self.kv.update(key, new.encode(), last=lease.revision)
-        except KeyWrongLastSequenceError:
-            return None
-        return replace(new, revision=revision)
-
-    def _expiry(self) -> int:
-        return now_ms() + int(self.ttl * 1000)
-
-    async def take(self, current: Lease) -> Lease | None:
-        """Take ``current`` (as just read) when it is free, expired or this node's: the term goes up
-        by one.  None when it is held by another node, or someone wrote it first."""
-        if current.held() and current.node != self.node_id:
-            return None
-        new = Lease(current.pchannel, self.node_id, self.address, current.term + 1, self._expiry())
-        return await self._cas(current, new)
-
-    async def renew(self, current: Lease, term: int | None = None, *, serving: bool = True) -> Lease | None:
-        """Push this node's lease's expiry out by the TTL (and raise its term to ``term``, when given
-        and higher); None when the lease changed since it was read (another node took it).
-        ``serving``: the holder has opened the pchannel (False while its open is still running)."""
-        if current.node != self.node_id:
-            return None
-        new = replace(current, expires_ms=self._expiry(), term=max(current.term, term or 0), revision=0,
-                      serving=serving)
-        return await self._cas(current, new)
-
-    async def release(self, current: Lease) -> Lease | None:
-        """Give this node's lease up: no owner, term kept (the next taker bumps it)."""
-        if current.node != self.node_id:
-            return None
-        return await self._cas(current, Lease(current.pchannel, term=current.term))
-
-    async def remove(self, pchannel: str) -> None:
-        """Remove the lease record of a destroyed pchannel (a holder's next CAS on it fails)."""
-        with contextlib.suppress(KeyNotFoundError):
-            await self.kv.purge(encode_key(pchannel))
 
 
 OnTake = Callable[[str, int], Awaitable[int]]
@@ -618,46 +401,4 @@ class Ownership:
                 log.warning("could not release the lease", pchannel=name, error=repr(exc))
 
 
-@dataclass(slots=True)
-class ClusterClient:
-    """A NATS connection and the two buckets ownership uses."""
-
-    nc: Any
-    nodes: KeyValue
-    leases: KeyValue
-
-    @classmethod
-    async def connect(cls, urls: str, prefix: str, ttl: float, replicas: int = 1) -> ClusterClient:
-        """``replicas``: of the two buckets; on the shared log as many as the log's streams, or the loss
-        of the one server holding an R1 bucket would stop every lease renewal while the log goes on."""
-        servers = [u.strip() for u in urls.split(",") if u.strip()]
-
-        async def quiet(exc: Exception) -> None:
-            log.debug("NATS connection error", error=repr(exc))
-
-        try:
-            # nats-py retries an unreachable first connect for ever when reconnects are unlimited: bound it,
-            # so a node pointed at the wrong servers says so instead of hanging before it serves.
-            async with asyncio.timeout(CONNECT_SECONDS):
-                nc = await nats.connect(servers=servers, connect_timeout=2, max_reconnect_attempts=-1,
-                                        reconnect_time_wait=0.2, error_cb=quiet)
-        except (TimeoutError, OSError, nats.errors.Error) as exc:
-            raise UnavailableError(f"cannot reach the NATS servers {urls[:200]!r} (cluster_nats): {exc!r}",
-                                   field="cluster_nats") from None
-        try:
-            # Every KV call must finish well within a lease: a stuck call would hold the loop past it.
-            js = nc.jetstream(timeout=max(0.5, ttl / 3))
-            # Heartbeats of nodes gone for good disappear by themselves after a while.
-            nodes = await bucket(js, f"{prefix}_nodes", ttl=max(60.0, 6 * ttl), replicas=replicas)
-            leases = await bucket(js, f"{prefix}_leases", replicas=replicas)
-        except BaseException:
-            await nc.close()
-            raise
-        return cls(nc, nodes, leases)
-
-    async def aclose(self) -> None:
-        await self.nc.close()
-
-
-__all__ = ["BACKOFF_MAX", "REASONS", "Backoff", "ClusterClient", "Lease", "Leases", "Membership", "Ownership",
-           "OwnershipView", "bucket", "decode_key", "encode_key", "placement", "preferred", "read_all"]
+__all__ = ["BACKOFF_MAX", "REASONS", "Backoff", "Held", "Ownership", "OwnershipView", "placement", "preferred"]

@@ -308,17 +308,27 @@ class ConsumerGroups:
         if error is not None or not batch:
             return
         last = batch[-1]
-        if last._id is None:
+        last_id = last.message_id
+        if last_id is None:
             return
-        top: Newest = (last._id, last._timetick)
+        top: Newest = (last_id, last.timetick)
         self._newest_any = _merge(self._newest_any, top)
-        first = batch[0]._vchannel
+        first = batch[0].vchannel
         if all_on_vchannel(batch, first):
             self._note(first, top)
             return
-        for m in batch:
-            if m._id is not None and m._type is not _TIME_TICK:
-                self._note(m._vchannel, (m._id, m._timetick))
+        # Several vchannels: each one's newest is its last message in the batch, so the batch is read
+        # from the end and a vchannel is noted once (one property read for each message already noted).
+        noted: set[str] = set()
+        for m in reversed(batch):
+            vchannel = m.vchannel
+            if vchannel in noted:
+                continue
+            mid = m.message_id
+            if mid is None or m.message_type is _TIME_TICK:
+                continue
+            noted.add(vchannel)
+            self._note(vchannel, (mid, m.timetick))
 
     def _note(self, vchannel: str, newest: Newest) -> None:
         old = self._newest.get(vchannel)
@@ -355,11 +365,13 @@ class ConsumerGroups:
                 if not batch:
                     break
                 for m in batch:
-                    if m._id is None or m._id >= end:
+                    mid = m.message_id
+                    if mid is None or mid >= end:
                         break
-                    if m._type is not _TIME_TICK:
-                        self._note(m._vchannel, (m._id, m._timetick))
-                        self._newest_any = _merge(self._newest_any, (m._id, m._timetick))
+                    if m.message_type is not _TIME_TICK:
+                        newest = (mid, m.timetick)
+                        self._note(m.vchannel, newest)
+                        self._newest_any = _merge(self._newest_any, newest)
                 nid = batch[-1].message_id + 1  # type: ignore[operator]
             if self._known_from is None or from_id < self._known_from:
                 self._known_from = from_id
@@ -382,7 +394,7 @@ class ConsumerGroups:
         stores side by side, so that batch holds any message after ``message_id`` that is older.
         """
         batch = await self._wal.read_stored(message_id, 1 << 20)
-        stamps = [m._timetick for m in batch if m._id is not None and m._id >= message_id]
+        stamps = [m.timetick for m in batch if (mid := m.message_id) is not None and mid >= message_id]
         return max(min(stamps) - 1, 0) if stamps else 0
 
     def committed(self, group: str, vchannel: str) -> Position | None:

@@ -32,16 +32,16 @@ import asyncio
 import contextlib
 import contextvars
 import itertools
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
 from flusher import incarnation
 from flusher.commit import inside
 from flusher.flusher import Flusher, FlusherConfig
-from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
+from interceptors.recovery.streaming_wal import ChainConfig, open_streaming_wal
 from streamingnode.config import NodeConfig, compaction_config
+from streamingnode.node.channel import Channel, Failure, Owner
 from streamingnode.node.disk_guard import StorageMonitor, start_monitor
 from streamingnode.node.groups import ConsumerGroups
 from streamingnode.node.memory_trim import limit_arenas
@@ -63,7 +63,9 @@ from wal.manager import WALManager
 from wal.names import PCHANNEL, shorten
 
 if TYPE_CHECKING:
-    from streamingnode.cluster.ownership import ClusterClient, Lease, Ownership
+    from streamingnode.cluster.connection import ClusterClient
+    from streamingnode.cluster.leases import Lease
+    from streamingnode.cluster.ownership import Ownership
 
 log = structlog.get_logger(__name__)
 
@@ -73,79 +75,6 @@ FIRST_PASS_RETRY_SECONDS = 0.5
 
 # Each channel costs a clock task and buffers; a request for millions of them is a mistake, not a plan.
 MAX_CREATE = 1024
-OWNER_ROLE = "owner.role"
-OWNER_ADDRESS = "owner.address"
-OWNER_TEXT = "owner.description_text"
-FAILURE_CHARS = 300
-"""How much of the cause's message a failure keeps (a message can quote a path, a key range, a file)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Owner:
-    role: str = ""
-    address: str = ""
-    description_text: str = ""
-
-    def properties(self) -> dict[str, str]:
-        return {OWNER_ROLE: self.role, OWNER_ADDRESS: self.address, OWNER_TEXT: self.description_text}
-
-    @classmethod
-    def from_properties(cls, props: dict[str, str]) -> Owner:
-        return cls(props.get(OWNER_ROLE, ""), props.get(OWNER_ADDRESS, ""), props.get(OWNER_TEXT, ""))
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """Why a pchannel is FAILED: the code and the (shortened) message of what stopped it."""
-
-    code: ErrorCode
-    message: str
-    error_class: type[StreamingError] = StreamingError
-    fields: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, exc: BaseException) -> Failure:
-        if isinstance(exc, StreamingError):
-            # The cause's structured fields (file, offset, key range, ...) ride along on every refusal.
-            return cls(exc.code, _cut(str(exc)), type(exc), dict(exc.fields))
-        # Not an error the node names (a bug, a library's exception): its type says the most.
-        return cls(ErrorCode.UNKNOWN, _cut(f"{type(exc).__name__}: {exc}"))
-
-    @property
-    def reason(self) -> str:
-        """What DescribeChannels shows: ``CODE: message``."""
-        return f"{self.code.name}: {self.message}"
-
-    def refusal(self, name: str) -> StreamingError:
-        """The error a call on the failed pchannel ``name`` is refused with."""
-        fields = {**self.fields, "channel": name}
-        return self.error_class(f"pchannel {name!r} is FAILED and serves no calls: {self.reason}",
-                                code=self.code, **fields)
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= FAILURE_CHARS else f"{text[:FAILURE_CHARS]}... ({len(text)} chars)"
-
-
-@dataclass(slots=True)
-class Channel:
-    """A pchannel the node serves: its streaming WAL, its consumer groups and its flusher."""
-
-    stream: StreamingWAL
-    groups: ConsumerGroups
-    flusher: Flusher | None = None
-    retention: ChannelRetention | None = None
-
-    async def aclose(self) -> None:
-        # Retention first: it reads the flusher's checkpoint and the groups, and truncates the WAL.
-        if self.retention is not None:
-            await self.retention.aclose()
-        # Then the flusher: it reads the WAL, and whatever it buffered is replayed from its checkpoint.
-        if self.flusher is not None:
-            await self.flusher.aclose()
-        await self.stream.aclose()
-
-
 class Node:
     """Start with ``await Node.start(config)``; close with ``aclose``."""
 
@@ -234,7 +163,10 @@ class Node:
 
     # --- cluster mode ----------------------------------------------------------------------------
     async def _join_cluster(self) -> None:
-        from streamingnode.cluster.ownership import ClusterClient, Leases, Membership, Ownership  # noqa: PLC0415  (nats-py)
+        from streamingnode.cluster.connection import ClusterClient  # noqa: PLC0415  (nats-py)
+        from streamingnode.cluster.leases import Leases  # noqa: PLC0415  (nats-py)
+        from streamingnode.cluster.membership import Membership  # noqa: PLC0415  (nats-py)
+        from streamingnode.cluster.ownership import Ownership  # noqa: PLC0415  (nats-py)
 
         cfg = self.config
         self.cluster = await ClusterClient.connect(cfg.cluster_nats, cfg.cluster_prefix, cfg.lease_seconds,

@@ -46,8 +46,8 @@ from wal.message import Message, MessageType, all_of_type, payload_bytes
 if TYPE_CHECKING:
     from interceptors.txn import TxnSession
     from streamingnode.cluster.ownership import Ownership
+    from streamingnode.node.channel import Channel
     from streamingnode.node.disk_guard import StorageMonitor
-    from streamingnode.node.node import Channel
 
 log = structlog.get_logger(__name__)
 
@@ -81,17 +81,18 @@ class ChannelMetrics:
         if latency is None:
             latency = self._latency[status] = self._node.append_latency.labels(self.pchannel, status)
         latency.observe(seconds)
-        first = batch[0]._type
+        first = batch[0].message_type
         if all_of_type(batch, first):  # the usual case: one type, no per-type dict
             self._count(first, status, len(batch), payload_bytes(batch))
             return
         counts: dict[MessageType, list[int]] = {}
-        for m in batch:
-            c = counts.get(m._type)
+        for m in batch:  # a batch of mixed types (DDL beside data): rare, and public reads suffice
+            t = m.message_type
+            c = counts.get(t)
             if c is None:
-                c = counts[m._type] = [0, 0]
+                c = counts[t] = [0, 0]
             c[0] += 1
-            c[1] += len(m._payload)
+            c[1] += len(m.payload)
         for t, (n, nbytes) in counts.items():
             self._count(t, status, n, nbytes)
 
@@ -486,7 +487,7 @@ class _StateCollector(Collector):
                 step_s.add_metric([name, t.name], t.seconds)
                 step_b.add_metric([name, t.name], t.batches)
                 step_m.add_metric([name, t.name], t.messages)
-            clock_last = stream.timetick.clock.last if stream.timetick._clock is not None else 0
+            clock_last = stream.timetick.clock.last if stream.timetick.started else 0
             mvcc = stream.mvcc_timetick()
             allocated.add_metric([name], physical_ms(clock_last) / 1000)
             confirmed.add_metric([name], physical_ms(mvcc) / 1000)

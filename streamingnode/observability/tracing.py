@@ -21,87 +21,45 @@ When on:
 
 The provider is passed in (``Tracing(provider)``), never read from the global: tests give each node
 its own provider with an in-memory exporter, and the process-wide provider can only be set once.
+
+The trace context in message properties, the part a client needs, lives in
+``streamingnode.observability.trace_context`` (re-exported here); this module is the node's side.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, SpanContext, SpanKind
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace import Link, SpanKind
 from opentelemetry.util.types import Attributes
 
 from interceptors.chain import STEP_SPAN_PREFIX
+from streamingnode.observability.trace_context import (
+    MAX_LINKS,
+    TRACEPARENT,
+    TRACESTATE,
+    context_from_properties,
+    message_links,
+    span_properties,
+    with_current_context,
+)
 from wal.errors import InvalidArgumentError
 from wal.message import AppendResult, Message
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export import SpanExporter
 
-TRACEPARENT = "traceparent"
-"""Message property with the W3C ``traceparent`` of the span that produced the message."""
-TRACESTATE = "tracestate"
-"""Message property with the W3C ``tracestate`` of that span (absent when it is empty)."""
-MAX_LINKS = 128
-"""At most this many producer contexts are linked from one span (a pack may hold thousands)."""
 EXPORTERS = ("none", "console", "otlp")
 SERVICE_NAME = "streamingnode"
 OTLP_PACKAGE = "opentelemetry-exporter-otlp"
 
 PRODUCE_SPAN = "streamingnode.produce"
 CONSUME_SPAN = "streamingnode.consume"
-
-# Only the trace context, not the global composite propagator: baggage would put arbitrary caller
-# entries into every stored message.
-_propagator = TraceContextTextMapPropagator()
-
-
-def context_from_properties(properties: dict[str, str]) -> SpanContext | None:
-    """The valid remote span context in ``properties`` (``traceparent``/``tracestate``), or None."""
-    if TRACEPARENT not in properties:
-        return None
-    ctx = _propagator.extract(properties)
-    span_context = trace.get_current_span(ctx).get_span_context()
-    return span_context if span_context.is_valid else None
-
-
-def message_links(messages: Iterable[Message], limit: int = MAX_LINKS) -> list[Link]:
-    """Links to the producer contexts carried by ``messages``: each distinct one once, at most
-    ``limit``.  For a consumer's own processing span: ``tracer.start_as_current_span("process",
-    links=message_links(pack.messages))``."""
-    seen: set[str] = set()  # every distinct traceparent met, valid or not: each is parsed once
-    links: list[Link] = []
-    for m in messages:
-        props = m.properties
-        if not props:
-            continue
-        tp = props.get(TRACEPARENT)
-        if tp is None or tp in seen:
-            continue
-        seen.add(tp)
-        span_context = context_from_properties(props)
-        if span_context is not None:
-            links.append(Link(span_context))
-            if len(links) >= limit:
-                break
-    return links
-
-
-def with_current_context(properties: dict[str, str] | None) -> dict[str, str] | None:
-    """``properties`` plus the caller's current span context, when a recording span is current and
-    the properties carry no ``traceparent`` yet; otherwise ``properties`` unchanged.  The caller's
-    dict is never modified (a copy gets the context).  For clients: one context-variable read."""
-    span = trace.get_current_span()
-    if not span.is_recording() or (properties and TRACEPARENT in properties):
-        return properties
-    out = dict(properties) if properties else {}
-    _propagator.inject(out, trace.set_span_in_context(span))
-    return out
 
 
 class Tracing:
@@ -184,9 +142,7 @@ class Tracing:
         ) as span:
             # A span the sampler dropped is not worth a link: its messages stay as they came (which
             # also keeps them on the codec's fast path for records without properties).
-            carrier: dict[str, str] = {}
-            if span.is_recording():
-                _propagator.inject(carrier, trace.set_span_in_context(span))
+            carrier = span_properties(span) if span.is_recording() else {}
             if carrier:
                 for m in messages:
                     props = m.properties

@@ -33,8 +33,9 @@ from typing import Any
 import grpc
 import structlog
 
+from streamingnode.node.channel import Channel
 from streamingnode.node.groups import check_group_name
-from streamingnode.node.node import Channel, Node
+from streamingnode.node.node import Node
 from streamingnode.observability.metrics import ChannelMetrics
 from streamingnode.server.errors import refused, require
 from streamingnode.server.fanout import (

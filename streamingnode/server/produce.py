@@ -20,7 +20,8 @@ import grpc
 import structlog
 
 from interceptors.dedup import PRODUCER_CLAIM, PROP_PRODUCER, PROP_SEQUENCE, dedup_step, skip_sequences
-from streamingnode.node.node import Channel, Node
+from streamingnode.node.channel import Channel
+from streamingnode.node.node import Node
 from streamingnode.server.errors import internal, refused, require
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb

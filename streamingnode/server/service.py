@@ -1,8 +1,13 @@
 """The StreamingNode servicer and its registration on a gRPC server.
 
-One RPC, one place: the Produce stream is served in ``produce``, the Consume stream in ``consume``,
-every unary RPC in ``admin``; ``errors`` turns what they raise into statuses and ``lifecycle`` starts
-and stops the server this module registers the service on.
+One RPC family, one module: the Produce stream is served in ``produce``, the Consume stream in
+``consume``, and the unary RPCs by family in ``txn`` (Begin/Commit/RollbackTxn), ``channels``
+(Create/Destroy/DescribeChannels), ``groups`` (consumer-group administration and seek), ``positions``
+(GetLatestPosition) and ``flush`` (Flush); the servicer here puts them together.  A unary handler
+translates its request into a call on the node or a channel's streaming WAL and the result back into
+its response; errors leave through ``errors.unary``.  ``errors`` turns
+what they raise into statuses and ``serve`` starts and stops the server this module registers the
+service on.
 """
 
 from __future__ import annotations
@@ -14,20 +19,28 @@ from google.protobuf import message_factory
 
 from streamingnode.node.memory_trim import Trimmer
 from streamingnode.node.node import Node
-from streamingnode.server.admin import AdminHandlers
+from streamingnode.server.channels import ChannelHandlers
 from streamingnode.server.consume import ConsumeStream
 from streamingnode.server.errors import stream_errors
+from streamingnode.server.flush import FlushHandlers
+from streamingnode.server.groups import GroupHandlers
 from streamingnode.server.limits import StreamLimits
+from streamingnode.server.positions import PositionHandlers
 from streamingnode.server.produce import ProduceStream
 from streamingnode.server.refusals import Refusals
+from streamingnode.server.txn import TxnHandlers
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from wal.errors import StreamingError
 
 SERVICE_NAME = spb.DESCRIPTOR.services_by_name["StreamingNode"].full_name
 """The full gRPC name of the service (for health, reflection and registration)."""
 
 
-class StreamingNodeService(AdminHandlers, sgrpc.StreamingNodeServicer):  # type: ignore[misc]
+class StreamingNodeService(
+    TxnHandlers, ChannelHandlers, GroupHandlers, PositionHandlers, FlushHandlers,
+    sgrpc.StreamingNodeServicer,  # type: ignore[misc]
+):
     """Every RPC of ``streaming.proto`` over one ``Node``."""
 
     def __init__(self, node: Node) -> None:
@@ -39,6 +52,13 @@ class StreamingNodeService(AdminHandlers, sgrpc.StreamingNodeServicer):  # type:
         """Longer unary requests are refused unparsed (``errors.unary``)."""
         self.trimmer = Trimmer()
         """Gives the read buffers of refused large requests back to the system (``errors.unary``)."""
+
+    def call_failed(self, request: Any, exc: StreamingError) -> None:
+        """A unary call on a pchannel failed with ``exc``: damaged storage moves the pchannel to FAILED
+        (``Node.fail_on``), as a produce or consume that meets it does."""
+        pchannel = getattr(request, "pchannel", "")
+        if pchannel and isinstance(pchannel, str):
+            self.node.fail_on(pchannel, exc)
 
     @stream_errors
     async def Produce(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:

@@ -14,7 +14,10 @@ import grpc
 import nats
 import pytest
 
-from streamingnode.cluster.ownership import Leases, Membership, Ownership, bucket
+from streamingnode.cluster.kv import bucket
+from streamingnode.cluster.leases import Leases
+from streamingnode.cluster.membership import Membership
+from streamingnode.cluster.ownership import Ownership
 from streamingnode.node.node import Node
 from streamingnode.server import ServerThread
 from streamingnode.v1 import streaming_pb2 as spb

@@ -18,8 +18,11 @@ import grpc
 import nats
 import pytest
 
-from streamingnode.cluster import ownership as cluster_module
-from streamingnode.cluster.ownership import Lease, Leases, Membership, bucket, encode_key, placement, preferred
+from streamingnode.cluster import connection as cluster_module
+from streamingnode.cluster.kv import bucket, encode_key
+from streamingnode.cluster.leases import Lease, Leases
+from streamingnode.cluster.membership import Membership
+from streamingnode.cluster.ownership import placement, preferred
 from streamingnode.server import ServerThread
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc

@@ -16,8 +16,10 @@ import grpc
 import nats
 import pytest
 
-from streamingnode.cluster.ownership import Lease, Leases, bucket
-from streamingnode.node.node import Channel, Node
+from streamingnode.cluster.kv import bucket
+from streamingnode.cluster.leases import Lease, Leases
+from streamingnode.node.channel import Channel
+from streamingnode.node.node import Node
 from streamingnode.server import ServerThread
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
@@ -127,7 +129,7 @@ def test_a_node_whose_first_ownership_pass_times_out_tries_again_and_starts(
 ) -> None:
     # NATS slow to answer at the start (an election, a busy host): the node used to exit with the
     # timeout of its first heartbeat.
-    from streamingnode.cluster.ownership import Membership  # noqa: PLC0415
+    from streamingnode.cluster.membership import Membership  # noqa: PLC0415
 
     failures = [nats.errors.TimeoutError(), nats.errors.NoRespondersError()]
     heartbeat = Membership.heartbeat
@@ -148,7 +150,7 @@ def test_a_node_whose_first_ownership_pass_times_out_tries_again_and_starts(
 def test_a_node_gives_up_its_first_ownership_pass_after_the_deadline_naming_the_cause(
     nats_r1: NatsCluster, tmp_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from streamingnode.cluster.ownership import Membership  # noqa: PLC0415
+    from streamingnode.cluster.membership import Membership  # noqa: PLC0415
 
     async def never(self: Membership) -> None:
         raise nats.errors.TimeoutError()

@@ -21,7 +21,10 @@ import pytest
 from nats.js.kv import KeyValue
 from structlog.testing import capture_logs
 
-from streamingnode.cluster.ownership import Lease, Leases, Membership, Ownership, bucket, encode_key, placement
+from streamingnode.cluster.kv import bucket, encode_key
+from streamingnode.cluster.leases import Lease, Leases
+from streamingnode.cluster.membership import Membership
+from streamingnode.cluster.ownership import Ownership, placement
 from tests.natscluster import NatsCluster
 from tests.waiting import until
 

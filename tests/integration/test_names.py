@@ -25,7 +25,8 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from streamingnode.client import AsyncClient
-from streamingnode.node.node import Node, Owner
+from streamingnode.node.channel import Owner
+from streamingnode.node.node import Node
 from streamingnode.server import ServerThread
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb

@@ -83,3 +83,30 @@ async def test_after_a_restart_the_high_water_is_read_back_from_the_groups_oldes
     await groups.refresh()
     (p,) = groups.progress("g")
     assert p.lag_messages == sent[9].message_id - sent[0].message_id + 1
+
+
+async def test_the_high_water_of_random_mixed_batches_matches_a_plain_model(opened: Opened) -> None:
+    # A seeded walk: batches of several vchannels (broadcasts among them), each message noted against
+    # a model that looks at every message in order, as the rule states it.
+    import random  # noqa: PLC0415
+
+    swal = opened.swal
+    assert swal is not None
+    groups = await ConsumerGroups.load(swal.wal)
+    rng = random.Random(32)
+    model: dict[str, tuple[int, int]] = {}
+    for _ in range(40):
+        batch = [Message(MessageType.DATA, rng.choice(["a", "b", "c", ""]), b"x") for _ in range(rng.randint(1, 12))]
+        await swal.append_batch(batch)
+        groups.observe_append(batch, 0.0, None)
+        for m in batch:
+            assert m.message_id is not None
+            old = model.get(m.vchannel)
+            new = (m.message_id, m.timetick)
+            model[m.vchannel] = new if old is None else (max(old[0], new[0]), max(old[1], new[1]))
+        every = model.get("")
+        for vchannel in ("a", "b", "c"):
+            seen = [p for p in (model.get(vchannel), every) if p is not None]
+            want = (max(p[0] for p in seen), max(p[1] for p in seen)) if seen else None
+            assert groups.newest(vchannel) == want, vchannel
+        assert groups.newest("") == (max(p[0] for p in model.values()), max(p[1] for p in model.values()))

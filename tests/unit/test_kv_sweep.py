@@ -1,4 +1,4 @@
-"""``streamingnode.cluster.ownership.read_all`` against a stand-in bucket whose watch behaves as nats-py's can:
+"""``streamingnode.cluster.kv.read_all`` against a stand-in bucket whose watch behaves as nats-py's can:
 the "no more pending" marker first, then the entries the server had already sent."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from streamingnode.cluster.ownership import read_all
+from streamingnode.cluster.kv import read_all
 
 
 @dataclass

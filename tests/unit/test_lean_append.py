@@ -146,8 +146,8 @@ async def test_a_lone_send_at_linger_0_is_sealed_before_it_waits(client: AsyncCl
         call = producer.send("v", b"lone")
         call.send(None)  # runs the call up to its wait for the answer
         # Sealed already: no loop turn (and no timer) between the call and the batch going out.
-        assert not producer._open_futures and producer._linger_timer is None
-        assert len(producer._sealed) + len(producer._in_flight) == 1
+        assert not producer._accumulator.has_open and not producer._accumulator.lingering
+        assert len(producer._accumulator.sealed) + len(producer._sender.in_flight) == 1
         call.close()
         await producer.flush()
         assert producer.batches_written == 2

@@ -16,7 +16,8 @@ from flusher import _probe, layout
 from flusher._buffers import Buffer
 from flusher.read.spark import DamagedFileError, read_collection_arrow
 from streamingnode.config import NodeConfig
-from streamingnode.node.node import Node, Owner
+from streamingnode.node.channel import Owner
+from streamingnode.node.node import Node
 from tests.waiting import until
 from wal import bodies
 from wal.message import Position

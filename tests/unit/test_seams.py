@@ -13,7 +13,8 @@ import grpc
 import nats.js.errors
 import pytest
 
-from streamingnode.client._producer import Producer, _Batch
+from streamingnode.client._accumulator import Batch
+from streamingnode.client._producer import Producer
 from streamingnode.cluster.ownership import Ownership
 from streamingnode.server.produce import ProduceStream
 from streamingnode.v1 import streaming_pb2 as spb
@@ -34,15 +35,15 @@ class _Answers:
         return self.responses.pop(0) if self.responses else grpc.aio.EOF
 
 
-def _in_flight(producer: Producer, n: int) -> _Batch:
+def _in_flight(producer: Producer, n: int) -> Batch:
     request = spb.ProduceRequest()
     request.batch.request_id = 1
     request.batch.columns.payloads.extend([b"x"] * n)
     loop = asyncio.get_running_loop()
-    batch = _Batch(request, [loop.create_future() for _ in range(n)], nbytes=n)
+    batch = Batch(request, [loop.create_future() for _ in range(n)], nbytes=n)
     batch.sent = True
-    producer._in_flight.append(batch)
-    producer._buffered += n
+    producer._sender.in_flight.append(batch)
+    producer._accumulator.buffered += n
     return batch
 
 
@@ -56,14 +57,14 @@ async def test_an_answer_that_does_not_fit_its_batch_leaves_the_batch_to_be_rese
     wrong.result.appended.ids.extend([7, 8, 9])  # three results for two messages
     wrong.result.appended.timeticks.extend([1, 2, 3])
     with pytest.raises(UnavailableError, match="answered a batch of 2 messages with 3 results"):
-        await producer._read(_Answers(wrong))
-    assert list(producer._in_flight) == [batch], "the batch stays in flight: the broken stream decides its fate"
-    producer._stream_broke(UnavailableError("the answer did not fit"))
+        await producer._sender.read(_Answers(wrong))
+    assert list(producer._sender.in_flight) == [batch], "the batch stays in flight: the broken stream decides its fate"
+    producer._sender.stream_broke(UnavailableError("the answer did not fit"))
     if producer_id is None:
         assert all(f.done() and isinstance(f.exception(), UnavailableError) for f in batch.futures)
         assert producer.buffered_bytes == 0
     else:
-        assert list(producer._sealed) == [batch], "resent on the next stream with its sequences"
+        assert list(producer._accumulator.sealed) == [batch], "resent on the next stream with its sequences"
     producer._state = producer._state.CLOSED
     producer._fail_all(OnShutdownError("test over"))
 

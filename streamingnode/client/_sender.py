@@ -1,0 +1,265 @@
+"""The producer's sender: the task that owns the Produce stream of one pchannel.
+
+It opens a stream whenever the accumulator holds sealed batches, writes them while fewer than
+``max_in_flight`` are unanswered (*in flight*), and matches the node's answers, which come in order,
+to the batches in flight.  When the stream breaks for a reason a new stream cures, an idempotent
+producer's batches in flight go back to the front of the queue with their sequences; without a
+``producer_id`` their fate is unknown and they fail (see ``Producer``).  The open presents the
+producer's epoch and learns the node's next sequence for the id (``Accumulator.number``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from streamingnode.client._accumulator import Accumulator, Batch
+from streamingnode.client._calls import done_writing, open_stream, reconnectable, translate, with_reconnect, write
+from streamingnode.client._routing import Route
+from streamingnode.v1 import streaming_pb2 as spb
+from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from streamingnode.wire.codes import from_error_detail
+from wal.errors import ErrorCode, StreamingError, UnavailableError
+from wal.message import AppendResult
+from wal.tasks import cancel_and_wait
+
+# In-band batch errors that the node sends just before it ends the stream (the channel was reopened,
+# or the node is stopping): nothing of the batch was written, and a new stream can take it.
+_ENDS_STREAM = frozenset({ErrorCode.CHANNEL_FENCED, ErrorCode.ON_SHUTDOWN, ErrorCode.NOT_OWNER})
+
+
+def _resolve(futures: list[asyncio.Future[AppendResult]], appended: spb.AppendResults) -> None:
+    """Give each message's future its result; the node answers a column batch in column form."""
+    ids, txn_ids = appended.ids, appended.txn_ids
+    n = len(futures)
+    if len(ids) != n or len(appended.timeticks) != n or len(txn_ids) not in (0, n):
+        raise UnavailableError(f"the node answered a batch of {n} messages with {len(ids)} results")
+    if len(txn_ids):
+        for fut, mid, ts, txn_id in zip(futures, ids, appended.timeticks, txn_ids, strict=True):
+            if not fut.done():
+                fut.set_result(AppendResult(mid, ts, txn_id or None))
+        return
+    for fut, mid, ts in zip(futures, ids, appended.timeticks, strict=True):
+        if not fut.done():
+            fut.set_result(AppendResult(mid, ts, None))
+
+
+class Sender:
+    """The stream task of one producer over ``accumulator``'s sealed batches.
+
+    ``fail_all(exc)`` fails everything the producer holds (in flight, sealed, open); it is called when
+    the channel is gone, the node stayed away too long, or the task itself died.  ``closing`` is set by
+    the producer's ``aclose``: the stream is then ended once nothing is left.
+    """
+
+    def __init__(
+        self,
+        accumulator: Accumulator,
+        stub: sgrpc.StreamingNodeStub | Route,
+        pchannel: str,
+        producer_id: str | None,
+        *,
+        max_in_flight: int,
+        reconnect_timeout: float,
+        fail_all: Callable[[BaseException], None],
+    ) -> None:
+        self._acc = accumulator
+        self._route = stub if isinstance(stub, Route) else None
+        self._stub = stub
+        self.pchannel = pchannel
+        self.producer_id = producer_id
+        self.max_in_flight = max_in_flight
+        self._reconnect_timeout = reconnect_timeout
+        self._fail_all = fail_all
+        self._loop = asyncio.get_running_loop()
+        self._request_ids = itertools.count(1)
+        self.in_flight: collections.deque[Batch] = collections.deque()
+        """Batches written and not answered yet, in the order the node answers them."""
+        self.wake = asyncio.Event()
+        """The stream task: something to write, or a slot freed."""
+        self.task: asyncio.Task[None] | None = None
+        self.closing = False
+        self.connected = False
+        """A stream to an owner is open now."""
+        self.term: int | None = None
+        """The WAL term of the current stream (None before the first open)."""
+        self.epoch: int | None = None
+        """The producer's epoch, handed out by the node on the first open (None before it, and
+        without a producer_id); presented again on every reconnect."""
+        self.batches_written = 0
+        """Batches written to a stream, resends included (for tests and metrics)."""
+        self.largest_batch = 0
+        """Messages in the largest batch written so far."""
+        self.reconnects = 0
+        """How many times the stream was opened again after a failure (for tests and metrics)."""
+
+    def start(self) -> None:
+        """Wake the stream task, starting it when none runs."""
+        self.wake.set()
+        if self.task is None or self.task.done():
+            self.task = self._loop.create_task(self.run(), name=f"producer:{self.pchannel}")
+            self.task.add_done_callback(self._on_task_done)
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        # The stream task ends only when there is nothing left, or by a bug: then no caller may wait
+        # forever on a future it will never answer.
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self._fail_all(exc if isinstance(exc, StreamingError) else UnavailableError(
+                f"producer on {self.pchannel!r} failed: {exc!r}", channel=self.pchannel))
+
+    async def run(self) -> None:
+        """Open a stream whenever there is work; keep it while the producer lives."""
+        acc = self._acc
+        while acc.sealed or self.in_flight:
+            try:
+                call = await with_reconnect(self._open, self._reconnect_timeout)
+            except StreamingError as exc:
+                self._fail_all(exc)  # the channel is gone, or the node stayed away too long
+                continue
+            self.connected = True
+            try:
+                await self._serve(call)
+            except StreamingError as exc:
+                self.stream_broke(exc)
+            finally:
+                self.connected = False
+                acc.space.set()  # senders held by the in-flight bound may now buffer
+                call.cancel()
+            if self.closing and not (acc.sealed or self.in_flight):
+                return
+
+    async def _open(self) -> Any:
+        try:
+            return await self._open_at(await self._route.stub() if self._route is not None else self._stub)
+        except StreamingError as exc:
+            if self._route is not None:
+                self._route.failed(exc)  # NOT_OWNER names the owner; a gone node is forgotten
+            raise
+
+    async def _open_at(self, stub: Any) -> Any:
+        call = stub.Produce()
+        first = await open_stream(call, spb.ProduceRequest(open=spb.ProduceOpen(
+            pchannel=self.pchannel, producer_id=self.producer_id, producer_epoch=self.epoch)),
+            "produce", self.pchannel)
+        opened = first.opened
+        if self.term is not None:
+            self.reconnects += 1
+        self.term = opened.term
+        if self.producer_id is not None:
+            if opened.producer_epoch:  # (0 from a node that predates epochs)
+                self.epoch = opened.producer_epoch
+            if not self._acc.numbered:
+                self._acc.number(opened.next_sequence)
+        return call
+
+    async def _serve(self, call: Any) -> None:
+        """Write and read one stream until it ends (drained) or fails (raises StreamingError)."""
+        reader = self._loop.create_task(self.read(call))
+        # The writer sleeps on wake alone: the reader ending wakes it too (no task and no
+        # asyncio.wait per wait, which a producer sending one message at a time pays every time).
+        reader.add_done_callback(lambda _: self.wake.set())
+        try:
+            try:
+                await self._write(call, reader)
+            except StreamingError:
+                # A refused write only says the stream ended; the status on the reading side says
+                # why (fenced, shutdown, ...), and it is finished, so the reader returns at once.
+                await reader
+                raise
+            await reader
+        except grpc.RpcError as exc:
+            raise translate(exc) from exc
+        finally:
+            # Retrieve its outcome too when the writer failed first: the writer's error is raised.
+            with contextlib.suppress(grpc.RpcError, StreamingError):
+                await cancel_and_wait(reader)
+
+    async def _write(self, call: Any, reader: asyncio.Task[None]) -> None:
+        sealed = self._acc.sealed
+        while True:
+            while not (sealed and len(self.in_flight) < self.max_in_flight):
+                if reader.done():
+                    return  # the stream ended; the reader holds why
+                if self.closing and not sealed and not self.in_flight:
+                    await write(call, spb.ProduceRequest(close=spb.ProduceClose()))
+                    await done_writing(call)
+                    return
+                self.wake.clear()
+                await self.wake.wait()
+            batch = sealed.popleft()
+            self._acc.space.set()
+            batch.request.batch.request_id = next(self._request_ids)
+            # In flight before the write: a write that fails half way leaves the batch's fate unknown.
+            self.in_flight.append(batch)
+            batch.sent = True
+            self.batches_written += 1
+            self.largest_batch = max(self.largest_batch, len(batch.futures))
+            await write(call, batch.request)
+
+    async def read(self, call: Any) -> None:
+        """Read the node's answers on ``call`` and complete the batches in flight with them."""
+        in_flight = self.in_flight
+        while True:
+            resp = await call.read()
+            if resp is grpc.aio.EOF:
+                if in_flight or self._acc.sealed:
+                    raise UnavailableError(f"produce stream on {self.pchannel!r} ended with batches unanswered",
+                                           channel=self.pchannel)
+                return
+            kind = resp.WhichOneof("response")
+            if kind == "closed":
+                return
+            if kind != "result":
+                continue
+            result = resp.result
+            if not in_flight or in_flight[0].request_id != result.request_id:
+                raise UnavailableError(f"produce stream on {self.pchannel!r} answered request {result.request_id} "
+                                       "out of order", channel=self.pchannel)
+            batch = in_flight[0]
+            if result.WhichOneof("outcome") == "error":
+                exc = from_error_detail(result.error)
+                if self.producer_id is not None and exc.code in _ENDS_STREAM:
+                    # Nothing of the batch was written and the stream is ending: resend it on the next.
+                    raise exc
+                batch.fail(exc)
+            else:
+                # Checked before the batch leaves the in-flight list: an answer that does not fit it
+                # breaks the stream with the batch still there, so it is resent (idempotent) or failed
+                # as of unknown fate, never left with futures that no one completes.
+                _resolve(batch.futures, result.appended)
+            in_flight.popleft()
+            self.wake.set()
+            self._acc.release(batch)
+
+    def stream_broke(self, exc: StreamingError) -> None:
+        """The stream ended with ``exc``: resend (idempotent) or fail the batches in flight, or, when a
+        new stream cannot help, fail everything."""
+        if self._route is not None:
+            self._route.failed(exc)
+        if not reconnectable(exc):
+            self._fail_all(exc)
+            return
+        if self.producer_id is not None:
+            # Same batches, same sequences, new stream: the node's dedup makes the resend safe.
+            self._acc.sealed.extendleft(reversed(self.in_flight))
+        else:
+            lost = UnavailableError(
+                f"produce stream on {self.pchannel!r} broke before the batch was answered; it may or may not "
+                "have been appended (set producer_id to make resending safe)", channel=self.pchannel)
+            lost.__cause__ = exc
+            for batch in self.in_flight:
+                batch.fail(lost)
+                self._acc.release(batch)
+        self.in_flight.clear()
+
+
+__all__ = ["Sender"]

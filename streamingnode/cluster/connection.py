@@ -1,0 +1,63 @@
+"""The NATS connection of a cluster-mode node and the two KV buckets ownership uses (nodes, leases)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+import structlog
+from nats.js.kv import KeyValue
+
+from streamingnode.cluster.kv import bucket
+from wal.errors import UnavailableError
+
+log = structlog.get_logger(__name__)
+
+CONNECT_SECONDS = 15.0
+"""How long a starting node tries to reach NATS before it gives up (a wrong address, NATS down)."""
+
+
+@dataclass(slots=True)
+class ClusterClient:
+    """A NATS connection and the two buckets ownership uses."""
+
+    nc: Any
+    nodes: KeyValue
+    leases: KeyValue
+
+    @classmethod
+    async def connect(cls, urls: str, prefix: str, ttl: float, replicas: int = 1) -> ClusterClient:
+        """``replicas``: of the two buckets; on the shared log as many as the log's streams, or the loss
+        of the one server holding an R1 bucket would stop every lease renewal while the log goes on."""
+        servers = [u.strip() for u in urls.split(",") if u.strip()]
+
+        async def quiet(exc: Exception) -> None:
+            log.debug("NATS connection error", error=repr(exc))
+
+        try:
+            # nats-py retries an unreachable first connect for ever when reconnects are unlimited: bound it,
+            # so a node pointed at the wrong servers says so instead of hanging before it serves.
+            async with asyncio.timeout(CONNECT_SECONDS):
+                nc = await nats.connect(servers=servers, connect_timeout=2, max_reconnect_attempts=-1,
+                                        reconnect_time_wait=0.2, error_cb=quiet)
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
+            raise UnavailableError(f"cannot reach the NATS servers {urls[:200]!r} (cluster_nats): {exc!r}",
+                                   field="cluster_nats") from None
+        try:
+            # Every KV call must finish well within a lease: a stuck call would hold the loop past it.
+            js = nc.jetstream(timeout=max(0.5, ttl / 3))
+            # Heartbeats of nodes gone for good disappear by themselves after a while.
+            nodes = await bucket(js, f"{prefix}_nodes", ttl=max(60.0, 6 * ttl), replicas=replicas)
+            leases = await bucket(js, f"{prefix}_leases", replicas=replicas)
+        except BaseException:
+            await nc.close()
+            raise
+        return cls(nc, nodes, leases)
+
+    async def aclose(self) -> None:
+        await self.nc.close()
+
+
+__all__ = ["CONNECT_SECONDS", "ClusterClient"]
