@@ -169,7 +169,8 @@ def count(messages: int, size: int, warmup: int, root: Path | None = None, pytho
         shutil.rmtree(out, ignore_errors=True)
 
 
-def count_node(messages: int, size: int, warmup: int, root: Path | None = None, tmp: str | None = None) -> float:
+def count_node(messages: int, size: int, warmup: int, root: Path | None = None, tmp: str | None = None,
+               keep: str | None = None) -> float:
     """Instructions of a whole node process per message (gRPC, the produce stream, the chain, the WAL,
     the flusher and the periodic snapshot's shadow replay), the node under callgrind and the SDK
     (native, in this process) producing ``messages`` as a bulk producer does: batches of up to 1 MiB.
@@ -239,6 +240,8 @@ def count_node(messages: int, size: int, warmup: int, root: Path | None = None, 
             text = dump.read_text(errors="replace")
             total = re.search(r"^summary: (\d+)", text, re.M)
             if "Trigger: Client Request" not in text and total is not None:
+                if keep:
+                    shutil.copyfile(dump, keep)
                 return int(total.group(1)) / messages
         raise RuntimeError(f"no callgrind dump of the node in {work}")
     finally:
@@ -258,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", default=None, help="measure the tree at ROOT (its wal/ and interceptors/)")
     p.add_argument("--node", action="store_true", help="also count a whole node's instructions per message "
                    "(the node under callgrind, the SDK producing; a few minutes)")
+    p.add_argument("--keep-node-dump", default=None, metavar="FILE",
+                   help="with --node: copy the node's callgrind dump to FILE (for callgrind_annotate)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if min(args.messages, args.size) < 1 or args.warmup < 0:
@@ -271,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     figures = count(args.messages, args.size, args.warmup, root=root, tmp=args.dir)
     cases = list(CASES)
     if args.node:
-        figures["node"] = count_node(args.messages, args.size, args.warmup, root=root, tmp=args.dir)
+        figures["node"] = count_node(args.messages, args.size, args.warmup, root=root, tmp=args.dir,
+                                     keep=args.keep_node_dump)
         cases.append("node")
     budget = json.loads(BUDGET.read_text()) if BUDGET.exists() else None
     tolerances = {c: args.tolerance if args.tolerance is not None else (budget or {}).get("tolerance", {}).get(c, 0.10)
