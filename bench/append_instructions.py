@@ -170,11 +170,15 @@ def count(messages: int, size: int, warmup: int, root: Path | None = None, pytho
 
 
 def count_node(messages: int, size: int, warmup: int, root: Path | None = None, tmp: str | None = None,
-               keep: str | None = None) -> float:
+               keep: str | None = None, consume: bool = False) -> float:
     """Instructions of a whole node process per message (gRPC, the produce stream, the chain, the WAL,
     the flusher and the periodic snapshot's shadow replay), the node under callgrind and the SDK
     (native, in this process) producing ``messages`` as a bulk producer does: batches of up to 1 MiB.
-    Collection is switched on and read out from outside with ``callgrind_control``."""
+    Collection is switched on and read out from outside with ``callgrind_control``.
+
+    ``consume``: count a catch-up consume instead.  ``warmup`` + ``messages`` are produced uncounted,
+    a first consumer reads ``warmup`` of them (uncounted), then a second one reads all of them from the
+    start (counted: the scanner's reads and decoding, the Consume stream's packs and their encoding)."""
     import asyncio as aio  # noqa: PLC0415
     import signal  # noqa: PLC0415
     import time  # noqa: PLC0415
@@ -219,15 +223,43 @@ def count_node(messages: int, size: int, warmup: int, root: Path | None = None, 
                 finally:
                     await c.aclose()
 
+            async def read_all(n: int) -> None:
+                c = sdk.AsyncClient(addr)
+                try:
+                    seen = 0
+                    kinds = getattr(sdk, "DeliverPolicy", None)
+                    if kinds is None:  # trees whose SDK did not re-export it
+                        from wal.options import DeliverPolicy as kinds  # noqa: PLC0415
+                    types = getattr(sdk, "MessageType", None)
+                    if types is None:
+                        from wal.message import MessageType as types  # noqa: PLC0415
+                    data = types.DATA
+                    async with c.consumer("p", vchannel="", policy=kinds.all()) as consumer:
+                        async for pack in consumer:
+                            seen += sum(1 for m in pack.messages if m.message_type is data)
+                            if seen >= n:
+                                break
+                finally:
+                    await c.aclose()
+
             def control(*a: str) -> None:
                 subprocess.run(["callgrind_control", *a, str(proc.pid)], capture_output=True, check=True,
                                timeout=600)
 
-            aio.run(produce(warmup))
-            control("-i", "on")
-            control("-z")
-            aio.run(produce(messages))
-            control("-d", "node")
+            if consume:
+                aio.run(produce(warmup + messages))
+                aio.run(read_all(warmup))
+                control("-i", "on")
+                control("-z")
+                aio.run(read_all(warmup + messages))
+                control("-d", "node")
+                messages += warmup
+            else:
+                aio.run(produce(warmup))
+                control("-i", "on")
+                control("-z")
+                aio.run(produce(messages))
+                control("-d", "node")
         finally:
             proc.send_signal(signal.SIGINT)
             try:
@@ -261,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", default=None, help="measure the tree at ROOT (its wal/ and interceptors/)")
     p.add_argument("--node", action="store_true", help="also count a whole node's instructions per message "
                    "(the node under callgrind, the SDK producing; a few minutes)")
+    p.add_argument("--node-consume", action="store_true",
+                   help="count a whole node's instructions per message of a catch-up consume instead (the "
+                        "in-process cases are skipped; a few minutes)")
     p.add_argument("--keep-node-dump", default=None, metavar="FILE",
                    help="with --node: copy the node's callgrind dump to FILE (for callgrind_annotate)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
@@ -273,6 +308,12 @@ def main(argv: list[str] | None = None) -> int:
         return _inner(args)
 
     root = Path(args.root).resolve() if args.root else None
+    if args.node_consume:
+        per = count_node(args.messages, args.size, args.warmup, root=root, tmp=args.dir, keep=args.keep_node_dump,
+                         consume=True)
+        print(f"catch-up consume, whole node: {per:,.0f} instructions per message"
+              f"{'' if root is None else f' ({root})'}")
+        return 0
     figures = count(args.messages, args.size, args.warmup, root=root, tmp=args.dir)
     cases = list(CASES)
     if args.node:

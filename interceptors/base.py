@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
-from wal.message import AppendResult, Message
+from wal.message import AppendResult, Message, MessageType
 
 AppendNext = Callable[[list[Message]], Awaitable[list[AppendResult]]]
 """Continue the chain with these messages; returns their results in order."""
@@ -48,6 +48,16 @@ class RecoverableInterceptor(Protocol):
     def replay(self, batch: list[Message]) -> None: ...
 
     async def recovered(self) -> None: ...
+
+
+def plain_skipping_types(step: object) -> frozenset[MessageType] | None:
+    """The message types a replaying step acts on besides messages with properties or a transaction,
+    when it declares them (``replay_types``: its replay leaves its state unchanged for every other
+    message that has no properties and no transaction); None when it does not, and every message
+    must reach its replay.  The shadow replay of periodic snapshots follows every message written,
+    and skips, with one test per message, the plain ones no step acts on."""
+    types = getattr(step, "replay_types", None)
+    return types if isinstance(types, frozenset) else None
 
 
 @runtime_checkable

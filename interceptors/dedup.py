@@ -62,7 +62,7 @@ from wal.errors import (
     OutOfRangeError,
     ProducerFencedError,
 )
-from wal.message import AppendResult, Message
+from wal.message import AppendResult, Message, MessageType
 
 PROP_PRODUCER = "producer_id"
 PROP_SEQUENCE = "producer_seq"
@@ -173,6 +173,8 @@ def _mismatch(pid: str, seq: int) -> DuplicateSequenceMismatchError:
 
 class DedupInterceptor:
     name = "dedup"
+    replay_types: frozenset[MessageType] = frozenset()
+    """Replay acts only on messages with properties (a producer's stamp): see ``plain_skipping_types``."""
 
     def __init__(self, *, window: int = 4096, max_producers: int = 10_000, store: EpochStore | None = None) -> None:
         self._window = window

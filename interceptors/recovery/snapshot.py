@@ -44,7 +44,7 @@ from typing import Any
 
 import structlog
 
-from interceptors.base import Interceptor, RecoverableInterceptor, SnapshotInterceptor
+from interceptors.base import Interceptor, RecoverableInterceptor, SnapshotInterceptor, plain_skipping_types
 from interceptors.txn import TxnManager
 from wal.errors import CorruptedError
 from wal.message import Message, MessageID, MessageType
@@ -68,8 +68,28 @@ _DECODE_BYTES = 256 << 10
 _YIELD_SECONDS = 0.0005
 """How long the worker thread replays between two offers of the GIL to the event loop's thread."""
 _PART = 64
-"""Messages replayed between two looks at the clock (see ``_YIELD_SECONDS``)."""
+"""Messages the steps replay at once, between two looks at the clock (see ``_YIELD_SECONDS``)."""
+_SCAN = 1024
+"""Messages scanned for the ones a step acts on between two looks at the clock."""
 _TIME_TICK = MessageType.TIME_TICK
+_DATA = MessageType.DATA
+
+
+_EVERY_TYPE: frozenset[MessageType] = frozenset(MessageType)
+"""What ``_steps_act_on`` answers when a step does not say which plain messages it skips."""
+
+
+def _steps_act_on(steps: list[Any]) -> frozenset[MessageType]:
+    """The types of messages without properties or a transaction that some step's replay acts on,
+    with the TimeTick (the shadow expires transactions at each); ``_EVERY_TYPE`` when a step does not
+    declare its types (``plain_skipping_types``): then every message reaches every step."""
+    found: set[MessageType] = {_TIME_TICK}
+    for step in steps:
+        types = plain_skipping_types(step)
+        if types is None:
+            return _EVERY_TYPE
+        found |= types
+    return frozenset(found)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +199,7 @@ class ShadowReplay:
         self._wal = wal
         self._steps = snapshot_steps(steps)
         self._replay = [s for s in steps if isinstance(s, RecoverableInterceptor)]
+        self._acts_on = _steps_act_on(self._replay)
         self._txns = txns
         self.position: MessageID = wal.first_id
         """The next id to replay: the state is that after every message below it."""
@@ -240,44 +261,86 @@ class ShadowReplay:
         """Replay ``messages`` (in id order, from ``position``) up to ``stop``; True when it stopped at a
         clear point.  Offers the GIL to the loop every ``_YIELD_SECONDS``.
 
-        Every appended message passes here once more, so the loop over single messages only reads
-        slots (no properties) to find the TimeTicks; the steps replay, and the payload bytes are
-        summed, a part of up to ``_PART`` messages at a time (``_apply_run``)."""
-        batch = [m for m in messages if m._id is not None and m._id < stop]
-        ticks = [i for i, m in enumerate(batch) if m._type is _TIME_TICK]
-        start = 0
-        for tick in ticks:
-            self._apply_run(batch, start, tick + 1)
-            start = tick + 1
-            m = batch[tick]
-            self._txns.expire(m._timetick)
-            self.position = m._id + 1  # type: ignore[operator]
-            if self._clear(clear_from):
-                return True
-        self._apply_run(batch, start, len(batch))
-        self.position = batch[-1]._id + 1 if batch else stop  # type: ignore[operator]
+        Every appended message passes here once more, so the pass over single messages is one test
+        that reads slots only: it picks the messages some step acts on and the TimeTicks
+        (``_steps_act_on``; a plain DATA record fails it at its first three slot reads), and the
+        steps replay only those, ``_PART`` at a time.  Ids are consecutive in the tail and in a
+        decoded block, so ``stop`` cuts by position; the payload bytes are summed in C
+        (``sum(map(len, ...))``), per run between two TimeTicks."""
+        acts_on = self._acts_on
+        every = acts_on is _EVERY_TYPE  # a step that did not declare its types sees the ticks too
+        plain = None if _DATA in acts_on else _DATA
+        end = 0
+        for lo in range(0, len(messages), _SCAN):
+            chunk = messages[lo:lo + _SCAN]
+            first, last = chunk[0]._id, chunk[-1]._id
+            if first is not None and last is not None and last - first == len(chunk) - 1:
+                done = last >= stop
+                if done:
+                    chunk = chunk[:max(0, stop - first)]
+                if not chunk:
+                    break
+                # A message's place in the chunk is its id - first: no enumerate (a tuple a message).
+                picked = [m for m in chunk
+                          if m._properties or m._txn is not None or (m._type is not plain and m._type in acts_on)]
+                places = [m._id - first for m in picked]  # type: ignore[operator]
+            else:  # not consecutive (not expected): by id, message by message
+                kept = [m for m in chunk if m._id is not None and m._id < stop]
+                done = any(m._id is not None and m._id >= stop for m in chunk)
+                chunk = kept
+                if not chunk:
+                    break
+                places = [i for i, m in enumerate(chunk)
+                          if m._properties or m._txn is not None or (m._type is not plain and m._type in acts_on)]
+                picked = [chunk[i] for i in places]
+            payloads = [m._payload for m in chunk]
+            nbytes = self.payload_bytes
+            summed = 0  # payloads[:summed] are in nbytes
+            run: list[Message] = []
+            for m, i in zip(picked, places, strict=True):
+                if m._type is not _TIME_TICK:
+                    run.append(m)
+                    if len(run) >= _PART:
+                        self._apply_part(run)
+                        run = []
+                    continue
+                if every:
+                    run.append(m)
+                self._apply_part(run)
+                run = []
+                self._txns.expire(m._timetick)
+                self.position = m._id + 1  # type: ignore[operator]
+                nbytes += sum(map(len, payloads[summed:i + 1]))
+                summed = i + 1
+                self.payload_bytes = nbytes
+                if self._clear(clear_from):
+                    return True
+            self._apply_part(run)
+            self.payload_bytes = nbytes + sum(map(len, payloads[summed:]))
+            end = chunk[-1]._id + 1  # type: ignore[operator]
+            self._offer_gil()
+            if done:
+                break
+        self.position = end if end else stop
         return False
 
-    def _apply_run(self, batch: list[Message], start: int, end: int) -> None:
-        """Replay ``batch[start:end]`` (no TimeTick before its last message) in parts of ``_PART``
-        messages, offering the GIL to the loop between parts."""
-        for i in range(start, end, _PART):
-            part = batch[i:min(i + _PART, end)]
-            self.payload_bytes += sum([len(m._payload) for m in part])
-            self._apply(part)
-            if time.perf_counter() - self._since >= _YIELD_SECONDS:
-                # Hand the GIL to the loop's thread now rather than after the interpreter's switch
-                # interval (5 ms): an append waiting for the loop waits less.
-                time.sleep(0)
-                self._since = time.perf_counter()
-
-    def _clear(self, clear_from: MessageID | None) -> bool:
-        return clear_from is not None and self.position >= clear_from and self._txns.min_open_begin_id() is None
-
-    def _apply(self, part: list[Message]) -> None:
+    def _apply_part(self, part: list[Message]) -> None:
+        """Replay ``part`` (no TimeTick in it) into every step."""
         if part:
             for step in self._replay:
                 step.replay(part)
+            self._offer_gil()
+
+    def _offer_gil(self) -> None:
+        """Hand the GIL to the loop's thread now if this worker has held it for ``_YIELD_SECONDS``,
+        rather than after the interpreter's switch interval (5 ms): an append waiting for the loop
+        waits less."""
+        if time.perf_counter() - self._since >= _YIELD_SECONDS:
+            time.sleep(0)
+            self._since = time.perf_counter()
+
+    def _clear(self, clear_from: MessageID | None) -> bool:
+        return clear_from is not None and self.position >= clear_from and self._txns.min_open_begin_id() is None
 
     def open_txn_floor(self) -> MessageID | None:
         """The BeginTxn id of the oldest transaction open at ``position``, if any."""

@@ -110,6 +110,8 @@ class ShardInterceptor:
     """The shard step.  See the module docstring."""
 
     name = "shard"
+    replay_types: frozenset[MessageType] = frozenset()
+    """Set below, from the replay handlers: the types ``replay`` acts on."""
 
     def __init__(
         self,
@@ -510,5 +512,7 @@ _REPLAY: dict[MessageType, Callable[[ShardInterceptor, Message], None]] = {
     _T.UPSERT: ShardInterceptor._replay_insert,
     _T.FLUSH: ShardInterceptor._replay_flush,
 }
+# Replay acts on these types only (see ``interceptors.base.plain_skipping_types``).
+ShardInterceptor.replay_types = frozenset(_REPLAY)
 
 __all__ = ["CollectionInfo", "SegmentInfo", "ShardInterceptor"]

@@ -7,13 +7,15 @@ from typing import Any
 from interceptors.base import AppendNext
 from interceptors.txn.manager import TxnManager
 from interceptors.txn.session import FRAMING
-from wal.message import AppendResult, Message
+from wal.message import AppendResult, Message, MessageType
 
 
 class TxnInterceptor:
     """The txn step: validates transactional messages against ``manager`` before they are written."""
 
     name = "txn"
+    replay_types: frozenset[MessageType] = frozenset()
+    """Replay acts only on messages of a transaction: see ``plain_skipping_types``."""
 
     def __init__(self, manager: TxnManager) -> None:
         self.manager = manager
