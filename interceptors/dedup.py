@@ -282,7 +282,11 @@ class DedupInterceptor:
 
     # --- the chain -----------------------------------------------------------------------------------
     async def do_append(self, batch: list[Message], append_next: AppendNext) -> list[AppendResult]:
-        if not any(m._properties and PROP_PRODUCER in m._properties for m in batch):
+        for m in batch:  # a plain loop, not any() over a generator: this runs for every message
+            props = m._properties
+            if props and PROP_PRODUCER in props:
+                break
+        else:
             return await append_next(batch)  # no idempotent producer in this batch
         claim = PRODUCER_CLAIM.get()
         if claim is not None:

@@ -350,13 +350,20 @@ def encode_block(messages: Sequence[Message]) -> bytes:
     goes through ``_plain_parts``, the others through ``_general_parts``; both give the same bytes.
     """
     try:
-        if any(m._properties or m._txn is not None for m in messages):
-            body = b"".join(_general_parts(messages))
-        else:
-            body = b"".join(_plain_parts(messages))
+        parts = _general_parts(messages) if _any_extras(messages) else _plain_parts(messages)
+        body = b"".join(parts)
     except struct.error as exc:
         raise CodecError(f"message field out of range: {exc}") from exc
     return _BLOCK_HEADER.pack(BLOCK_MAGIC, BLOCK_VERSION, len(messages), len(body), zlib.crc32(body)) + body
+
+
+def _any_extras(messages: Sequence[Message]) -> bool:
+    """Whether a message has properties or a transaction: a plain loop over slots, about half the
+    instructions per message of ``any()`` over a generator on CPython 3.11."""
+    for m in messages:  # noqa: SIM110  (see the docstring)
+        if m._properties or m._txn is not None:
+            return True
+    return False
 
 
 def _general_parts(messages: Sequence[Message]) -> list[bytes]:
