@@ -192,6 +192,10 @@ def count_node(messages: int, size: int, warmup: int, root: Path | None = None, 
     env = dict(os.environ, PYTHONPATH=str(root), PYTHONHASHSEED="0", GRPC_VERBOSITY="ERROR",
                # Memtables larger than the run, as in process (no flush counted); older trees ignore it.
                STREAMINGNODE_ROCKSDB_WRITE_BUFFER_BYTES=str(256 << 20))
+    if consume:
+        # No tick beat: the stored ticks (which cut the log into packs) would depend on how long the
+        # slowed produce took.  The consumer's open asks for the tick that releases what is stored.
+        env["STREAMINGNODE_TICK_INTERVAL"] = "3600"
     argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={work}/cg.out",
             sys.executable, "-m", "streamingnode", "serve", "--data-dir", os.path.join(work, "data"),
             "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--channels", "p",

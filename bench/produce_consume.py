@@ -157,7 +157,8 @@ def _node(data_dir: str, log_dir: str, channels: str, profile: str | None = None
         argv += ["-m", "cProfile", "-o", profile]
     argv += ["-m", "streamingnode", "serve", "--data-dir", data_dir, "--listen", "127.0.0.1:0",
              "--metrics-listen", "127.0.0.1:0", "--channels", channels, "--log-level", "warning", *extra]
-    p = _Proc(argv, log_dir, "node", r"streamingnode serving on (\S+)")
+    # A profiled node starts slower, and far slower on a loaded host: give it two minutes.
+    p = _Proc(argv, log_dir, "node", r"streamingnode serving on (\S+)", timeout=120.0 if profile else 30.0)
     try:
         yield p
     finally:
