@@ -9,11 +9,11 @@ import random
 from typing import Any
 
 import pytest
-from wal._commit_modes import Slots
-from wal._commit_plan import InFlight, Mode, Request
 
 from wal import Message, MessageType
 from wal import _commit_plan as plan
+from wal._commit_modes import Slots
+from wal._commit_plan import InFlight, Mode, Request
 from wal.errors import ChannelFencedError, StreamingError
 
 
