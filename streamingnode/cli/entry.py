@@ -101,7 +101,7 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     consume.add_argument("--vchannel", default="", help="read one vchannel (default: the whole pchannel)")
     consume.add_argument("--from", dest="start", default="earliest", metavar="WHERE",
                          help="earliest (default), latest, a message id (an integer), or a time: ISO-8601 "
-                              "(local time when it names no zone) or @UNIX_SECONDS")
+                              "with its zone (Z or +01:00; refused without one) or @UNIX_SECONDS")
     consume.add_argument("--group", help="consume as this consumer group: start at its committed position "
                                          "(when it has one) and ack each pack once printed")
     consume.add_argument("--count", type=positive_int, help="stop after N messages")

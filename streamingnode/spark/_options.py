@@ -8,7 +8,6 @@ so the readers and writers that Spark pickles to its Python workers stay picklab
 
 from __future__ import annotations
 
-import datetime
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import Any
 
 from wal import clock
 from wal.message import MessageType
+from wal.zoned_time import ZONE_FORMS, NaiveTimeError, parse_zoned
 
 _QUOTE = 200  # at most this much of a bad value goes into a message
 
@@ -83,13 +83,13 @@ def parse_start(raw: str, pchannel: str, option: str) -> Offset | str:
             raise OptionError(option, f"malformed JSON ({exc.msg} at {exc.pos}): {_quote(text)}") from exc
         return Offset.from_json(parsed, pchannel, option)
     try:
-        when = datetime.datetime.fromisoformat(text)
+        when = parse_zoned(text, "the time")
+    except NaiveTimeError as exc:
+        raise OptionError(option, str(exc)) from exc
     except ValueError as exc:
         raise OptionError(option, "expected earliest, latest, an offset's JSON "
-                                  '({"message_id": ..., "timetick": ...}) or an ISO-8601 time, '
+                                  f'({{"message_id": ..., "timetick": ...}}) or {ZONE_FORMS}, '
                                   f"got {_quote(text)}") from exc
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.UTC)
     ms = int(when.timestamp() * 1000)
     if ms <= 0:
         raise OptionError(option, f"the time must be after 1970-01-01, got {_quote(text)}")
