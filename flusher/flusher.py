@@ -58,7 +58,8 @@ from wal import bodies
 from wal.clock import physical_ms
 from wal.errors import ChannelFencedError, ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError
 from wal.message import Message, MessageType, Position
-from wal.options import DeliverFilter, DeliverPolicy, ReadOption
+from wal.options import ReadOption
+from wal.resume import resume_after
 from wal.scanner import MsgPack, Scanner
 from wal.tasks import cancel_and_wait
 from wal.wal import WAL
@@ -279,9 +280,10 @@ class Flusher:
             self._saved = (int(saved["message_id"]), int(saved["timetick"]))
             self._position = self._pack_start = self.checkpoint
             self._processed = self._saved[1]
+            policy, filters = resume_after(*self._saved)
             option = ReadOption(
-                deliver_policy=DeliverPolicy.start_from(self._saved[0]),
-                deliver_filters=(DeliverFilter.timetick_gt(self._saved[1]),),
+                deliver_policy=policy,
+                deliver_filters=filters,
                 read_batch_bytes=self._cfg.read_batch_bytes,
                 lazy=True,
             )

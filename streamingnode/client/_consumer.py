@@ -48,6 +48,7 @@ from streamingnode.wire.codes import from_error_detail
 from wal.errors import ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError, UnavailableError
 from wal.message import Position
 from wal.options import DeliverFilter, DeliverPolicy, PolicyKind
+from wal.resume import resume_after
 from wal.scanner import MsgPack
 from wal.tasks import cancel_and_wait
 
@@ -68,7 +69,7 @@ def resume_read(
     position: Position, filters: Sequence[DeliverFilter] = (),
 ) -> tuple[DeliverPolicy, tuple[DeliverFilter, ...]]:
     """The policy and filters that deliver exactly what comes after ``position``."""
-    return DeliverPolicy.start_from(position.message_id), (*filters, DeliverFilter.timetick_gt(position.timetick))
+    return resume_after(position.message_id, position.timetick, filters)
 
 
 class Consumer:

@@ -62,7 +62,8 @@ from wal.errors import (
 )
 from wal.message import Position
 from wal.names import VCHANNEL
-from wal.options import DeliverFilter, DeliverPolicy, ReadOption
+from wal.options import ReadOption
+from wal.resume import resume_after
 from wal.scanner import MsgPack, Scanner
 from wal.tasks import cancel_and_wait
 
@@ -159,8 +160,7 @@ class ConsumeStream:
                     field="open.consumer_group")
             if committed is not None:
                 # Resume after the committed position (the rule of Position), like auto.offset.reset.
-                policy = DeliverPolicy.start_from(committed.message_id)
-                filters = (*filters, DeliverFilter.timetick_gt(committed.timetick))
+                policy, filters = resume_after(committed.message_id, committed.timetick, filters)
         limit = opened.max_pack_messages or self.node.config.consume_max_pack_messages
         self.receive_limit = opened.max_response_bytes or DEFAULT_RESPONSE_BYTES
         config = self.node.config
@@ -403,9 +403,8 @@ class ConsumeStream:
         """Move the read to ``position`` (past what the scanner has read: the responses up to there
         came from the cache), by the rule of Position: from its id, only what is after its tick."""
         await self.scanner.aclose()
-        self.scanner = channel.stream.read(dataclasses.replace(
-            option, deliver_policy=DeliverPolicy.start_from(position.message_id),
-            deliver_filters=(*option.deliver_filters, DeliverFilter.timetick_gt(position.timetick))))
+        policy, filters = resume_after(position.message_id, position.timetick, option.deliver_filters)
+        self.scanner = channel.stream.read(dataclasses.replace(option, deliver_policy=policy, deliver_filters=filters))
 
     def _encode(
         self, pack: MsgPack, vchannel: str, limit: int, encode: Callable[[MsgPack, str, bool], bytes],
