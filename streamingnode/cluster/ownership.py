@@ -41,7 +41,6 @@ one's writes count, so a skew costs availability, never data.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hashlib
 import json
@@ -56,6 +55,7 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSe
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from wal.errors import UnavailableError
+from wal.kv_key import decode_key, encode_key
 from wal.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
@@ -68,17 +68,6 @@ BACKOFF_MAX = 60.0
 """Seconds: the longest wait before a node tries again to open a pchannel whose opens keep failing."""
 CONCURRENT_WRITES = 64
 """Lease writes (renewals, takes) one pass has in flight at once: pipelined, not one round trip each."""
-
-
-def encode_key(name: str) -> str:
-    """A KV key for any name: KV keys allow only ``[-/_=.a-zA-Z0-9]``, so names are base32 (lower
-    case, no padding), which is reversible and keeps distinct names distinct."""
-    return base64.b32encode(name.encode()).decode().rstrip("=").lower()
-
-
-def decode_key(key: str) -> str:
-    padded = key.upper() + "=" * (-len(key) % 8)
-    return base64.b32decode(padded).decode()
 
 
 def _score(node: str, pchannel: str) -> int:

@@ -19,7 +19,7 @@ import nats
 import pytest
 
 from streamingnode.cluster import ownership as cluster_module
-from streamingnode.cluster.ownership import Lease, Leases, Membership, bucket, encode_key, placement, preferred
+from streamingnode.cluster.ownership import Lease, Leases, Membership, bucket, placement, preferred
 from streamingnode.server import ServerThread
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
@@ -29,6 +29,7 @@ from tests.natscluster import NatsCluster
 from tests.node_process import NodeProcess, free_port
 from tests.waiting import until, until_sync
 from wal.errors import ErrorCode, UnavailableError
+from wal.kv_key import encode_key
 
 pytestmark = pytest.mark.integration
 

@@ -21,9 +21,10 @@ import pytest
 from nats.js.kv import KeyValue
 from structlog.testing import capture_logs
 
-from streamingnode.cluster.ownership import Lease, Leases, Membership, Ownership, bucket, encode_key, placement
+from streamingnode.cluster.ownership import Lease, Leases, Membership, Ownership, bucket, placement
 from tests.natscluster import NatsCluster
 from tests.waiting import until
+from wal.kv_key import encode_key
 
 pytestmark = pytest.mark.integration
 

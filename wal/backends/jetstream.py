@@ -80,7 +80,6 @@ is backed up by NATS itself (``nats stream backup``), already replicated besides
 from __future__ import annotations
 
 import asyncio
-import base64
 import bisect
 import concurrent.futures
 import contextlib
@@ -112,6 +111,7 @@ from wal.errors import (
     UnavailableError,
     UnrecoverableError,
 )
+from wal.kv_key import decode_key, encode_key
 from wal.message import MessageID
 
 T = TypeVar("T")
@@ -174,16 +174,6 @@ H_LAST_TICK = "Sn-Last-Tick"
 H_TERM = "Sn-Term"
 H_FENCE = "Sn-Fence"
 _EXPECTED_LAST_SEQ = "Nats-Expected-Last-Sequence"
-
-
-def encode_key(text: str) -> str:
-    """A KV-safe key for any text: base32, no padding, lowercase."""
-    return base64.b32encode(text.encode()).decode().rstrip("=").lower()
-
-
-def decode_key(key: str) -> str:
-    padded = key.upper() + "=" * (-len(key) % 8)
-    return base64.b32decode(padded).decode()
 
 
 def _tick_text(t: TickEntry) -> str:
