@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 # wal.errors is standard library only (wal loads its other modules on first use).
 from wal.errors import InvalidArgumentError
+from wal.txn_keepalive import check_keepalive
 
 if TYPE_CHECKING:
     from flusher.compact import CompactionConfig
@@ -221,8 +222,9 @@ class NodeConfig:
             raise InvalidArgumentError(
                 f"max_unary_request_bytes must be > 0 and <= max_request_bytes ({self.max_request_bytes}), got "
                 f"{self.max_unary_request_bytes!r}", field="max_unary_request_bytes")
-        if self.tick_interval <= 0 or self.drain_seconds < 0 or self.txn_keepalive_ms < 0:
-            raise InvalidArgumentError("tick_interval must be > 0, drain_seconds and txn_keepalive_ms >= 0")
+        if self.tick_interval <= 0 or self.drain_seconds < 0:
+            raise InvalidArgumentError("tick_interval must be > 0, drain_seconds >= 0")
+        check_keepalive(self.txn_keepalive_ms, "txn_keepalive_ms")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InvalidArgumentError("tls_cert and tls_key go together: give both or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:

@@ -18,12 +18,12 @@ from streamingnode.server.errors import call_deadline, require, unary
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.wire import codec
-from wal._codec import check_keepalive
 from wal.bodies import PROP_COLLECTION
 from wal.errors import InvalidArgumentError, InvalidTxnStateError, OutOfRangeError, StreamingError
 from wal.message import Message, MessageType, Position
 from wal.names import COLLECTION, VCHANNEL
 from wal.options import DeliverPolicy, PolicyKind, ReadOption
+from wal.txn_keepalive import check_keepalive
 
 
 class AdminHandlers:
@@ -52,9 +52,7 @@ class AdminHandlers:
     async def BeginTxn(self, request: spb.BeginTxnRequest, context: grpc.aio.ServicerContext) -> spb.BeginTxnResponse:
         channel = self.node.channel(require(request.pchannel, "pchannel"))
         vchannel = VCHANNEL.check(request.vchannel, "vchannel")
-        if request.keepalive_ms < 0:
-            raise InvalidArgumentError(f"keepalive_ms must be >= 0, got {request.keepalive_ms}", field="keepalive_ms")
-        check_keepalive(request.keepalive_ms)  # the message header holds it in 32 bits
+        check_keepalive(request.keepalive_ms)
         keepalive = request.keepalive_ms or self.node.config.txn_keepalive_ms
         txn, result = await channel.stream.begin_txn(vchannel, keepalive, deadline=call_deadline(context))
         return spb.BeginTxnResponse(
