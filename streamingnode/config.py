@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # wal.errors is standard library only (wal loads its other modules on first use).
+from streamingnode.wire.host_port import split_host_port
 from wal.errors import InvalidArgumentError
 from wal.txn_keepalive import check_keepalive
 
@@ -210,6 +211,13 @@ class NodeConfig:
         if self.trace_exporter not in ("none", "console", "otlp"):
             raise InvalidArgumentError(
                 f"trace_exporter must be 'none', 'console' or 'otlp', got {self.trace_exporter!r}")
+        for name in ("listen", "metrics_listen", "advertise"):  # the last two may be empty: off, or the bound one
+            address = getattr(self, name)
+            if address or name == "listen":
+                try:
+                    split_host_port(address)
+                except ValueError as exc:
+                    raise InvalidArgumentError(f"{name}: {exc}", field=name) from None
         for name in ("max_message_bytes", "max_request_bytes", "produce_max_in_flight", "produce_max_in_flight_bytes",
                      "consume_max_pack_messages",
                      "consume_max_pack_bytes", "txn_max_messages", "txn_max_bytes", "max_streams",

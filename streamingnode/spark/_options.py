@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from streamingnode.wire.host_port import split_host_port
 from wal import clock
 from wal.message import MessageType
 from wal.zoned_time import ZONE_FORMS, NaiveTimeError, parse_zoned
@@ -137,9 +138,12 @@ def parse_connection(options: Mapping[str, str]) -> Connection:
     if not addrs:
         raise OptionError("addr", "required: host:port of the node (several, comma-separated, for a cluster)")
     for a in addrs:
-        host, sep, port = a.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise OptionError("addr", f"expected host:port, got {_quote(a)}")
+        try:
+            host, port = split_host_port(a)
+        except ValueError:
+            host, port = "", 0
+        if not host or not port:
+            raise OptionError("addr", f"expected host:port or [IPv6]:port, got {_quote(a)}")
     timeout = _positive(options, "timeout", 30.0)
     assert timeout is not None
     return Connection(addrs, options.get("token") or None, options.get("tlsCa") or None,
