@@ -15,7 +15,8 @@ import grpc
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential, wait_random
 
 from streamingnode.wire.codes import from_rpc_error
-from wal.errors import ErrorCode, StreamingError, UnavailableError
+from wal.error_codes import Behaviour, codes_with
+from wal.errors import StreamingError, UnavailableError
 
 R = TypeVar("R")
 
@@ -23,16 +24,7 @@ R = TypeVar("R")
 # (ON_SHUTDOWN), or the channel was reopened under a newer term (CHANNEL_FENCED: a new stream gets the
 # new term), or another node owns the pchannel (NOT_OWNER: the Router learned the owner, or resolves
 # it again).  Everything else (a missing channel, a bad argument) fails the same way on every attempt.
-_RECONNECT = frozenset(
-    {
-        ErrorCode.UNAVAILABLE,
-        ErrorCode.ON_SHUTDOWN,
-        ErrorCode.CHANNEL_FENCED,
-        ErrorCode.RESOURCE_EXHAUSTED,
-        ErrorCode.REDO,
-        ErrorCode.NOT_OWNER,
-    }
-)
+_RECONNECT = codes_with(Behaviour.RECONNECT)
 
 
 def reconnectable(exc: BaseException) -> bool:

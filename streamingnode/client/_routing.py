@@ -29,8 +29,8 @@ from typing import Any
 from streamingnode.client._calls import READY_WAIT_S, unary
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from wal.error_codes import Behaviour, codes_with
 from wal.errors import (
-    ErrorCode,
     InvalidArgumentError,
     NotOwnerError,
     StreamingError,
@@ -44,7 +44,7 @@ OWNERLESS_WAIT = 15.0
 a lease TTL, 10 s by default, plus a third of it for the taker's next pass)."""
 
 # Errors that say "this node cannot serve you now": forget it as the owner and ask the seeds again.
-_NODE_GONE = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.ON_SHUTDOWN})
+_NODE_GONE = codes_with(Behaviour.NODE_GONE)
 
 
 def parse_addresses(addr: str | Sequence[str]) -> list[str]:
