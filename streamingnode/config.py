@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # wal.errors is standard library only (wal loads its other modules on first use).
+from streamingnode.wire.defaults import NODE_ADDR, NODE_PORT
 from streamingnode.wire.host_port import split_host_port
 from wal.errors import InvalidArgumentError
 from wal.txn_keepalive import check_keepalive
@@ -36,14 +37,14 @@ if TYPE_CHECKING:
     from wal.backend import Durability
 
 ENV_PREFIX = "STREAMINGNODE_"
-DEFAULT_ADDR = "localhost:19530"
+DEFAULT_ADDR = NODE_ADDR
 
 
 @dataclass(frozen=True, slots=True)
 class NodeConfig:
     data_dir: Path = field(default_factory=lambda: Path("data"))
     """Where the RocksDB database lives (created if missing)."""
-    listen: str = "127.0.0.1:19530"
+    listen: str = f"127.0.0.1:{NODE_PORT}"
     """gRPC listen address; port 0 picks a free port (the bound one is logged and reported).  Loopback
     by default: listening on another interface needs authentication or ``allow_unauthenticated``."""
     metrics_listen: str = "127.0.0.1:9091"

@@ -64,6 +64,7 @@ from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
 from streamingnode.wire.codes import from_error_detail
+from streamingnode.wire.defaults import LINGER, MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, RECONNECT_TIMEOUT
 from wal.error_codes import Behaviour, codes_with
 from wal.errors import (
     InvalidArgumentError,
@@ -178,11 +179,11 @@ class Producer:
         *,
         producer_id: str | None = None,
         first_sequence: int | None = None,
-        linger: float = 0.005,
-        max_batch_bytes: int = 1 << 20,
-        max_batch_messages: int = 1000,
+        linger: float = LINGER,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
+        max_batch_messages: int = MAX_BATCH_MESSAGES,
         max_in_flight: int | None = None,
-        reconnect_timeout: float = 30.0,
+        reconnect_timeout: float = RECONNECT_TIMEOUT,
         txn: pb.TxnContext | None = None,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         on_full: str = "block",

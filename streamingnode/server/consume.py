@@ -51,6 +51,7 @@ from streamingnode.server.fanout import (
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.wire import codec
 from streamingnode.wire.codes import to_error_detail
+from streamingnode.wire.defaults import RESPONSE_BYTES
 from streamingnode.wire.packs import MESSAGE_OVERHEAD, continued_runs, split_pack
 from wal.clock import physical_ms
 from wal.errors import (
@@ -69,7 +70,7 @@ from wal.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_RESPONSE_BYTES = 4 << 20
+DEFAULT_RESPONSE_BYTES = RESPONSE_BYTES
 """The receive limit assumed of a client that does not state one: gRPC's default in every language."""
 
 

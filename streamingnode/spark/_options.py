@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from streamingnode.wire.defaults import CALL_TIMEOUT
 from streamingnode.wire.host_port import split_host_port
 from wal import clock
 from wal.message import MessageType
@@ -144,7 +145,7 @@ def parse_connection(options: Mapping[str, str]) -> Connection:
             host, port = "", 0
         if not host or not port:
             raise OptionError("addr", f"expected host:port or [IPv6]:port, got {_quote(a)}")
-    timeout = _positive(options, "timeout", 30.0)
+    timeout = _positive(options, "timeout", CALL_TIMEOUT)
     assert timeout is not None
     return Connection(addrs, options.get("token") or None, options.get("tlsCa") or None,
                       options.get("tlsCert") or None, options.get("tlsKey") or None, timeout)
