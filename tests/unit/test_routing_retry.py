@@ -4,12 +4,12 @@ once (a redirect), at most MAX_HOPS times per try."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 
 from streamingnode.client._routing import MAX_HOPS, Router
+from tests.pauses import record_pauses
 from wal.errors import NotOwnerError
 
 SCHEDULE = [0.05, 0.1, 0.2, 0.4, 0.5, 0.5, 0.5, 0.5]
@@ -45,14 +45,7 @@ class _Router(Router):
 
 @pytest.fixture
 def pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    taken: list[float] = []
-    real = asyncio.sleep
-
-    async def sleep(delay: float, *args: Any) -> Any:
-        taken.append(delay)
-        return await real(delay, *args)
-    monkeypatch.setattr(asyncio, "sleep", sleep)
-    return taken
+    return record_pauses(monkeypatch)
 
 
 async def test_a_read_waits_for_an_owner(pauses: list[float]) -> None:

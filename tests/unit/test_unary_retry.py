@@ -4,13 +4,11 @@ within the deadline; everything else fails at once as its StreamingError."""
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 import grpc
 import pytest
 
 from streamingnode.client._calls import unary
+from tests.pauses import Scripted, record_pauses
 from wal.errors import PermissionDeniedError, UnavailableError
 
 SCHEDULE = [0.02, 0.04, 0.08, 0.16, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25]
@@ -40,26 +38,12 @@ Read = type("DescribeChannelsRequest", (), {})
 
 @pytest.fixture
 def pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    taken: list[float] = []
-    real = asyncio.sleep
-
-    async def sleep(delay: float, *args: Any) -> Any:
-        taken.append(delay)
-        return await real(delay, *args)
-    monkeypatch.setattr(asyncio, "sleep", sleep)
-    return taken
+    return record_pauses(monkeypatch)
 
 
-def _method(*failures: grpc.RpcError) -> tuple[Any, list[float | None]]:
-    pending = list(failures)
-    timeouts: list[float | None] = []
-
-    async def method(request: object, timeout: float | None) -> str:
-        timeouts.append(timeout)
-        if pending:
-            raise pending.pop(0)
-        return "answer"
-    return method, timeouts
+def _method(*failures: grpc.RpcError) -> tuple[Scripted, list[float | None]]:
+    method = Scripted(*failures)
+    return method, method.timeouts
 
 
 async def test_a_call_never_sent_is_tried_again(pauses: list[float]) -> None:
