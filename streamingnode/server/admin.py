@@ -23,7 +23,6 @@ from wal.errors import InvalidArgumentError, InvalidTxnStateError, OutOfRangeErr
 from wal.message import Message, MessageType, Position
 from wal.names import COLLECTION, VCHANNEL
 from wal.options import DeliverPolicy, PolicyKind, ReadOption
-from wal.txn_keepalive import check_keepalive
 
 
 class AdminHandlers:
@@ -52,7 +51,7 @@ class AdminHandlers:
     async def BeginTxn(self, request: spb.BeginTxnRequest, context: grpc.aio.ServicerContext) -> spb.BeginTxnResponse:
         channel = self.node.channel(require(request.pchannel, "pchannel"))
         vchannel = VCHANNEL.check(request.vchannel, "vchannel")
-        check_keepalive(request.keepalive_ms)
+        # Its bounds are checked where every transaction begins (the txn manager: wal.txn_keepalive).
         keepalive = request.keepalive_ms or self.node.config.txn_keepalive_ms
         txn, result = await channel.stream.begin_txn(vchannel, keepalive, deadline=call_deadline(context))
         return spb.BeginTxnResponse(
