@@ -39,10 +39,16 @@ def _retriable(exc: BaseException) -> bool:
             and exc.held_seconds is None)
 
 
+MAX_SECONDS = 10.0
+"""How long the step holds an append by default (``ChainConfig.redo_max_seconds``)."""
+
+
 class RedoInterceptor:
     name = "redo"
 
-    def __init__(self, *, max_seconds: float = 10.0, initial_backoff: float = 0.005, max_backoff: float = 0.5) -> None:
+    def __init__(
+        self, *, max_seconds: float = MAX_SECONDS, initial_backoff: float = 0.005, max_backoff: float = 0.5,
+    ) -> None:
         self._max_seconds = max_seconds
         self._initial = initial_backoff
         self._max_backoff = max_backoff

@@ -20,9 +20,10 @@ from opentelemetry.trace import Tracer
 
 from interceptors.base import Interceptor, RecoverableInterceptor
 from interceptors.chain import Chain, build_chain
-from interceptors.dedup import DedupInterceptor
+from interceptors.dedup import DEFAULT_WINDOW, DedupInterceptor
 from interceptors.lock import LockInterceptor
 from interceptors.recovery.snapshot import RecoverySnapshot, import_snapshot, newest_snapshot, snapshot_steps
+from interceptors.redo import MAX_SECONDS as REDO_MAX_SECONDS
 from interceptors.redo import RedoInterceptor
 from interceptors.shard.interceptor import ShardInterceptor
 from interceptors.timetick.interceptor import TimeTickInterceptor
@@ -55,8 +56,8 @@ class ChainConfig:
     """Seconds between TimeTicks (persisted when data was written since the last one)."""
     ts_window_ms: int = 3000
     """How far ahead the persisted timestamp window reaches (one durable write per window)."""
-    dedup_window: int = 4096
-    redo_max_seconds: float = 10.0
+    dedup_window: int = DEFAULT_WINDOW
+    redo_max_seconds: float = REDO_MAX_SECONDS
     segment_max_rows: int = 1_000_000
     segment_max_bytes: int = 64 << 20
     segment_max_age_seconds: float = 600.0

@@ -8,10 +8,15 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from interceptors.dedup import DEFAULT_WINDOW, DedupInterceptor
+from interceptors.recovery.streaming_wal import ChainConfig
+from interceptors.redo import MAX_SECONDS as REDO_MAX_SECONDS
+from interceptors.redo import RedoInterceptor
 from streamingnode.cli import connection
 from streamingnode.cli.entry import add_client_commands
 from streamingnode.client import AsyncClient, Client, Consumer, Producer
 from streamingnode.client._async import DEFAULT_ADDR as CLIENT_ADDR
+from streamingnode.client._producer import NODE_DEDUP_WINDOW
 from streamingnode.config import DEFAULT_ADDR as CONFIG_ADDR
 from streamingnode.config import NodeConfig
 from streamingnode.server.consume import DEFAULT_RESPONSE_BYTES
@@ -59,3 +64,9 @@ def test_message_sizes() -> None:
     for fn in (AsyncClient, Client):
         assert _default(fn, "max_message_bytes") == d.MAX_MESSAGE_BYTES
         assert _default(fn, "max_receive_bytes") == d.RESPONSE_BYTES == DEFAULT_RESPONSE_BYTES
+
+
+def test_the_chain_and_the_sdk_agree_on_the_dedup_window() -> None:
+    # The SDK may not import the chain (a layer contract), so its copy is held to the chain's here.
+    assert NODE_DEDUP_WINDOW == ChainConfig().dedup_window == DEFAULT_WINDOW == _default(DedupInterceptor, "window")
+    assert ChainConfig().redo_max_seconds == REDO_MAX_SECONDS == _default(RedoInterceptor, "max_seconds")
