@@ -10,7 +10,8 @@ The fields of ``NodeConfig`` are the one list of settings: ``settings()`` reads 
 docstring under each as its help text), and ``streamingnode serve`` makes one flag per setting from
 it, so a setting cannot exist in the file and the environment but be missing from the command line.
 
-Only the standard library is imported at module level: ``streamingnode --help`` builds the serve
+Only modules made of the standard library are imported at module level (the shared defaults and
+address rule, the clock, the error and keepalive rules): ``streamingnode --help`` builds the serve
 flags from this module, and must not load the storage backend.
 """
 
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 # wal.errors is standard library only (wal loads its other modules on first use).
 from streamingnode.wire.defaults import NODE_ADDR, NODE_PORT
 from streamingnode.wire.host_port import split_host_port
+from wal.clock import TICK_INTERVAL
 from wal.errors import InvalidArgumentError
 from wal.txn_keepalive import check_keepalive
 
@@ -127,7 +129,7 @@ class NodeConfig:
     """Produce and Consume streams open at once on the node; one more is refused (RESOURCE_EXHAUSTED)."""
     max_streams_per_connection: int = 128
     """Produce and Consume streams open at once on one client connection; one more is refused."""
-    tick_interval: float = 0.2
+    tick_interval: float = TICK_INTERVAL
     """Seconds between TimeTicks: the delivery latency floor of a consumer."""
     drain_seconds: float = 10.0
     """How long SIGTERM waits for in-flight calls before closing the WALs."""

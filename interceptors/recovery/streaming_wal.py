@@ -29,6 +29,7 @@ from interceptors.shard.interceptor import ShardInterceptor
 from interceptors.timetick.interceptor import TimeTickInterceptor
 from interceptors.txn import TxnInterceptor, TxnManager, TxnSession, TxnState, commit_message, rollback_message
 from wal.adaptor import WALAdaptor
+from wal.clock import TICK_INTERVAL, WINDOW_MS
 from wal.errors import (
     InvalidTxnStateError,
     OnShutdownError,
@@ -52,9 +53,9 @@ _REPLAY_BATCH_BYTES = 4 << 20
 class ChainConfig:
     """Tunables of the chain.  Defaults suit a node; tests shorten the intervals."""
 
-    tick_interval: float = 0.2
+    tick_interval: float = TICK_INTERVAL
     """Seconds between TimeTicks (persisted when data was written since the last one)."""
-    ts_window_ms: int = 3000
+    ts_window_ms: int = WINDOW_MS
     """How far ahead the persisted timestamp window reaches (one durable write per window)."""
     dedup_window: int = DEFAULT_WINDOW
     redo_max_seconds: float = REDO_MAX_SECONDS

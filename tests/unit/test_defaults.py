@@ -12,6 +12,7 @@ from interceptors.dedup import DEFAULT_WINDOW, DedupInterceptor
 from interceptors.recovery.streaming_wal import ChainConfig
 from interceptors.redo import MAX_SECONDS as REDO_MAX_SECONDS
 from interceptors.redo import RedoInterceptor
+from interceptors.timetick.interceptor import TimeTickInterceptor
 from streamingnode.cli import connection
 from streamingnode.cli.entry import add_client_commands
 from streamingnode.client import AsyncClient, Client, Consumer, Producer
@@ -23,6 +24,7 @@ from streamingnode.server.consume import DEFAULT_RESPONSE_BYTES
 from streamingnode.spark._options import parse_connection
 from streamingnode.wire import defaults as d
 from streamingnode.wire.host_port import split_host_port
+from wal.clock import TICK_INTERVAL, WINDOW_MS
 
 
 def _default(fn: Callable[..., Any], name: str) -> Any:
@@ -70,3 +72,9 @@ def test_the_chain_and_the_sdk_agree_on_the_dedup_window() -> None:
     # The SDK may not import the chain (a layer contract), so its copy is held to the chain's here.
     assert NODE_DEDUP_WINDOW == ChainConfig().dedup_window == DEFAULT_WINDOW == _default(DedupInterceptor, "window")
     assert ChainConfig().redo_max_seconds == REDO_MAX_SECONDS == _default(RedoInterceptor, "max_seconds")
+
+
+def test_the_tick_interval_and_the_clock_window() -> None:
+    assert NodeConfig().tick_interval == ChainConfig().tick_interval == TICK_INTERVAL
+    assert _default(TimeTickInterceptor, "interval") == TICK_INTERVAL
+    assert ChainConfig().ts_window_ms == _default(TimeTickInterceptor, "window_ms") == WINDOW_MS
