@@ -46,6 +46,7 @@ from typing import Any, BinaryIO, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
 
 from flusher import _overlaps, _probe, _repair, layout
 from flusher import compact as _compact
@@ -58,7 +59,8 @@ from wal import bodies
 from wal.clock import physical_ms
 from wal.errors import ChannelFencedError, ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError
 from wal.message import Message, MessageType, Position
-from wal.options import DeliverFilter, DeliverPolicy, ReadOption
+from wal.options import ReadOption
+from wal.resume import resume_after
 from wal.scanner import MsgPack, Scanner
 from wal.tasks import cancel_and_wait
 from wal.wal import WAL
@@ -279,9 +281,10 @@ class Flusher:
             self._saved = (int(saved["message_id"]), int(saved["timetick"]))
             self._position = self._pack_start = self.checkpoint
             self._processed = self._saved[1]
+            policy, filters = resume_after(*self._saved)
             option = ReadOption(
-                deliver_policy=DeliverPolicy.start_from(self._saved[0]),
-                deliver_filters=(DeliverFilter.timetick_gt(self._saved[1]),),
+                deliver_policy=policy,
+                deliver_filters=filters,
                 read_batch_bytes=self._cfg.read_batch_bytes,
                 lazy=True,
             )
@@ -716,19 +719,20 @@ class Flusher:
         """Commit a file; a full disk holds the flusher back instead of stopping it.  A failed commit
         leaves nothing behind and the name is deterministic, so the same file is tried again (backing
         off up to every 5 s) until space returns; the node frees space meanwhile (streamingnode.node.disk_guard)."""
-        delay = 0.1
-        while True:
-            try:
-                return await self._in_thread(_commit_under, self._root, directory, name, write, self._staging)
-            except StagingFencedError as exc:
-                raise self._fenced(exc) from exc
-            except OSError as exc:
-                if exc.errno not in _FULL_ERRNOS:
-                    raise
-                log.warning("flusher: the disk is full, the file is written again once space returns",
-                            pchannel=self._wal.pchannel, file=f"{directory}/{name}", retry_seconds=delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, _FULL_RETRY_MAX_SECONDS)
+        def full(rs: RetryCallState) -> None:
+            log.warning("flusher: the disk is full, the file is written again once space returns",
+                        pchannel=self._wal.pchannel, file=f"{directory}/{name}", retry_seconds=rs.upcoming_sleep)
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(_disk_full), wait=wait_exponential(multiplier=0.1, max=_FULL_RETRY_MAX_SECONDS),
+            before_sleep=full, reraise=True)
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._in_thread(_commit_under, self._root, directory, name, write, self._staging)
+        except StagingFencedError as exc:
+            raise self._fenced(exc) from exc
+        raise AssertionError("unreachable: tenacity either returns or re-raises")  # pragma: no cover
 
     # --- records listing a path as input and output (flusher/_overlaps.py) ----------------------
     async def _repair_overlaps(self) -> None:
@@ -858,6 +862,10 @@ class Flusher:
 
 _FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 _FULL_RETRY_MAX_SECONDS = 5.0
+
+
+def _disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS
 
 
 def _commit_under(root: Path, directory: str, name: str, write: Callable[[BinaryIO], None],

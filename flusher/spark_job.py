@@ -32,6 +32,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(_here))
 
 from flusher.read.spark import CollectionLayoutError, CollectionNotFoundError, as_of, read_collection
+from wal.zoned_time import ZONE_FORMS, NaiveTimeError, parse_zoned
 
 DEFAULT_SHOW = 20
 
@@ -43,9 +44,11 @@ def parse_as_of(text: str) -> int:
         moment = int(text)
     except ValueError:
         try:
-            moment = datetime.fromisoformat(text)
+            moment = parse_zoned(text, "--as-of")
+        except NaiveTimeError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not a timetick or an ISO 8601 time: {text!r}") from None
+            raise argparse.ArgumentTypeError(f"not a timetick or {ZONE_FORMS}: {text!r}") from None
     try:
         return as_of(moment)
     except ValueError as e:

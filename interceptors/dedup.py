@@ -67,6 +67,9 @@ from wal.message import AppendResult, Message, MessageType
 PROP_PRODUCER = "producer_id"
 PROP_SEQUENCE = "producer_seq"
 _STAMPS = frozenset((PROP_PRODUCER, PROP_SEQUENCE))
+DEFAULT_WINDOW = 4096
+"""Sequences per producer remembered by default (``ChainConfig.dedup_window``; the client SDK, which
+may not import the chain, keeps an equal ``NODE_DEDUP_WINDOW`` that a test holds to this)."""
 
 PRODUCER_CLAIM: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar(
     "producer_claim", default=None)
@@ -176,7 +179,9 @@ class DedupInterceptor:
     replay_types: frozenset[MessageType] = frozenset()
     """Replay acts only on messages with properties (a producer's stamp): see ``plain_skipping_types``."""
 
-    def __init__(self, *, window: int = 4096, max_producers: int = 10_000, store: EpochStore | None = None) -> None:
+    def __init__(
+        self, *, window: int = DEFAULT_WINDOW, max_producers: int = 10_000, store: EpochStore | None = None,
+    ) -> None:
         self._window = window
         self._max_producers = max_producers
         self._producers: OrderedDict[str, _Producer] = OrderedDict()

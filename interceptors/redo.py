@@ -21,13 +21,14 @@ from tenacity import (
 
 from interceptors.base import AppendNext
 from wal.adaptor import append_deadline
-from wal.errors import ErrorCode, StreamingError
+from wal.error_codes import Behaviour, codes_with
+from wal.errors import StreamingError
 from wal.message import AppendResult, Message
 
 # Retriable, but not here: a full disk clears in seconds to minutes (a flush, retention, an operator),
 # not within this step's backoff, so holding the append for max_seconds would only hide the refusal
 # from a client that backs off on its own.
-_PASS_THROUGH = frozenset({ErrorCode.STORAGE_FULL})
+_PASS_THROUGH = codes_with(Behaviour.NOT_REDONE)
 
 
 def _retriable(exc: BaseException) -> bool:
@@ -38,10 +39,16 @@ def _retriable(exc: BaseException) -> bool:
             and exc.held_seconds is None)
 
 
+MAX_SECONDS = 10.0
+"""How long the step holds an append by default (``ChainConfig.redo_max_seconds``)."""
+
+
 class RedoInterceptor:
     name = "redo"
 
-    def __init__(self, *, max_seconds: float = 10.0, initial_backoff: float = 0.005, max_backoff: float = 0.5) -> None:
+    def __init__(
+        self, *, max_seconds: float = MAX_SECONDS, initial_backoff: float = 0.005, max_backoff: float = 0.5,
+    ) -> None:
         self._max_seconds = max_seconds
         self._initial = initial_backoff
         self._max_backoff = max_backoff

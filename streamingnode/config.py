@@ -10,7 +10,8 @@ The fields of ``NodeConfig`` are the one list of settings: ``settings()`` reads 
 docstring under each as its help text), and ``streamingnode serve`` makes one flag per setting from
 it, so a setting cannot exist in the file and the environment but be missing from the command line.
 
-Only the standard library is imported at module level: ``streamingnode --help`` builds the serve
+Only modules made of the standard library are imported at module level (the shared defaults and
+address rule, the clock, the error and keepalive rules): ``streamingnode --help`` builds the serve
 flags from this module, and must not load the storage backend.
 """
 
@@ -27,21 +28,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # wal.errors is standard library only (wal loads its other modules on first use).
+from streamingnode.wire.defaults import NODE_ADDR, NODE_PORT
+from streamingnode.wire.host_port import split_host_port
+from wal.clock import TICK_INTERVAL
 from wal.errors import InvalidArgumentError
+from wal.txn_keepalive import check_keepalive
 
 if TYPE_CHECKING:
     from flusher.compact import CompactionConfig
     from wal.backend import Durability
 
 ENV_PREFIX = "STREAMINGNODE_"
-DEFAULT_ADDR = "localhost:19530"
+DEFAULT_ADDR = NODE_ADDR
 
 
 @dataclass(frozen=True, slots=True)
 class NodeConfig:
     data_dir: Path = field(default_factory=lambda: Path("data"))
     """Where the RocksDB database lives (created if missing)."""
-    listen: str = "127.0.0.1:19530"
+    listen: str = f"127.0.0.1:{NODE_PORT}"
     """gRPC listen address; port 0 picks a free port (the bound one is logged and reported).  Loopback
     by default: listening on another interface needs authentication or ``allow_unauthenticated``."""
     metrics_listen: str = "127.0.0.1:9091"
@@ -124,7 +129,7 @@ class NodeConfig:
     """Produce and Consume streams open at once on the node; one more is refused (RESOURCE_EXHAUSTED)."""
     max_streams_per_connection: int = 128
     """Produce and Consume streams open at once on one client connection; one more is refused."""
-    tick_interval: float = 0.2
+    tick_interval: float = TICK_INTERVAL
     """Seconds between TimeTicks: the delivery latency floor of a consumer."""
     drain_seconds: float = 10.0
     """How long SIGTERM waits for in-flight calls before closing the WALs."""
@@ -209,6 +214,13 @@ class NodeConfig:
         if self.trace_exporter not in ("none", "console", "otlp"):
             raise InvalidArgumentError(
                 f"trace_exporter must be 'none', 'console' or 'otlp', got {self.trace_exporter!r}")
+        for name in ("listen", "metrics_listen", "advertise"):  # the last two may be empty: off, or the bound one
+            address = getattr(self, name)
+            if address or name == "listen":
+                try:
+                    split_host_port(address)
+                except ValueError as exc:
+                    raise InvalidArgumentError(f"{name}: {exc}", field=name) from None
         for name in ("max_message_bytes", "max_request_bytes", "produce_max_in_flight", "produce_max_in_flight_bytes",
                      "consume_max_pack_messages",
                      "consume_max_pack_bytes", "txn_max_messages", "txn_max_bytes", "max_streams",
@@ -221,8 +233,9 @@ class NodeConfig:
             raise InvalidArgumentError(
                 f"max_unary_request_bytes must be > 0 and <= max_request_bytes ({self.max_request_bytes}), got "
                 f"{self.max_unary_request_bytes!r}", field="max_unary_request_bytes")
-        if self.tick_interval <= 0 or self.drain_seconds < 0 or self.txn_keepalive_ms < 0:
-            raise InvalidArgumentError("tick_interval must be > 0, drain_seconds and txn_keepalive_ms >= 0")
+        if self.tick_interval <= 0 or self.drain_seconds < 0:
+            raise InvalidArgumentError("tick_interval must be > 0, drain_seconds >= 0")
+        check_keepalive(self.txn_keepalive_ms, "txn_keepalive_ms")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise InvalidArgumentError("tls_cert and tls_key go together: give both or neither")
         if self.tls_client_ca is not None and self.tls_cert is None:

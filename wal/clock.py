@@ -25,6 +25,10 @@ TIMETICK_MAX = (1 << 63) - 1
 """Timeticks are stored as signed 64-bit integers (Parquet ``_ts``, protobuf int64 readers)."""
 _U64 = struct.Struct(">Q")
 WINDOW_META = "ts_window_end"
+WINDOW_MS = 3000
+"""How far ahead the persisted window reaches by default (one durable write per window)."""
+TICK_INTERVAL = 0.2
+"""Seconds between TimeTicks by default: the timetick step's, the chain's and the node's setting."""
 
 
 def physical_ms(ts: int) -> int:

@@ -1,59 +1,15 @@
 """One error type for the whole node: a code, structured fields and behaviour flags.
 
 Callers branch on ``code`` or on the predicates (``retriable``, ``is_fenced``), never on message text.
-The numeric codes are part of the wire contract (``proto/streamingnode/v1/common.proto``
-``ErrorCode``); a test keeps the two in step.  The gRPC status mapping lives with the service, which
-is the only layer that speaks gRPC.
+The codes, and what each means for behaviour (retriable or not, its gRPC status, ...), are one table
+in ``wal.error_codes``; ``ErrorCode`` is importable from here too.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
-
-class ErrorCode(enum.IntEnum):
-    """Why an operation failed.  Values are stable on the wire."""
-
-    UNKNOWN = 0
-    CHANNEL_NOT_EXIST = 1
-    CHANNEL_EXIST = 2
-    CHANNEL_FENCED = 3
-    ON_SHUTDOWN = 4
-    INVALID_ARGUMENT = 5
-    INVALID_MESSAGE = 6
-    MESSAGE_TOO_LARGE = 7
-    OUT_OF_RANGE = 8
-    CORRUPTED = 9
-    UNRECOVERABLE = 10
-    UNAVAILABLE = 11
-    RESOURCE_EXHAUSTED = 12
-    TXN_NOT_FOUND = 13
-    TXN_EXPIRED = 14
-    INVALID_TXN_STATE = 15
-    COLLECTION_NOT_EXIST = 16
-    COLLECTION_EXIST = 17
-    PARTITION_NOT_EXIST = 18
-    PARTITION_EXIST = 19
-    SCHEMA_MISMATCH = 20
-    CONSUMER_GROUP_NOT_EXIST = 21
-    CONSUMER_GROUP_EXIST = 22
-    DEADLINE_EXCEEDED = 23
-    REDO = 24
-    UNAUTHENTICATED = 25
-    PERMISSION_DENIED = 26
-    TXN_TOO_LARGE = 27
-    OUT_OF_ORDER_SEQUENCE = 28
-    STORAGE_FULL = 29
-    NOT_OWNER = 30
-    PRODUCER_FENCED = 31
-    DUPLICATE_SEQUENCE_MISMATCH = 32
-
-
-# Codes whose failure is transient: the same request may succeed if tried again (NOT_OWNER: at the
-# owner the error names).
-_RETRIABLE = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.RESOURCE_EXHAUSTED, ErrorCode.REDO, ErrorCode.STORAGE_FULL,
-                        ErrorCode.NOT_OWNER})
+from wal.error_codes import RETRIABLE, ErrorCode
 
 
 class StreamingError(Exception):
@@ -73,7 +29,7 @@ class StreamingError(Exception):
     @property
     def retriable(self) -> bool:
         """True when retrying the same request may succeed."""
-        return self.code in _RETRIABLE
+        return self.code in RETRIABLE
 
     @property
     def is_fenced(self) -> bool:

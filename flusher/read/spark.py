@@ -81,6 +81,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from wal.clock import LOGICAL_MAX, TIMETICK_MAX, compose, physical_ms
+from wal.zoned_time import require_zone
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, DataFrameReader, SparkSession
@@ -161,8 +162,7 @@ def as_of(ts: datetime | int) -> int:
         return ts
     if not isinstance(ts, datetime):
         raise TypeError(f"as_of() takes a datetime or an int timetick, not {type(ts).__name__}")
-    if ts.tzinfo is None or ts.utcoffset() is None:
-        raise ValueError(f"as_of() needs a timezone-aware datetime, got naive {ts.isoformat()}")
+    require_zone(ts, "as_of() time")
     ms = (ts - _EPOCH) // timedelta(milliseconds=1)
     if not 0 <= ms <= physical_ms(TIMETICK_MAX):
         raise ValueError(f"{ts.isoformat()} is outside the range a timetick can hold")

@@ -20,14 +20,16 @@ from opentelemetry.trace import Tracer
 
 from interceptors.base import Interceptor, RecoverableInterceptor
 from interceptors.chain import Chain, build_chain
-from interceptors.dedup import DedupInterceptor
+from interceptors.dedup import DEFAULT_WINDOW, DedupInterceptor
 from interceptors.lock import LockInterceptor
 from interceptors.recovery.snapshot import RecoverySnapshot, import_snapshot, newest_snapshot, snapshot_steps
+from interceptors.redo import MAX_SECONDS as REDO_MAX_SECONDS
 from interceptors.redo import RedoInterceptor
 from interceptors.shard.interceptor import ShardInterceptor
 from interceptors.timetick.interceptor import TimeTickInterceptor
 from interceptors.txn import TxnInterceptor, TxnManager, TxnSession, TxnState, commit_message, rollback_message
 from wal.adaptor import WALAdaptor
+from wal.clock import TICK_INTERVAL, WINDOW_MS
 from wal.errors import (
     InvalidTxnStateError,
     OnShutdownError,
@@ -51,12 +53,12 @@ _REPLAY_BATCH_BYTES = 4 << 20
 class ChainConfig:
     """Tunables of the chain.  Defaults suit a node; tests shorten the intervals."""
 
-    tick_interval: float = 0.2
+    tick_interval: float = TICK_INTERVAL
     """Seconds between TimeTicks (persisted when data was written since the last one)."""
-    ts_window_ms: int = 3000
+    ts_window_ms: int = WINDOW_MS
     """How far ahead the persisted timestamp window reaches (one durable write per window)."""
-    dedup_window: int = 4096
-    redo_max_seconds: float = 10.0
+    dedup_window: int = DEFAULT_WINDOW
+    redo_max_seconds: float = REDO_MAX_SECONDS
     segment_max_rows: int = 1_000_000
     segment_max_bytes: int = 64 << 20
     segment_max_age_seconds: float = 600.0

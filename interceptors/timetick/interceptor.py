@@ -20,7 +20,7 @@ import structlog
 
 from interceptors.base import AppendNext
 from interceptors.timetick.ack import AckManager, Pending
-from wal.clock import WINDOW_META, HybridClock, decode_window, encode_window
+from wal.clock import TICK_INTERVAL, WINDOW_META, WINDOW_MS, HybridClock, decode_window, encode_window
 from wal.message import AppendResult, Message, MessageID, MessageType, new_time_tick
 from wal.tasks import cancel_and_wait
 from wal.wal import WAL
@@ -43,8 +43,8 @@ class TimeTickInterceptor:
         self,
         wal: WAL,
         *,
-        interval: float = 0.2,
-        window_ms: int = 3000,
+        interval: float = TICK_INTERVAL,
+        window_ms: int = WINDOW_MS,
         min_open_txn_id: Callable[[], MessageID | None] | None = None,
         wall_ms: Callable[[], int] | None = None,
         on_tick: Callable[[int], object] | None = None,

@@ -11,6 +11,7 @@ from interceptors.txn.claim import TxnClaim, claim_batch
 from interceptors.txn.session import Allocation, SessionTable, TxnSession, TxnState, message_bytes
 from wal.errors import InvalidArgumentError
 from wal.message import BROADCAST_VCHANNEL, Message, MessageID, MessageType, TxnContext
+from wal.txn_keepalive import check_keepalive
 
 _BEGIN = MessageType.BEGIN_TXN
 _COMMIT = MessageType.COMMIT_TXN
@@ -58,8 +59,7 @@ class TxnManager:
         """
         if not isinstance(vchannel, str) or vchannel == BROADCAST_VCHANNEL:
             raise InvalidArgumentError("a transaction needs a vchannel (it cannot be a broadcast)")
-        if not isinstance(keepalive_ms, int) or isinstance(keepalive_ms, bool) or keepalive_ms < 0:
-            raise InvalidArgumentError(f"keepalive_ms must be a non-negative int, got {keepalive_ms!r}")
+        check_keepalive(keepalive_ms)
         tid = self._next_id
         self._next_id = tid + 1
         allocated = self._table.allocated

@@ -11,14 +11,15 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+# Standard library only, like this module.
+from streamingnode.wire.defaults import NODE_ADDR, RECONNECT_TIMEOUT
+
 if TYPE_CHECKING:
     from streamingnode.client import AsyncClient
 
 ADDR_ENV = "STREAMINGNODE_ADDR"
 TOKEN_ENV = "STREAMINGNODE_TOKEN"  # noqa: S105  (the variable's name, not a secret)
-# Equal to streamingnode.config.DEFAULT_ADDR (a test keeps them in step); not imported from there
-# because that module pulls in the storage backend, which --help must not load.
-DEFAULT_ADDR = "localhost:19530"
+DEFAULT_ADDR = NODE_ADDR
 
 
 def resolve_addr(args: argparse.Namespace) -> str:
@@ -56,7 +57,9 @@ def use_credentials(credentials: Credentials) -> None:
     _credentials.set(credentials)
 
 
-async def connect(addr: str, pchannel: str | None = None, *, reconnect_timeout: float = 30.0) -> AsyncClient:
+async def connect(
+    addr: str, pchannel: str | None = None, *, reconnect_timeout: float = RECONNECT_TIMEOUT,
+) -> AsyncClient:
     """A client, after one cheap call that fails fast when the node is unreachable or the pchannel is
     missing: streams would otherwise keep reconnecting for their reconnect timeout first."""
     from streamingnode.client import AsyncClient  # noqa: PLC0415

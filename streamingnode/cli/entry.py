@@ -25,6 +25,7 @@ from streamingnode.cli.connection import (
 from streamingnode.cli.consume import consume as consume_command
 from streamingnode.cli.parsing import CliError, non_negative_float, non_negative_int, positive_int
 from streamingnode.cli.produce import produce as produce_command
+from streamingnode.wire.defaults import LINGER, MAX_BATCH_BYTES, RECONNECT_TIMEOUT
 
 if TYPE_CHECKING:
     from wal.errors import StreamingError
@@ -48,9 +49,10 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     common.add_argument("--tls-cert", help="client certificate (PEM) for mutual TLS (with --tls-key)")
     common.add_argument("--tls-key", help="private key (PEM) of --tls-cert")
     streaming = argparse.ArgumentParser(add_help=False)
-    streaming.add_argument("--reconnect-timeout", type=non_negative_float, default=30.0, metavar="SECONDS",
+    streaming.add_argument("--reconnect-timeout", type=non_negative_float, default=RECONNECT_TIMEOUT,
+                           metavar="SECONDS",
                            help="how long a broken stream keeps trying to reconnect before the command fails "
-                           "(default 30); a line on stderr says when it broke and when it is back")
+                           f"(default {RECONNECT_TIMEOUT:g}); a line on stderr says when it broke and when it is back")
     exists = argparse.ArgumentParser(add_help=False)
     exists.add_argument("--if-not-exists", action="store_true",
                         help="what exists already is no error: say so and go on (scripts can run twice)")
@@ -83,10 +85,10 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                               "fences a run still going under the id).  The node stamps producer_id/producer_seq "
                               "properties on each message.  Without it, such a batch fails the command (it may or "
                               "may not have been appended)")
-    produce.add_argument("--linger", type=non_negative_float, default=0.005,
-                         help="seconds a batch waits for more messages (default 0.005)")
-    produce.add_argument("--batch-bytes", type=positive_int, default=1 << 20,
-                         help="largest batch in bytes (default 1 MiB)")
+    produce.add_argument("--linger", type=non_negative_float, default=LINGER,
+                         help=f"seconds a batch waits for more messages (default {LINGER:g})")
+    produce.add_argument("--batch-bytes", type=positive_int, default=MAX_BATCH_BYTES,
+                         help=f"largest batch in bytes (default {MAX_BATCH_BYTES >> 20} MiB)")
     produce.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                          help="progress bar on stderr (default: when stderr is a terminal and stdin is not "
                               "one, so that typing is not drawn over)")
@@ -101,7 +103,7 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     consume.add_argument("--vchannel", default="", help="read one vchannel (default: the whole pchannel)")
     consume.add_argument("--from", dest="start", default="earliest", metavar="WHERE",
                          help="earliest (default), latest, a message id (an integer), or a time: ISO-8601 "
-                              "(local time when it names no zone) or @UNIX_SECONDS")
+                              "with its zone (Z or +01:00; refused without one) or @UNIX_SECONDS")
     consume.add_argument("--group", help="consume as this consumer group: start at its committed position "
                                          "(when it has one) and ack each pack once printed")
     consume.add_argument("--count", type=positive_int, help="stop after N messages")

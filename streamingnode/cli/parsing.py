@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 # The clock is standard library only (wal loads the rest lazily), so --help stays fast.
 from wal.clock import compose, physical_ms
+from wal.zoned_time import parse_zoned
 
 if TYPE_CHECKING:
     from wal.options import DeliverPolicy
@@ -41,17 +42,14 @@ _SECONDS = re.compile(r"@?\d+(\.\d*)?|@\.\d+|\d*\.\d+")
 
 def parse_time(text: str) -> int:
     """A hybrid timestamp (physical_ms << 18) from ``@UNIX_SECONDS``, ``SECONDS.FRACTION`` or ISO-8601
-    (naive = local time); raises CliError."""
+    with a zone (one without is refused: ``wal.zoned_time``); raises CliError."""
     if _SECONDS.fullmatch(text):
         seconds = float(text.removeprefix("@"))
     else:
         try:
-            when = datetime.fromisoformat(text)
-        except ValueError:
-            raise CliError(f"not a time: {text!r} (use ISO-8601 like 2025-01-31T12:00:00Z, or @UNIX_SECONDS)") \
-                from None
-        if when.tzinfo is None:
-            when = when.astimezone()  # a naive time is the user's local time
+            when = parse_zoned(text)
+        except ValueError as exc:
+            raise CliError(f"{exc}, or @UNIX_SECONDS") from None
         seconds = when.timestamp()
     return compose(max(int(seconds * 1000), 0))
 

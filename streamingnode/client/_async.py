@@ -20,11 +20,21 @@ from streamingnode.client._types import ChannelDescription, GroupDescription, Ow
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.wire import codec
+from streamingnode.wire.defaults import (
+    CALL_TIMEOUT,
+    LINGER,
+    MAX_BATCH_BYTES,
+    MAX_BATCH_MESSAGES,
+    MAX_MESSAGE_BYTES,
+    NODE_ADDR,
+    RECONNECT_TIMEOUT,
+    RESPONSE_BYTES,
+)
 from wal.errors import InvalidArgumentError
 from wal.message import AppendResult, Position
 from wal.options import DeliverFilter, DeliverPolicy
 
-DEFAULT_ADDR = "localhost:19530"
+DEFAULT_ADDR = NODE_ADDR
 TOKEN_ENV = "STREAMINGNODE_TOKEN"  # noqa: S105  (the variable's name, not a secret)
 T = TypeVar("T", Producer, Consumer, MsgStream, DataClient)
 
@@ -111,10 +121,10 @@ class AsyncClient:
         self,
         addr: str | Sequence[str] = DEFAULT_ADDR,
         *,
-        timeout: float | None = 30.0,
-        reconnect_timeout: float = 30.0,
-        max_message_bytes: int = 64 << 20,
-        max_receive_bytes: int = 4 << 20,
+        timeout: float | None = CALL_TIMEOUT,
+        reconnect_timeout: float = RECONNECT_TIMEOUT,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        max_receive_bytes: int = RESPONSE_BYTES,
         options: Sequence[tuple[str, Any]] = (),
         token: str | None = None,
         tls_ca: str | os.PathLike[str] | None = None,
@@ -309,9 +319,9 @@ class AsyncClient:
         *,
         producer_id: str | None = None,
         first_sequence: int | None = None,
-        linger: float = 0.005,
-        max_batch_bytes: int = 1 << 20,
-        max_batch_messages: int = 1000,
+        linger: float = LINGER,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
+        max_batch_messages: int = MAX_BATCH_MESSAGES,
         max_in_flight: int | None = None,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         on_full: str = "block",

@@ -12,10 +12,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential, wait_random
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential,
+    wait_random,
+)
 
 from streamingnode.wire.codes import from_rpc_error
-from wal.errors import ErrorCode, StreamingError, UnavailableError
+from wal.error_codes import Behaviour, codes_with
+from wal.errors import StreamingError, UnavailableError
 
 R = TypeVar("R")
 
@@ -23,16 +31,7 @@ R = TypeVar("R")
 # (ON_SHUTDOWN), or the channel was reopened under a newer term (CHANNEL_FENCED: a new stream gets the
 # new term), or another node owns the pchannel (NOT_OWNER: the Router learned the owner, or resolves
 # it again).  Everything else (a missing channel, a bad argument) fails the same way on every attempt.
-_RECONNECT = frozenset(
-    {
-        ErrorCode.UNAVAILABLE,
-        ErrorCode.ON_SHUTDOWN,
-        ErrorCode.CHANNEL_FENCED,
-        ErrorCode.RESOURCE_EXHAUSTED,
-        ErrorCode.REDO,
-        ErrorCode.NOT_OWNER,
-    }
-)
+_RECONNECT = codes_with(Behaviour.RECONNECT)
 
 
 def reconnectable(exc: BaseException) -> bool:
@@ -83,20 +82,29 @@ async def unary(method: Callable[..., Awaitable[Any]], request: Any, deadline_s:
     loop = asyncio.get_running_loop()
     deadline = None if deadline_s is None else loop.time() + deadline_s
     read = type(request).__name__ in READ_REQUESTS
-    give_up: float | None = None
-    pause = 0.02
-    while True:
-        remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
-        try:
-            return await method(request, timeout=remaining)
-        except grpc.RpcError as exc:
-            now = loop.time()
-            give_up = now + ready_wait if give_up is None else give_up
-            retry = _never_sent(exc) or (read and _code(exc) == grpc.StatusCode.UNAVAILABLE)
-            if not retry or now + pause >= give_up or (deadline is not None and now + pause >= deadline):
-                raise translate(exc) from exc
-        await asyncio.sleep(pause)
-        pause = min(pause * 2, 0.25)
+    give_up: list[float] = []  # ready_wait after the first failure
+
+    def safe_to_repeat(exc: BaseException) -> bool:
+        return isinstance(exc, grpc.RpcError) and (
+            _never_sent(exc) or (read and _code(exc) == grpc.StatusCode.UNAVAILABLE))
+
+    def past_time(rs: RetryCallState) -> bool:  # a pause that would end past either bound is not taken
+        now = loop.time()
+        if not give_up:
+            give_up.append(now + ready_wait)
+        end = now + rs.upcoming_sleep
+        return end >= give_up[0] or (deadline is not None and end >= deadline)
+
+    retrying = AsyncRetrying(retry=retry_if_exception(safe_to_repeat), stop=past_time,
+                             wait=wait_exponential(multiplier=0.02, max=0.25), reraise=True)
+    try:
+        async for attempt in retrying:
+            with attempt:
+                remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
+                return await method(request, timeout=remaining)
+    except grpc.RpcError as exc:
+        raise translate(exc) from exc
+    raise AssertionError("unreachable: tenacity either returns or re-raises")  # pragma: no cover
 
 
 async def write(call: Any, request: Any) -> None:

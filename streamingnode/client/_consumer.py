@@ -45,9 +45,11 @@ from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
 from streamingnode.wire import codec
 from streamingnode.wire.codes import from_error_detail
+from streamingnode.wire.defaults import RECONNECT_TIMEOUT
 from wal.errors import ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError, UnavailableError
 from wal.message import Position
 from wal.options import DeliverFilter, DeliverPolicy, PolicyKind
+from wal.resume import resume_after
 from wal.scanner import MsgPack
 from wal.tasks import cancel_and_wait
 
@@ -68,7 +70,7 @@ def resume_read(
     position: Position, filters: Sequence[DeliverFilter] = (),
 ) -> tuple[DeliverPolicy, tuple[DeliverFilter, ...]]:
     """The policy and filters that deliver exactly what comes after ``position``."""
-    return DeliverPolicy.start_from(position.message_id), (*filters, DeliverFilter.timetick_gt(position.timetick))
+    return resume_after(position.message_id, position.timetick, filters)
 
 
 class Consumer:
@@ -91,7 +93,7 @@ class Consumer:
         group: str | None = None,
         max_pack_messages: int = 0,
         max_buffered_packs: int = 8,
-        reconnect_timeout: float = 30.0,
+        reconnect_timeout: float = RECONNECT_TIMEOUT,
         timeout: float | None = None,
         max_receive_bytes: int = 0,
     ) -> None:

@@ -61,6 +61,7 @@ from streamingnode.client._spool import Spool
 from streamingnode.observability.trace_context import with_current_context
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from streamingnode.wire.defaults import LINGER, MAX_BATCH_BYTES, MAX_BATCH_MESSAGES, RECONNECT_TIMEOUT
 from wal.errors import InvalidArgumentError, OnShutdownError
 from wal.message import AppendResult, MessageType
 from wal.tasks import cancel_and_wait
@@ -101,11 +102,11 @@ class Producer:
         *,
         producer_id: str | None = None,
         first_sequence: int | None = None,
-        linger: float = 0.005,
-        max_batch_bytes: int = 1 << 20,
-        max_batch_messages: int = 1000,
+        linger: float = LINGER,
+        max_batch_bytes: int = MAX_BATCH_BYTES,
+        max_batch_messages: int = MAX_BATCH_MESSAGES,
         max_in_flight: int | None = None,
-        reconnect_timeout: float = 30.0,
+        reconnect_timeout: float = RECONNECT_TIMEOUT,
         txn: pb.TxnContext | None = None,
         buffer_bytes: int = DEFAULT_BUFFER_BYTES,
         on_full: str = "block",

@@ -26,11 +26,13 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
+
 from streamingnode.client._calls import READY_WAIT_S, unary
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
+from wal.error_codes import Behaviour, codes_with
 from wal.errors import (
-    ErrorCode,
     InvalidArgumentError,
     NotOwnerError,
     StreamingError,
@@ -44,7 +46,7 @@ OWNERLESS_WAIT = 15.0
 a lease TTL, 10 s by default, plus a third of it for the taker's next pass)."""
 
 # Errors that say "this node cannot serve you now": forget it as the owner and ask the seeds again.
-_NODE_GONE = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.ON_SHUTDOWN})
+_NODE_GONE = codes_with(Behaviour.NODE_GONE)
 
 
 def parse_addresses(addr: str | Sequence[str]) -> list[str]:
@@ -168,8 +170,27 @@ class Router:
         for calls that are safe to repeat (reads), since the node may have done the work; those also wait
         up to ``ownerless_wait`` seconds for a pchannel that nobody owns at the moment."""
         loop = asyncio.get_running_loop()
-        give_up: float | None = None
-        pause = 0.05
+        give_up: list[float] = []  # ownerless_wait after the first answer that nobody owns the pchannel
+        backoff = wait_exponential(multiplier=0.05, max=0.5)
+
+        def left() -> float:
+            if not give_up:
+                give_up.append(loop.time() + self.ownerless_wait)
+            return give_up[0] - loop.time()
+
+        retrying = AsyncRetrying(
+            # Nobody owns it at the moment (``_follow`` forgot the owner): a read waits (bounded) for the next.
+            retry=retry_if_exception(lambda exc: retry_gone and isinstance(exc, NotOwnerError)),
+            wait=lambda rs: max(min(backoff(rs), left()), 0.0), stop=lambda _rs: left() <= 0, reraise=True)
+        async for attempt in retrying:
+            with attempt:
+                return await self._follow(pchannel, method, request, deadline_s, retry_gone=retry_gone)
+        raise AssertionError("unreachable: tenacity either returns or re-raises")  # pragma: no cover
+
+    async def _follow(self, pchannel: str, method: str, request: Any, deadline_s: float | None, *,
+                      retry_gone: bool) -> Any:
+        """One try of ``call``: at the owner, following up to ``MAX_HOPS`` moves at once (a redirect,
+        not a retry: the answer named where to go)."""
         hops = 0
         while True:
             addr = ""
@@ -182,16 +203,9 @@ class Router:
                 if moved and hops < MAX_HOPS and (retry_gone or isinstance(exc, NotOwnerError)):
                     hops += 1
                     continue
-                if not (retry_gone and isinstance(exc, NotOwnerError)):
-                    raise
-                # Nobody owns it at the moment: a read waits (bounded) for the next owner.
-                self._owners.pop(pchannel, None)
-                now = loop.time()
-                give_up = now + self.ownerless_wait if give_up is None else give_up
-                if now >= give_up:
-                    raise
-                await asyncio.sleep(min(pause, give_up - now))
-                pause, hops = min(pause * 2, 0.5), 0
+                if retry_gone and isinstance(exc, NotOwnerError):
+                    self._owners.pop(pchannel, None)
+                raise
 
     async def call_any(self, method: str, request: Any, deadline_s: float | None) -> Any:
         """A unary call that any node answers (no pchannel): the seeds in turn until one is reachable."""

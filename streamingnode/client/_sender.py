@@ -25,13 +25,14 @@ from streamingnode.client._routing import Route
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc as sgrpc
 from streamingnode.wire.codes import from_error_detail
-from wal.errors import ErrorCode, StreamingError, UnavailableError
+from wal.error_codes import Behaviour, codes_with
+from wal.errors import StreamingError, UnavailableError
 from wal.message import AppendResult
 from wal.tasks import cancel_and_wait
 
 # In-band batch errors that the node sends just before it ends the stream (the channel was reopened,
 # or the node is stopping): nothing of the batch was written, and a new stream can take it.
-_ENDS_STREAM = frozenset({ErrorCode.CHANNEL_FENCED, ErrorCode.ON_SHUTDOWN, ErrorCode.NOT_OWNER})
+_ENDS_STREAM = codes_with(Behaviour.RESEND_ON_NEW_STREAM)
 
 
 def _resolve(futures: list[asyncio.Future[AppendResult]], appended: spb.AppendResults) -> None:

@@ -31,7 +31,6 @@ producers, in one process or two, cannot use one spool at once; the second is re
 
 from __future__ import annotations
 
-import base64
 import fcntl
 import logging
 import os
@@ -40,6 +39,7 @@ import zlib
 
 from streamingnode.v1 import streaming_pb2 as spb
 from wal.errors import ResourceExhaustedError
+from wal.kv_key import encode_key
 
 log = logging.getLogger("streamingnode.client")
 
@@ -52,8 +52,7 @@ _ANSWERED = b"A"
 
 def spool_path(spool_dir: str | os.PathLike[str], producer_id: str, pchannel: str) -> str:
     """The file of one producer on one pchannel (names encoded: ids may hold any character)."""
-    key = f"{producer_id}\x00{pchannel}".encode()
-    name = base64.b32encode(key).decode().rstrip("=").lower()
+    name = encode_key(f"{producer_id}\x00{pchannel}")
     return os.path.join(os.fspath(spool_dir), f"{name}.spool")
 
 

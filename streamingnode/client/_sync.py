@@ -26,6 +26,7 @@ from streamingnode.client._producer import Producer
 from streamingnode.client._sync_data import SyncDataClient
 from streamingnode.client._txn import Transaction
 from streamingnode.client._types import ChannelDescription, GroupDescription, Owner, TxnInfo
+from streamingnode.wire.defaults import CALL_TIMEOUT, MAX_MESSAGE_BYTES, RECONNECT_TIMEOUT, RESPONSE_BYTES
 from wal import bodies
 from wal.message import AppendResult, Message, MessageType, Position
 from wal.options import DeliverFilter, DeliverPolicy
@@ -284,10 +285,10 @@ class Client:
         self,
         addr: str | Sequence[str] = DEFAULT_ADDR,
         *,
-        timeout: float | None = 30.0,
-        reconnect_timeout: float = 30.0,
-        max_message_bytes: int = 64 << 20,
-        max_receive_bytes: int = 4 << 20,
+        timeout: float | None = CALL_TIMEOUT,
+        reconnect_timeout: float = RECONNECT_TIMEOUT,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        max_receive_bytes: int = RESPONSE_BYTES,
         options: Sequence[tuple[str, Any]] = (),
         token: str | None = None,
         tls_ca: str | os.PathLike[str] | None = None,

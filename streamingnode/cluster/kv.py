@@ -1,27 +1,18 @@
 """The JetStream KV plumbing cluster mode stands on: opening a bucket, reading a whole bucket in one
-sweep (``read_all``), the KV-safe encoding of names into keys, and the wall clock its records carry.
+sweep (``read_all``), the KV-safe encoding of names into keys (``wal.kv_key``, re-exported), and the
+wall clock its records carry.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 from typing import Any
 
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-
-def encode_key(name: str) -> str:
-    """A KV key for any name: KV keys allow only ``[-/_=.a-zA-Z0-9]``, so names are base32 (lower
-    case, no padding), which is reversible and keeps distinct names distinct."""
-    return base64.b32encode(name.encode()).decode().rstrip("=").lower()
-
-
-def decode_key(key: str) -> str:
-    padded = key.upper() + "=" * (-len(key) % 8)
-    return base64.b32decode(padded).decode()
+from wal.kv_key import decode_key, encode_key
 
 
 def now_ms() -> int:

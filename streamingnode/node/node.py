@@ -35,6 +35,7 @@ import itertools
 from typing import TYPE_CHECKING
 
 import structlog
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from flusher import incarnation
 from flusher.commit import inside
@@ -186,19 +187,19 @@ class Node:
         import nats.errors  # noqa: PLC0415  (nats-py: cluster mode only)
 
         assert self.ownership is not None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + FIRST_PASS_SECONDS
-        while True:
-            try:
+
+        def again(rs: RetryCallState) -> None:
+            log.warning("first ownership pass got no answer from NATS in time; trying again",
+                        error=repr(rs.outcome.exception() if rs.outcome is not None else None))
+
+        retrying = AsyncRetrying(
+            # nats-py's TimeoutError is one of the builtin's.
+            retry=retry_if_exception_type((TimeoutError, nats.errors.NoRespondersError)),
+            stop=stop_after_delay(FIRST_PASS_SECONDS), wait=wait_fixed(FIRST_PASS_RETRY_SECONDS),
+            before_sleep=again, reraise=True)
+        async for attempt in retrying:
+            with attempt:
                 await self.ownership.step()
-            except (TimeoutError, nats.errors.NoRespondersError) as exc:  # nats-py's TimeoutError is one
-                if loop.time() >= deadline:
-                    raise
-                log.warning("first ownership pass got no answer from NATS in time; trying again",
-                            error=repr(exc))
-                await asyncio.sleep(FIRST_PASS_RETRY_SECONDS)
-            else:
-                return
 
     async def _create_configured(self) -> None:
         """Shared log: create the configured pchannels it lacks (every node may try; one wins)."""

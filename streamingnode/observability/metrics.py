@@ -39,6 +39,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from streamingnode.wire.host_port import connectable, split_host_port
 from wal.clock import physical_ms
 from wal.errors import StreamingError, UnavailableError
 from wal.message import Message, MessageType, all_of_type, payload_bytes
@@ -311,16 +312,13 @@ class NodeMetrics:
     # --- the /metrics endpoint -------------------------------------------------------------------
     async def serve(self, listen: str) -> str:
         """Serve ``/metrics`` on ``listen`` (host:port; port 0 = any); return a connectable address."""
-        host, _, port_s = listen.rpartition(":")
-        host = host.strip("[]") or "0.0.0.0"  # noqa: S104  (an empty host means every interface)
         try:
-            port = int(port_s)
-            self._http = await asyncio.start_server(self._handle, host, port)
+            host, port = split_host_port(listen)
+            # An empty host means every interface.
+            self._http = await asyncio.start_server(self._handle, host or "0.0.0.0", port)  # noqa: S104
         except (ValueError, OSError) as exc:
             raise UnavailableError(f"cannot serve metrics on {listen!r}: {exc}", address=listen) from None
-        bound = self._http.sockets[0].getsockname()[1]
-        shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104  (a connectable form)
-        return f"{shown}:{bound}"
+        return connectable(host, self._http.sockets[0].getsockname()[1])
 
     async def aclose(self) -> None:
         if self._http is not None:

@@ -52,6 +52,7 @@ from streamingnode.server.fanout import (
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.wire import codec
 from streamingnode.wire.codes import to_error_detail
+from streamingnode.wire.defaults import RESPONSE_BYTES
 from streamingnode.wire.packs import MESSAGE_OVERHEAD, continued_runs, split_pack
 from wal.clock import physical_ms
 from wal.errors import (
@@ -63,13 +64,14 @@ from wal.errors import (
 )
 from wal.message import Position
 from wal.names import VCHANNEL
-from wal.options import DeliverFilter, DeliverPolicy, ReadOption
+from wal.options import ReadOption
+from wal.resume import resume_after
 from wal.scanner import MsgPack, Scanner
 from wal.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_RESPONSE_BYTES = 4 << 20
+DEFAULT_RESPONSE_BYTES = RESPONSE_BYTES
 """The receive limit assumed of a client that does not state one: gRPC's default in every language."""
 
 
@@ -160,8 +162,7 @@ class ConsumeStream:
                     field="open.consumer_group")
             if committed is not None:
                 # Resume after the committed position (the rule of Position), like auto.offset.reset.
-                policy = DeliverPolicy.start_from(committed.message_id)
-                filters = (*filters, DeliverFilter.timetick_gt(committed.timetick))
+                policy, filters = resume_after(committed.message_id, committed.timetick, filters)
         limit = opened.max_pack_messages or self.node.config.consume_max_pack_messages
         self.receive_limit = opened.max_response_bytes or DEFAULT_RESPONSE_BYTES
         config = self.node.config
@@ -404,9 +405,8 @@ class ConsumeStream:
         """Move the read to ``position`` (past what the scanner has read: the responses up to there
         came from the cache), by the rule of Position: from its id, only what is after its tick."""
         await self.scanner.aclose()
-        self.scanner = channel.stream.read(dataclasses.replace(
-            option, deliver_policy=DeliverPolicy.start_from(position.message_id),
-            deliver_filters=(*option.deliver_filters, DeliverFilter.timetick_gt(position.timetick))))
+        policy, filters = resume_after(position.message_id, position.timetick, option.deliver_filters)
+        self.scanner = channel.stream.read(dataclasses.replace(option, deliver_policy=policy, deliver_filters=filters))
 
     def _encode(
         self, pack: MsgPack, vchannel: str, limit: int, encode: Callable[[MsgPack, str, bool], bytes],

@@ -27,7 +27,8 @@ from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.wire import codec
 from streamingnode.wire.codes import to_error_detail
-from wal.errors import ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError
+from wal.error_codes import Behaviour, codes_with
+from wal.errors import InvalidArgumentError, OnShutdownError, StreamingError
 from wal.message import AppendResult, Message, TxnContext, bind_txn, first_property, payload_bytes, stamp_sequence
 from wal.tasks import cancel_and_wait
 from wal.wal import COMMIT_OVERHEAD
@@ -38,8 +39,7 @@ _RESERVED_PROPERTIES = (PROP_PRODUCER, PROP_SEQUENCE)
 # Errors after which a produce stream cannot go on: the channel changed owner, went away, or the node
 # is closing (the stream ends with the status; the client reconnects and, if idempotent, resends), or
 # a newer open of the stream's producer_id fenced it (the stream's producer must stop).
-_STREAM_ENDING = frozenset({ErrorCode.CHANNEL_FENCED, ErrorCode.CHANNEL_NOT_EXIST, ErrorCode.ON_SHUTDOWN,
-                            ErrorCode.PRODUCER_FENCED})
+_STREAM_ENDING = codes_with(Behaviour.ENDS_PRODUCE_STREAM)
 
 
 class _EndOfStream(enum.Enum):

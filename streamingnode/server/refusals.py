@@ -20,11 +20,12 @@ from collections.abc import Callable
 import structlog
 
 from streamingnode.observability.metrics import NodeMetrics
+from wal.error_codes import Behaviour, codes_with
 from wal.errors import ErrorCode, StreamingError
 
 log = structlog.get_logger(__name__)
 
-_ROUTINE = frozenset({ErrorCode.ON_SHUTDOWN, ErrorCode.CHANNEL_FENCED, ErrorCode.NOT_OWNER})
+_ROUTINE = codes_with(Behaviour.ROUTINE)
 """Codes a healthy node answers in normal operation (a drain, a channel reopened or moved): INFO."""
 
 LOG_BURST = 10

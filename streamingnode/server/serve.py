@@ -13,7 +13,6 @@ loopback with neither tokens nor client certificates unless told to.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import signal
 import threading
 from collections.abc import Awaitable, Callable
@@ -32,6 +31,7 @@ from streamingnode.server.auth import AuthInterceptor, TokenTable
 from streamingnode.server.reflection import enable_reflection
 from streamingnode.server.service import SERVICE_NAME, StreamingNodeService, add_service
 from streamingnode.server.tls import load_tls
+from streamingnode.wire.host_port import connectable, is_loopback_host, split_host_port
 from wal.errors import InvalidArgumentError, UnavailableError
 
 log = structlog.get_logger(__name__)
@@ -140,13 +140,10 @@ async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) ->
 
 def is_loopback(listen: str) -> bool:
     """True when the host of ``listen`` (host:port) is a loopback address or ``localhost``."""
-    host = listen.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        return is_loopback_host(split_host_port(listen)[0])
     except ValueError:
-        return False  # an empty host (every interface), 0.0.0.0 or a name that may resolve anywhere
+        return False  # not an address: binding it fails later, with the address named
 
 
 def check_protected_mode(config: NodeConfig) -> None:
@@ -187,9 +184,10 @@ def _listen(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCreden
     if port == 0:
         # The TLS files were checked before (``tls``): what is left is the address.
         raise UnavailableError(f"cannot listen on {listen!r}: address in use or invalid", address=listen)
-    host = listen.rsplit(":", 1)[0]
-    host = "127.0.0.1" if host in ("0.0.0.0", "[::]", "") else host  # noqa: S104  (a connectable form)
-    return f"{host}:{port}"
+    try:
+        return connectable(split_host_port(listen)[0], port)
+    except ValueError:
+        return listen  # a form gRPC binds but host:port does not describe: named as given
 
 
 async def serve(config: NodeConfig, on_ready: Callable[[RunningServer], None] | None = None) -> None:

@@ -9,8 +9,7 @@ from streamingnode.node.node import Node
 from streamingnode.server.errors import call_deadline, require, unary
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.wire import codec
-from wal._codec import check_keepalive
-from wal.errors import InvalidArgumentError, InvalidTxnStateError
+from wal.errors import InvalidTxnStateError
 from wal.names import VCHANNEL
 
 
@@ -32,9 +31,7 @@ class TxnHandlers:
     async def BeginTxn(self, request: spb.BeginTxnRequest, context: grpc.aio.ServicerContext) -> spb.BeginTxnResponse:
         channel = self.node.channel(require(request.pchannel, "pchannel"))
         vchannel = VCHANNEL.check(request.vchannel, "vchannel")
-        if request.keepalive_ms < 0:
-            raise InvalidArgumentError(f"keepalive_ms must be >= 0, got {request.keepalive_ms}", field="keepalive_ms")
-        check_keepalive(request.keepalive_ms)  # the message header holds it in 32 bits
+        # Its bounds are checked where every transaction begins (the txn manager: wal.txn_keepalive).
         keepalive = request.keepalive_ms or self.node.config.txn_keepalive_ms
         txn, result = await channel.stream.begin_txn(vchannel, keepalive, deadline=call_deadline(context))
         return spb.BeginTxnResponse(

@@ -11,9 +11,9 @@ Options of the source: ``addr`` (host:port, comma-separated for a cluster's seed
 ``tlsCa``/``tlsCert``/``tlsKey``, ``timeout`` (seconds, default 30: connecting and waiting for a pack),
 ``pchannel`` (required), ``vchannel`` (comma-separated; absent: the whole pchannel), ``types``
 (comma-separated MessageType names, e.g. ``data,insert``), ``collection`` (collection mode),
-``startingOffsets`` (``earliest``, ``latest``, an offset's JSON, or an ISO-8601 time; default latest
-when streaming, earliest in a batch read), ``endingOffsets`` (batch: ``latest`` or an offset's JSON),
-``maxMessagesPerTrigger``.  The sink's are in ``_sink``.
+``startingOffsets`` (``earliest``, ``latest``, an offset's JSON, or an ISO-8601 time with its zone,
+refused without one; default latest when streaming, earliest in a batch read), ``endingOffsets``
+(batch: ``latest`` or an offset's JSON), ``maxMessagesPerTrigger``.  The sink's are in ``_sink``.
 
 Design:
 

@@ -36,7 +36,8 @@ from streamingnode.wire import codec
 from wal import clock
 from wal.errors import StreamingError, UnavailableError
 from wal.message import Message, MessageType, Position
-from wal.options import DeliverFilter, DeliverPolicy
+from wal.options import DeliverPolicy
+from wal.resume import resume_after
 
 _FRAMING = pa.array([int(t) for t in (MessageType.TIME_TICK, MessageType.BEGIN_TXN, MessageType.COMMIT_TXN,
                                       MessageType.ROLLBACK_TXN)], pa.int32())
@@ -86,8 +87,8 @@ class _PackStream:
         policy: DeliverPolicy = self._policy
         filters = self._filters
         if self._received is not None:
-            policy = DeliverPolicy.start_from(self._received.message_id)
-            filters = [*filters, DeliverFilter.timetick_gt(self._received.timetick)]
+            policy, resumed = resume_after(self._received.message_id, self._received.timetick, filters)
+            filters = list(resumed)
         request = spb.ConsumeRequest(open=spb.ConsumeOpen(
             pchannel=self._pchannel, vchannel=self._vchannel, policy=codec.policy_to_pb(policy),
             filters=codec.filters_to_pb(filters), columns=True))

@@ -8,14 +8,16 @@ so the readers and writers that Spark pickles to its Python workers stay picklab
 
 from __future__ import annotations
 
-import datetime
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from streamingnode.wire.defaults import CALL_TIMEOUT
+from streamingnode.wire.host_port import split_host_port
 from wal import clock
 from wal.message import MessageType
+from wal.zoned_time import ZONE_FORMS, NaiveTimeError, parse_zoned
 
 _QUOTE = 200  # at most this much of a bad value goes into a message
 
@@ -83,13 +85,13 @@ def parse_start(raw: str, pchannel: str, option: str) -> Offset | str:
             raise OptionError(option, f"malformed JSON ({exc.msg} at {exc.pos}): {_quote(text)}") from exc
         return Offset.from_json(parsed, pchannel, option)
     try:
-        when = datetime.datetime.fromisoformat(text)
+        when = parse_zoned(text, "the time")
+    except NaiveTimeError as exc:
+        raise OptionError(option, str(exc)) from exc
     except ValueError as exc:
         raise OptionError(option, "expected earliest, latest, an offset's JSON "
-                                  '({"message_id": ..., "timetick": ...}) or an ISO-8601 time, '
+                                  f'({{"message_id": ..., "timetick": ...}}) or {ZONE_FORMS}, '
                                   f"got {_quote(text)}") from exc
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.UTC)
     ms = int(when.timestamp() * 1000)
     if ms <= 0:
         raise OptionError(option, f"the time must be after 1970-01-01, got {_quote(text)}")
@@ -137,10 +139,13 @@ def parse_connection(options: Mapping[str, str]) -> Connection:
     if not addrs:
         raise OptionError("addr", "required: host:port of the node (several, comma-separated, for a cluster)")
     for a in addrs:
-        host, sep, port = a.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise OptionError("addr", f"expected host:port, got {_quote(a)}")
-    timeout = _positive(options, "timeout", 30.0)
+        try:
+            host, port = split_host_port(a)
+        except ValueError:
+            host, port = "", 0
+        if not host or not port:
+            raise OptionError("addr", f"expected host:port or [IPv6]:port, got {_quote(a)}")
+    timeout = _positive(options, "timeout", CALL_TIMEOUT)
     assert timeout is not None
     return Connection(addrs, options.get("token") or None, options.get("tlsCa") or None,
                       options.get("tlsCert") or None, options.get("tlsKey") or None, timeout)

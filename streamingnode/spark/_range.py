@@ -20,6 +20,7 @@ from typing import Any
 from streamingnode.spark._options import Offset
 from wal.message import Message, MessageType, Position
 from wal.options import DeliverFilter, DeliverPolicy
+from wal.resume import resume_after
 
 _FRAMING = frozenset({MessageType.TIME_TICK, MessageType.BEGIN_TXN, MessageType.COMMIT_TXN,
                       MessageType.ROLLBACK_TXN})
@@ -35,13 +36,12 @@ def read_policy(start: Offset, types: tuple[int, ...]) -> tuple[DeliverPolicy, l
     if types:
         filters.append(DeliverFilter.message_type([MessageType(t) for t in types]))
     if start.message_id >= 0:
-        policy = DeliverPolicy.start_from(start.message_id)
-    elif start.timetick > 0:
-        policy = DeliverPolicy.start_at_time(start.timetick + 1)
-    else:
+        policy, resumed = resume_after(start.message_id, start.timetick, filters)
+        return policy, list(resumed)
+    if start.timetick <= 0:
         return DeliverPolicy.all(), filters
-    filters.append(DeliverFilter.timetick_gt(start.timetick))
-    return policy, filters
+    # A time without an id (startingOffsets as a time): the time index finds the first id, the cut is the same.
+    return DeliverPolicy.start_at_time(start.timetick + 1), [*filters, DeliverFilter.timetick_gt(start.timetick)]
 
 
 def visible_messages(messages: list[Message]) -> Iterator[tuple[Message, int]]:

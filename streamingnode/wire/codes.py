@@ -1,4 +1,4 @@
-"""One table from error codes to gRPC status codes, and the conversions both ends of the wire use.
+"""Error codes as gRPC statuses (the table is ``wal.error_codes``), and the conversions both ends of the wire use.
 
 A failed call carries a gRPC status whose code comes from ``GRPC_CODE`` and whose details hold a
 ``google.rpc.ErrorInfo`` (reason = the ``ErrorCode`` name, domain = ``streamingnode``, metadata = the
@@ -19,53 +19,13 @@ from grpc_status import rpc_status
 
 from streamingnode.v1 import common_pb2 as pb
 from wal import errors as werr
+from wal.error_codes import TABLE
 from wal.errors import ErrorCode, StreamingError
 
 DOMAIN = "streamingnode"
 
-GRPC_CODE: dict[ErrorCode, grpc.StatusCode] = {
-    ErrorCode.UNKNOWN: grpc.StatusCode.UNKNOWN,
-    ErrorCode.CHANNEL_NOT_EXIST: grpc.StatusCode.NOT_FOUND,
-    ErrorCode.CHANNEL_EXIST: grpc.StatusCode.ALREADY_EXISTS,
-    # Retrying as is cannot help: the caller must reopen (a newer owner holds the channel).
-    ErrorCode.CHANNEL_FENCED: grpc.StatusCode.FAILED_PRECONDITION,
-    ErrorCode.ON_SHUTDOWN: grpc.StatusCode.UNAVAILABLE,
-    ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.INVALID_MESSAGE: grpc.StatusCode.INVALID_ARGUMENT,
-    # Not RESOURCE_EXHAUSTED: that code tells clients to retry, and the same message never fits.
-    ErrorCode.MESSAGE_TOO_LARGE: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.OUT_OF_RANGE: grpc.StatusCode.OUT_OF_RANGE,
-    ErrorCode.CORRUPTED: grpc.StatusCode.DATA_LOSS,
-    ErrorCode.UNRECOVERABLE: grpc.StatusCode.INTERNAL,
-    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorCode.TXN_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    ErrorCode.TXN_EXPIRED: grpc.StatusCode.ABORTED,
-    ErrorCode.INVALID_TXN_STATE: grpc.StatusCode.FAILED_PRECONDITION,
-    ErrorCode.COLLECTION_NOT_EXIST: grpc.StatusCode.NOT_FOUND,
-    ErrorCode.COLLECTION_EXIST: grpc.StatusCode.ALREADY_EXISTS,
-    ErrorCode.PARTITION_NOT_EXIST: grpc.StatusCode.NOT_FOUND,
-    ErrorCode.PARTITION_EXIST: grpc.StatusCode.ALREADY_EXISTS,
-    ErrorCode.SCHEMA_MISMATCH: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.CONSUMER_GROUP_NOT_EXIST: grpc.StatusCode.NOT_FOUND,
-    ErrorCode.CONSUMER_GROUP_EXIST: grpc.StatusCode.ALREADY_EXISTS,
-    ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
-    ErrorCode.REDO: grpc.StatusCode.UNAVAILABLE,
-    ErrorCode.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
-    ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
-    # The transaction was rolled back (as an expired one is): begin a smaller one.
-    ErrorCode.TXN_TOO_LARGE: grpc.StatusCode.ABORTED,
-    # Not retriable as is: a batch between was never written, the producer must resend from it.
-    ErrorCode.OUT_OF_ORDER_SEQUENCE: grpc.StatusCode.FAILED_PRECONDITION,
-    # Retriable: the node frees space (forced flush, retention) and accepts writes again by itself.
-    ErrorCode.STORAGE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    # Cluster mode: retriable at the owner named in the ErrorInfo (clients follow it).
-    ErrorCode.NOT_OWNER: grpc.StatusCode.FAILED_PRECONDITION,
-    # A newer open of the producer_id took over: this producer must stop, retrying cannot help.
-    ErrorCode.PRODUCER_FENCED: grpc.StatusCode.FAILED_PRECONDITION,
-    # A reused sequence with other content: the batch is not the resend it claims to be.
-    ErrorCode.DUPLICATE_SEQUENCE_MISMATCH: grpc.StatusCode.FAILED_PRECONDITION,
-}
+# The table of codes (wal.error_codes) names each code's status; here the names become grpc's members.
+GRPC_CODE: dict[ErrorCode, grpc.StatusCode] = {code: grpc.StatusCode[rule.grpc_status] for code, rule in TABLE.items()}
 
 # What a status without ErrorInfo (raised by gRPC itself: transport failure, deadline, oversize frame)
 # means to the client.

@@ -26,8 +26,9 @@ from tests.cluster.conftest import owner_seen_by
 from tests.natscluster import NatsCluster
 from tests.node_process import NodeProcess
 from tests.waiting import until
-from wal.backends.jetstream import JetStreamBackend, encode_key
+from wal.backends.jetstream import JetStreamBackend
 from wal.errors import ErrorCode, StreamingError
+from wal.kv_key import encode_key
 from wal.message import MessageType
 
 pytestmark = pytest.mark.integration

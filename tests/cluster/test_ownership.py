@@ -19,7 +19,7 @@ import nats
 import pytest
 
 from streamingnode.cluster import connection as cluster_module
-from streamingnode.cluster.kv import bucket, encode_key
+from streamingnode.cluster.kv import bucket
 from streamingnode.cluster.leases import Lease, Leases
 from streamingnode.cluster.membership import Membership
 from streamingnode.cluster.ownership import placement, preferred
@@ -32,6 +32,7 @@ from tests.natscluster import NatsCluster
 from tests.node_process import NodeProcess, free_port
 from tests.waiting import until, until_sync
 from wal.errors import ErrorCode, UnavailableError
+from wal.kv_key import encode_key
 
 pytestmark = pytest.mark.integration
 

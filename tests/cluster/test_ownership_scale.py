@@ -21,12 +21,13 @@ import pytest
 from nats.js.kv import KeyValue
 from structlog.testing import capture_logs
 
-from streamingnode.cluster.kv import bucket, encode_key
+from streamingnode.cluster.kv import bucket
 from streamingnode.cluster.leases import Lease, Leases
 from streamingnode.cluster.membership import Membership
 from streamingnode.cluster.ownership import Ownership, placement
 from tests.natscluster import NatsCluster
 from tests.waiting import until
+from wal.kv_key import encode_key
 
 pytestmark = pytest.mark.integration
 

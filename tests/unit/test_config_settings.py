@@ -45,6 +45,8 @@ def other_value(s: Setting) -> Any:
         return ("a", "b")
     if s.default is None or isinstance(s.default, Path):
         return Path("/somewhere/else")
+    if s.name == "advertise":  # an address (host:port), empty by default
+        return "node-1:19530"
     return "nats://127.0.0.1:4222" if s.name == "cluster_nats" else "x" + s.default
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import structlog.testing
 
 from flusher import Flusher, FlusherConfig
 from flusher.commit import commit_file, remove_temporaries
@@ -359,8 +360,11 @@ async def test_a_flusher_that_meets_a_full_disk_waits_for_space_instead_of_stopp
         await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
         await swal.append(bodies.insert("v", "c", rows(0, 10)))
         monkeypatch.setattr(os, "replace", replace)
-        files = await asyncio.wait_for(f.flush("v"), 60)  # written once the disk takes it again
+        with structlog.testing.capture_logs() as logs:
+            files = await asyncio.wait_for(f.flush("v"), 60)  # written once the disk takes it again
         assert len(failures) == 3 and f.state is FlusherState.RUNNING
+        # Backing off from 0.1 s, doubling (up to 5 s): one warning per failure, naming the pause.
+        assert [e["retry_seconds"] for e in logs if "disk is full" in e["event"]] == [0.1, 0.2, 0.4]
         assert files and all((root / name).is_file() for name in files)
         assert not [p for p in root.rglob("*") if p.name.endswith(".tmp")], "a temporary stayed behind"
         assert pq.read_table(root / files[0]).num_rows == 10

@@ -458,11 +458,11 @@ def test_the_package_exports_what_the_node_needs() -> None:
 
 
 def test_importing_the_package_stays_light_for_spark_submit() -> None:
-    # The reader takes the timestamp layout from wal.clock (standard library only); nothing else of
-    # the log, no RocksDB and no gRPC may load with it.
+    # The reader takes the timestamp layout from wal.clock and the zone rule from wal.zoned_time (both
+    # standard library only); nothing else of the log, no RocksDB and no gRPC may load with it.
     code = ("import sys, flusher, flusher.read.spark; "
             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('rocksdict', 'interceptors', 'grpc') "
-            "or (m.startswith('wal') and m not in ('wal', 'wal.clock'))); "
+            "or (m.startswith('wal') and m not in ('wal', 'wal.clock', 'wal.zoned_time'))); "
             "print(heavy); assert flusher.Flusher.__name__ == 'Flusher'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])

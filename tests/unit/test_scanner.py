@@ -17,6 +17,7 @@ from wal import (
     ReadOption,
     WALManager,
 )
+from wal.resume import resume_after
 
 
 async def _wal(manager: WALManager, name: str = "p") -> WAL:
@@ -162,8 +163,8 @@ async def test_end_position_resumes_exactly(manager: WALManager) -> None:
     everything = [m.message_id for m in flat(packs)]
     for i, pack in enumerate(packs):
         pos = pack.end_position
-        resumed = wal.read(ReadOption(deliver_policy=DeliverPolicy.start_from(pos.message_id),
-                                      deliver_filters=(DeliverFilter.timetick_gt(pos.timetick),)))
+        policy, filters = resume_after(pos.message_id, pos.timetick)
+        resumed = wal.read(ReadOption(deliver_policy=policy, deliver_filters=filters))
         rest = flat(await packs_until(resumed, 13)) if i + 1 < len(packs) else []
         delivered = [m.message_id for p in packs[: i + 1] for m in p.messages]
         assert delivered + [m.message_id for m in rest] == everything

@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.factories import begin, body, commit, ins, rollback, tick
-from wal import DeliverFilter, DeliverPolicy, Message, MsgPack, ReadOption, WALManager
+from wal import Message, MsgPack, ReadOption, WALManager
 from wal.backends import MemoryBackend
+from wal.resume import resume_after
 
 Op = tuple[str, int, str]  # (kind, txn slot or 0, vchannel)
 EXAMPLE_SECONDS = 3.0
@@ -120,11 +121,8 @@ async def _scan(ops: list[Op], jitter: list[int], vchannel: str | None, from_sto
             done += len(pack.messages)
             pos = pack.end_position
             rest: list[int] = []
-            scanner = wal.read(ReadOption(
-                vchannel=vchannel,
-                deliver_policy=DeliverPolicy.start_from(pos.message_id),
-                deliver_filters=(DeliverFilter.timetick_gt(pos.timetick),),
-            ))
+            policy, filters = resume_after(pos.message_id, pos.timetick)
+            scanner = wal.read(ReadOption(vchannel=vchannel, deliver_policy=policy, deliver_filters=filters))
             async for p2 in scanner:
                 rest.extend(m.message_id for m in p2.messages)
                 if p2.end_ts >= end:

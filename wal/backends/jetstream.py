@@ -80,7 +80,6 @@ is backed up by NATS itself (``nats stream backup``), already replicated besides
 from __future__ import annotations
 
 import asyncio
-import base64
 import bisect
 import concurrent.futures
 import contextlib
@@ -95,6 +94,7 @@ import nats
 import nats.errors
 import nats.js.errors
 from nats.js import api
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from wal._codec import block_count
 from wal.backend import Backend, ChannelInfo, TickEntry, WriteGroup
@@ -112,6 +112,7 @@ from wal.errors import (
     UnavailableError,
     UnrecoverableError,
 )
+from wal.kv_key import decode_key, encode_key
 from wal.message import MessageID
 
 T = TypeVar("T")
@@ -174,16 +175,6 @@ H_LAST_TICK = "Sn-Last-Tick"
 H_TERM = "Sn-Term"
 H_FENCE = "Sn-Fence"
 _EXPECTED_LAST_SEQ = "Nats-Expected-Last-Sequence"
-
-
-def encode_key(text: str) -> str:
-    """A KV-safe key for any text: base32, no padding, lowercase."""
-    return base64.b32encode(text.encode()).decode().rstrip("=").lower()
-
-
-def decode_key(key: str) -> str:
-    padded = key.upper() + "=" * (-len(key) % 8)
-    return base64.b32decode(padded).decode()
 
 
 def _tick_text(t: TickEntry) -> str:
@@ -340,25 +331,35 @@ class JetStreamBackend(Backend):
         ``_RETRIABLE``) until ``deadline`` (loop time; default: ``_window`` from now), then the last
         failure is raised.  Only for requests that are safe to repeat as they are."""
         loop = asyncio.get_running_loop()
-        if deadline is None:
-            deadline = loop.time() + self._window()
-        while True:
-            started = loop.time()
-            try:
-                return await ask(max(min(self.attempt_timeout, deadline - started), 0.05))
-            except _RETRIABLE as exc:
-                await self._before_retry(exc, started, deadline)
+        end = [loop.time() + self._window() if deadline is None else deadline]
+        started = [0.0]
+        async for attempt in self._asking_again(_RETRIABLE, end, started):
+            with attempt:
+                started[0] = loop.time()
+                return await ask(max(min(self.attempt_timeout, end[0] - started[0]), 0.05))
+        raise AssertionError("unreachable: tenacity either returns or re-raises")  # pragma: no cover
 
-    async def _before_retry(self, exc: BaseException, started: float, deadline: float) -> None:
-        """Raise ``exc`` when the deadline has passed; else pause after a refusal that came at once
-        (nobody answers during an election), and count the retry."""
+    def _asking_again(
+        self, retriable: tuple[type[BaseException], ...], deadline: list[float], started: list[float],
+        on_retry: Callable[[], None] | None = None,
+    ) -> AsyncRetrying:
+        """The retry policy of a request to NATS: again after a ``retriable`` failure, after a pause that
+        pads an attempt refused at once to ``_RETRY_PAUSE`` (nobody answers during an election), while
+        the pause ends before ``deadline[0]`` (loop time; the caller may move it on progress); else the
+        last failure is raised.  ``started[0]``: when the current attempt began (the caller sets it).
+        Each retry is counted (``retries``), then ``on_retry`` runs."""
         loop = asyncio.get_running_loop()
-        pause = max(0.0, _RETRY_PAUSE - (loop.time() - started))
-        if loop.time() + pause >= deadline:
-            raise exc
-        self.retries += 1
-        if pause:
-            await asyncio.sleep(pause)
+
+        def retrying(_rs: RetryCallState) -> None:
+            self.retries += 1
+            if on_retry is not None:
+                on_retry()
+
+        return AsyncRetrying(
+            retry=retry_if_exception_type(retriable),
+            wait=lambda _rs: max(0.0, _RETRY_PAUSE - (loop.time() - started[0])),
+            stop=lambda rs: loop.time() + rs.upcoming_sleep >= deadline[0],
+            before_sleep=retrying, reraise=True)
 
     async def _connect(self, urls: list[str]) -> None:
         async def quiet(exc: Exception) -> None:
@@ -710,22 +711,22 @@ class JetStreamBackend(Backend):
         (``_settle``: the blocks found there are ours, or we are fenced), and a repeat refused as out
         of sequence is checked the same way instead of being called fenced at once."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._window()
-        pending, retried = groups, False
-        while True:
-            started = loop.time()
-            try:
+        deadline = [loop.time() + self._window()]
+        started = [0.0]
+        pending, retried = groups, [False]
+
+        def repeat() -> None:
+            retried[0] = True  # a repeat refused as out of sequence is checked, not called fenced
+
+        async for attempt in self._asking_again(_RETRIABLE_WRITE, deadline, started, on_retry=repeat):
+            with attempt:
+                started[0] = loop.time()
                 if ch.doubt is not None:
                     pending = await self._settle(ch, pending)
                 while pending:
-                    await self._publish_block(ch, pending, retried, deadline)
+                    await self._publish_block(ch, pending, retried[0], deadline[0])
                     pending = pending[1:]
-                    deadline = loop.time() + self._window()  # progress: a new window for the next block
-            except _RETRIABLE_WRITE as exc:
-                await self._before_retry(exc, started, deadline)
-                retried = True
-            else:
-                return
+                    deadline[0] = loop.time() + self._window()  # progress: a new window for the next block
 
     async def _publish_block(self, ch: _Chan, pending: list[WriteGroup], retried: bool, deadline: float) -> None:
         """Publish ``pending[0]``; on no answer, leave a doubt covering every pending block."""
