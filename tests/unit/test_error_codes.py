@@ -7,7 +7,7 @@ from __future__ import annotations
 import grpc
 
 from interceptors import redo
-from streamingnode.client import _calls, _producer, _routing
+from streamingnode.client import _calls, _routing, _sender
 from streamingnode.server import produce, refusals
 from streamingnode.wire.codes import GRPC_CODE
 from wal import errors
@@ -30,7 +30,7 @@ def test_each_module_reads_its_set_from_the_table() -> None:
     assert _calls._RECONNECT == codes_with(Behaviour.RECONNECT) == {
         E.UNAVAILABLE, E.ON_SHUTDOWN, E.CHANNEL_FENCED, E.RESOURCE_EXHAUSTED, E.REDO, E.NOT_OWNER}
     assert _routing._NODE_GONE == codes_with(Behaviour.NODE_GONE) == {E.UNAVAILABLE, E.ON_SHUTDOWN}
-    assert _producer._ENDS_STREAM == codes_with(Behaviour.RESEND_ON_NEW_STREAM) == {
+    assert _sender._ENDS_STREAM == codes_with(Behaviour.RESEND_ON_NEW_STREAM) == {
         E.CHANNEL_FENCED, E.ON_SHUTDOWN, E.NOT_OWNER}
     assert produce._STREAM_ENDING == codes_with(Behaviour.ENDS_PRODUCE_STREAM) == {
         E.CHANNEL_FENCED, E.CHANNEL_NOT_EXIST, E.ON_SHUTDOWN, E.PRODUCER_FENCED}
