@@ -37,11 +37,20 @@ import structlog
 from wal._codec import block_count
 from wal.backend import Backend, ChannelInfo, TickEntry, WriteGroup
 from wal.backends import _journal, _replay
-from wal.backends.rocks_layout import DAMAGED, TRUNCATED_META, tail_state
-from wal.backends.rocks_layout import KEY_ID as _KEY_ID
-from wal.backends.rocks_layout import TICK_VALUE as _TICK_VALUE
-from wal.backends.rocks_layout import U32 as _U32
-from wal.backends.rocks_layout import U64 as _U64
+from wal.backends.rocks_layout import (
+    DAMAGED,
+    JOURNAL_DIR,
+    KEY_ID,
+    MAX_ID,
+    NEXT_KEY,
+    TICK_VALUE,
+    TRUNCATED_META,
+    U32,
+    U64,
+    data_key,
+    tail_state,
+    tick_key,
+)
 from wal.errors import (
     ChannelExistError,
     ChannelNotExistError,
@@ -56,11 +65,8 @@ from wal.errors import (
 )
 from wal.message import MessageID
 
-_NEXT_KEY = b"Mnext_key"
-_MAX_ID = 0xFFFFFFFFFFFFFFFF
 # RocksDB statuses that say "not now" rather than "broken": the redo step may run the append again.
 _TRANSIENT_STATUSES = ("Busy", "TryAgain", "TimedOut", "Resource busy")
-_JOURNAL_DIR = "journal"
 _IOV_MAX = 1024
 JOURNAL_PREALLOC_BYTES = 4 << 20
 """The journal file is zero-written this far ahead of its records (in one step each time they reach
@@ -107,10 +113,6 @@ class SyncMethod(enum.Enum):
     JOURNAL = "journal"
 
 
-def _data_key(key: int, message_id: MessageID) -> bytes:
-    return b"D" + _KEY_ID.pack(key, message_id)
-
-
 def _lock_held(exc: Exception) -> bool:
     """Whether opening failed because RocksDB's LOCK file is held: by another process ("While lock
     file: <dir>/LOCK: Resource temporarily unavailable") or by an earlier open in this one ("lock hold
@@ -126,10 +128,6 @@ def _writev_some(fd: int, views: list[memoryview]) -> int:
     if n <= 0:
         raise OSError(errno.ENOSPC, "journal write made no progress")
     return n
-
-
-def _tick_key(key: int, ts: int) -> bytes:
-    return b"T" + _KEY_ID.pack(key, ts)
 
 
 # Where RocksDB's corruption messages say what is damaged: "... in /data/000009.sst offset 142866 size 4077".
@@ -154,11 +152,11 @@ def _is_corruption(exc: Exception) -> bool:
 def _show_key(key: bytes) -> str:
     """A stored key as a reader of wal/README.md's layout would write it: D/1/4096 (kind, channel key, id
     or timetick), the kind and channel key alone for shorter keys."""
-    if len(key) == 1 + _KEY_ID.size:
-        channel_key, n = _KEY_ID.unpack_from(key, 1)
-        return f"{key[:1].decode('latin-1')}/{channel_key}/{'end' if n == _MAX_ID else n}"
-    if len(key) >= 1 + _U32.size:
-        return f"{key[:1].decode('latin-1')}/{_U32.unpack_from(key, 1)[0]}"
+    if len(key) == 1 + KEY_ID.size:
+        channel_key, n = KEY_ID.unpack_from(key, 1)
+        return f"{key[:1].decode('latin-1')}/{channel_key}/{'end' if n == MAX_ID else n}"
+    if len(key) >= 1 + U32.size:
+        return f"{key[:1].decode('latin-1')}/{U32.unpack_from(key, 1)[0]}"
     return key.hex()
 
 
@@ -183,7 +181,7 @@ class RocksBackend(Backend):
         self._meta_lock = threading.Lock()
         self._closed = False
         self._journaled = sync_method is SyncMethod.JOURNAL
-        self._journal_dir = os.path.join(self.path, _JOURNAL_DIR)
+        self._journal_dir = os.path.join(self.path, JOURNAL_DIR)
         self._journal_rotate_bytes = journal_rotate_bytes
         self._jfd = -1  # the journal file being appended to
         self._jseq = 0
@@ -433,25 +431,25 @@ class RocksBackend(Backend):
         key = int(record["key"])
         info = ChannelInfo(name, key, int(record["term"]), 0, 0, 0, dict(record.get("properties", {})))
         self._names[key] = name
-        lo, hi = _data_key(key, 0), _data_key(key, _MAX_ID)
+        lo, hi = data_key(key, 0), data_key(key, MAX_ID)
         it = self._db.iter(self._ropts)
         try:
             it.seek(lo)
-            if self._valid(it, "finding the first block", lo, hi, name) and it.key()[:5] == b"D" + _U32.pack(key):
-                info.first_id = info.next_id = _KEY_ID.unpack_from(it.key(), 1)[1]
+            if self._valid(it, "finding the first block", lo, hi, name) and it.key()[:5] == b"D" + U32.pack(key):
+                info.first_id = info.next_id = KEY_ID.unpack_from(it.key(), 1)[1]
             it.seek_for_prev(hi)
             last = None
-            if self._valid(it, "finding the last block", lo, hi, name) and it.key()[:5] == b"D" + _U32.pack(key):
-                last = (_KEY_ID.unpack_from(it.key(), 1)[1], bytes(it.value()))
+            if self._valid(it, "finding the last block", lo, hi, name) and it.key()[:5] == b"D" + U32.pack(key):
+                last = (KEY_ID.unpack_from(it.key(), 1)[1], bytes(it.value()))
         finally:
             del it
-        raw_max = self._get(b"H" + _U32.pack(key), "reading the high-water timetick", name)
-        max_ts = _U64.unpack(raw_max)[0] if raw_max is not None else 0
+        raw_max = self._get(b"H" + U32.pack(key), "reading the high-water timetick", name)
+        max_ts = U64.unpack(raw_max)[0] if raw_max is not None else 0
         if last is None:
             # Every block truncated: the ids go on from the truncation, never back to 0.
-            raw_mark = self._get(b"X" + _U32.pack(key) + TRUNCATED_META.encode(), "reading the truncation mark", name)
-            if raw_mark is not None and len(raw_mark) == _U64.size:
-                info.first_id = info.next_id = _U64.unpack(raw_mark)[0]
+            raw_mark = self._get(b"X" + U32.pack(key) + TRUNCATED_META.encode(), "reading the truncation mark", name)
+            if raw_mark is not None and len(raw_mark) == U64.size:
+                info.first_id = info.next_id = U64.unpack(raw_mark)[0]
         return tail_state(info, last, str(self.path), max_ts)
 
     # --- the data journal ------------------------------------------------------------------------
@@ -630,10 +628,10 @@ class RocksBackend(Backend):
     @staticmethod
     def _put_groups(wb: Any, groups: list[WriteGroup]) -> None:
         for g in groups:
-            wb.put(_data_key(g.channel_key, g.first_id), g.block)
-            wb.put(b"H" + _U32.pack(g.channel_key), _U64.pack(g.max_timetick))
+            wb.put(data_key(g.channel_key, g.first_id), g.block)
+            wb.put(b"H" + U32.pack(g.channel_key), U64.pack(g.max_timetick))
             for t in g.ticks:
-                wb.put(_tick_key(g.channel_key, t.timetick), _TICK_VALUE.pack(t.message_id, t.resume_id))
+                wb.put(tick_key(g.channel_key, t.timetick), TICK_VALUE.pack(t.message_id, t.resume_id))
 
     # --- channels --------------------------------------------------------------------------------
     def create_channel(self, name: str, properties: dict[str, str]) -> ChannelInfo:
@@ -642,11 +640,11 @@ class RocksBackend(Backend):
         with self._engine("create_channel"), self._meta_lock:
             if self._get(b"C" + name.encode(), "reading the channel record", name) is not None:
                 raise ChannelExistError(f"pchannel {name!r} already exists", channel=name)
-            raw_next = self._get(_NEXT_KEY, "reading the next channel key", None)
-            key = _U32.unpack(raw_next)[0] if raw_next is not None else 1
+            raw_next = self._get(NEXT_KEY, "reading the next channel key", None)
+            key = U32.unpack(raw_next)[0] if raw_next is not None else 1
             record = {"key": key, "term": 0, "properties": dict(properties)}
             wb = rocksdict.WriteBatch(raw_mode=True)
-            wb.put(_NEXT_KEY, _U32.pack(key + 1))
+            wb.put(NEXT_KEY, U32.pack(key + 1))
             wb.put(b"C" + name.encode(), json.dumps(record).encode())
             self._db.write(wb, self._wopts_sync)
             return ChannelInfo(name, key, 0, 0, 0, 0, dict(properties))
@@ -693,10 +691,10 @@ class RocksBackend(Backend):
             self._journal_checkpoint()
             wb = rocksdict.WriteBatch(raw_mode=True)
             wb.delete(b"C" + name.encode())
-            wb.delete(b"H" + _U32.pack(key))
-            wb.delete_range(b"X" + _U32.pack(key), b"X" + _U32.pack(key + 1))
-            wb.delete_range(_data_key(key, 0), b"D" + _U32.pack(key + 1))
-            wb.delete_range(_tick_key(key, 0), b"T" + _U32.pack(key + 1))
+            wb.delete(b"H" + U32.pack(key))
+            wb.delete_range(b"X" + U32.pack(key), b"X" + U32.pack(key + 1))
+            wb.delete_range(data_key(key, 0), b"D" + U32.pack(key + 1))
+            wb.delete_range(tick_key(key, 0), b"T" + U32.pack(key + 1))
             self._db.write(wb, self._wopts_sync)
 
     # --- data ------------------------------------------------------------------------------------
@@ -735,10 +733,10 @@ class RocksBackend(Backend):
         self, channel_key: int, from_id: MessageID, max_bytes: int
     ) -> list[tuple[MessageID, bytes]]:
         with self._engine("read"):
-            prefix = b"D" + _U32.pack(channel_key)
+            prefix = b"D" + U32.pack(channel_key)
             out: list[tuple[MessageID, bytes]] = []
             total = 0
-            lo, hi = _data_key(channel_key, from_id), _data_key(channel_key, _MAX_ID)
+            lo, hi = data_key(channel_key, from_id), data_key(channel_key, MAX_ID)
             it = self._db.iter(self._ropts)
             try:
                 it.seek_for_prev(lo)
@@ -747,7 +745,7 @@ class RocksBackend(Backend):
                     it.seek(lo)
                 else:
                     # The block before from_id holds it only if it reaches that far.
-                    first = _KEY_ID.unpack_from(it.key(), 1)[1]
+                    first = KEY_ID.unpack_from(it.key(), 1)[1]
                     if first + block_count(it.value()) <= from_id:
                         it.next()
                 while self._valid(it, "reading", lo, hi, channel_key):
@@ -755,7 +753,7 @@ class RocksBackend(Backend):
                     if not k.startswith(prefix):
                         break
                     v = it.value()
-                    out.append((_KEY_ID.unpack_from(k, 1)[1], v))
+                    out.append((KEY_ID.unpack_from(k, 1)[1], v))
                     total += len(v)
                     if total >= max_bytes:
                         break
@@ -768,21 +766,21 @@ class RocksBackend(Backend):
         with self._engine("seek_time"):
             it = self._db.iter(self._ropts)
             try:
-                it.seek_for_prev(_tick_key(channel_key, timetick))
-                found = self._valid(it, "searching the time index", _tick_key(channel_key, 0),
-                                    _tick_key(channel_key, timetick), channel_key)
-                if not found or not it.key().startswith(b"T" + _U32.pack(channel_key)):
+                it.seek_for_prev(tick_key(channel_key, timetick))
+                found = self._valid(it, "searching the time index", tick_key(channel_key, 0),
+                                    tick_key(channel_key, timetick), channel_key)
+                if not found or not it.key().startswith(b"T" + U32.pack(channel_key)):
                     return None
-                ts = _KEY_ID.unpack_from(it.key(), 1)[1]
-                mid, resume = _TICK_VALUE.unpack(it.value())
+                ts = KEY_ID.unpack_from(it.key(), 1)[1]
+                mid, resume = TICK_VALUE.unpack(it.value())
                 return TickEntry(ts, mid, resume)
             finally:
                 del it
 
     def truncate(self, channel_key: int, before_id: MessageID) -> MessageID:
         with self._engine("truncate"):
-            prefix = b"D" + _U32.pack(channel_key)
-            lo, hi = _data_key(channel_key, 0), _data_key(channel_key, before_id)
+            prefix = b"D" + U32.pack(channel_key)
+            lo, hi = data_key(channel_key, 0), data_key(channel_key, before_id)
             it = self._db.iter(self._ropts)
             try:
                 it.seek_for_prev(hi)
@@ -790,20 +788,20 @@ class RocksBackend(Backend):
                     # Nothing starts at or before before_id: nothing to drop.
                     it.seek(lo)
                     if self._valid(it, "truncating", lo, hi, channel_key) and it.key().startswith(prefix):
-                        return int(_KEY_ID.unpack_from(it.key(), 1)[1])
+                        return int(KEY_ID.unpack_from(it.key(), 1)[1])
                     return before_id
-                first = _KEY_ID.unpack_from(it.key(), 1)[1]
+                first = KEY_ID.unpack_from(it.key(), 1)[1]
                 end = first + block_count(it.value())
                 # Keep the block holding before_id; when before_id is exactly past its end, drop it too.
                 keep_from = end if end <= before_id else first
                 # Time-index entries of ticks that are gone go too: ticks are ordered by id as by time.
                 stale_ticks: list[bytes] = []
-                it.seek(_tick_key(channel_key, 0))
-                tprefix = b"T" + _U32.pack(channel_key)
-                tlo, thi = _tick_key(channel_key, 0), _tick_key(channel_key, _MAX_ID)
+                it.seek(tick_key(channel_key, 0))
+                tprefix = b"T" + U32.pack(channel_key)
+                tlo, thi = tick_key(channel_key, 0), tick_key(channel_key, MAX_ID)
                 while (self._valid(it, "truncating the time index", tlo, thi, channel_key)
                        and it.key().startswith(tprefix)):
-                    if _TICK_VALUE.unpack(it.value())[0] >= keep_from:
+                    if TICK_VALUE.unpack(it.value())[0] >= keep_from:
                         break
                     stale_ticks.append(it.key())
                     it.next()
@@ -812,8 +810,8 @@ class RocksBackend(Backend):
             # No journal checkpoint (a RocksDB flush, milliseconds on the writer thread): the mark,
             # written with the deletion, makes replay skip the journal's copies of what is deleted.
             wb = rocksdict.WriteBatch(raw_mode=True)
-            wb.put(b"X" + _U32.pack(channel_key) + TRUNCATED_META.encode(), _U64.pack(keep_from))
-            wb.delete_range(_data_key(channel_key, 0), _data_key(channel_key, keep_from))
+            wb.put(b"X" + U32.pack(channel_key) + TRUNCATED_META.encode(), U64.pack(keep_from))
+            wb.delete_range(data_key(channel_key, 0), data_key(channel_key, keep_from))
             for k in stale_ticks:
                 wb.delete(k)
             self._db.write(wb, self._wopts_sync)
@@ -821,11 +819,11 @@ class RocksBackend(Backend):
 
     def put_meta(self, channel_key: int, name: str, value: bytes) -> None:
         with self._engine("put_meta"):
-            self._db.put(b"X" + _U32.pack(channel_key) + name.encode(), value, self._wopts_sync)
+            self._db.put(b"X" + U32.pack(channel_key) + name.encode(), value, self._wopts_sync)
 
     def get_meta(self, channel_key: int, name: str) -> bytes | None:
         with self._engine("get_meta"):
-            raw = self._get(b"X" + _U32.pack(channel_key) + name.encode(), f"reading {name!r}", channel_key)
+            raw = self._get(b"X" + U32.pack(channel_key) + name.encode(), f"reading {name!r}", channel_key)
             return bytes(raw) if raw is not None else None
 
     def sync(self) -> None:
