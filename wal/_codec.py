@@ -26,7 +26,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 
 from wal.errors import CodecError, InvalidArgumentError
-from wal.message import Message, MessageID, MessageType, TxnContext
+from wal.message import Message, MessageID, MessageType, TxnContext, decoded_message
 
 MESSAGE_VERSION = 1
 BLOCK_VERSION = 1
@@ -225,7 +225,8 @@ def encode_message(msg: Message) -> bytes:
     return b"".join(parts)
 
 
-def _decode_at(data: bytes, pos: int, end: int) -> Message:
+def _decode_at(data: bytes, pos: int, end: int, message_id: MessageID | None = None) -> Message:
+    """The message encoded in ``data[pos:end]``, with id ``message_id`` (immutable) or none (mutable)."""
     if end - pos < _HEADER_SIZE:
         raise CodecError(f"truncated message: {end - pos} bytes, header needs {_HEADER_SIZE}")
     (version, type_code, flags, ts, term, lc, txn_id, keepalive, vc_len, n_props, payload_len) = (
@@ -263,18 +264,10 @@ def _decode_at(data: bytes, pos: int, end: int) -> Message:
         raise CodecError(
             f"message length mismatch: payload of {payload_len} bytes leaves {end - pos - payload_len}"
         )
-    msg = Message.__new__(Message)
-    msg._type = mtype
-    msg._vchannel = vchannel
-    msg._payload = data[pos:end]
-    msg._properties = props
-    msg._timetick = ts
-    msg._term = term
-    msg._last_confirmed = lc if flags & _FLAG_LAST_CONFIRMED else None
-    msg._txn = TxnContext(txn_id, keepalive) if flags & _FLAG_TXN else None
-    msg._not_persisted = False
-    msg._id = None
-    return msg
+    return decoded_message(
+        mtype, vchannel, data[pos:end], props, ts, term, lc if flags & _FLAG_LAST_CONFIRMED else None,
+        TxnContext(txn_id, keepalive) if flags & _FLAG_TXN else None, message_id, False,
+    )
 
 
 def decode_message(data: bytes) -> Message:
@@ -431,9 +424,7 @@ def _decode_record(
     if pos + size > end:
         raise CodecError(f"truncated block: message {index} runs past the end")
     if msg_id is not None:
-        msg = _decode_at(block, pos, pos + size)
-        msg._id = msg_id
-        out.append(msg)
+        out.append(_decode_at(block, pos, pos + size, msg_id))
     return int(pos + size)
 
 
@@ -516,25 +507,14 @@ def _decode_plain_run(
             _plain_structs.clear()
         st = _plain_structs[(vc_len, payload_len)] = struct.Struct(f"<8xQqQ20x{vc_len}x{payload_len}s")
     append = out.append
-    new = Message.__new__
+    new = decoded_message
     base = mark_base - msg_id + len(out)  # index in ``out`` (plus mark_base) of message msg_id
     for ts, term, lc, payload in st.iter_unpack(memoryview(block)[pos:stop]):
-        msg = new(Message)
-        msg._type = mtype
-        msg._vchannel = vchannel
-        msg._payload = payload
-        msg._properties = {}
-        msg._timetick = ts
-        msg._term = term
-        msg._last_confirmed = lc if has_lc else None
-        msg._txn = None
-        msg._not_persisted = False
-        msg._id = msg_id
+        append(new(mtype, vchannel, payload, {}, ts, term, lc if has_lc else None, None, msg_id, False))
         if ts < prev_ts:
             marks.append(base + msg_id)
         prev_ts = ts
         msg_id += 1
-        append(msg)
     return prev_ts
 
 
@@ -590,7 +570,7 @@ def decode_block(
     for i in range(skip):
         pos = _decode_record(block, pos, end, index=i, count=count, msg_id=None, out=out)
     append = out.append
-    new = Message.__new__
+    new = decoded_message
     types = _TYPES
     vcs = _vc_decoded
     unpack_rec = _unpack_rec
@@ -657,23 +637,14 @@ def decode_block(
                         vchannel = vcs.get(raw_vc)
                         if vchannel is None:
                             vchannel = _decode_vchannel(raw_vc)
-                        msg = new(Message)
-                        msg._type = mtype = types[type_code]
-                        msg._vchannel = vchannel
-                        msg._payload = payload
-                        msg._properties = {}
-                        msg._timetick = ts
-                        msg._term = term
-                        msg._last_confirmed = lc if flags & 1 else None
-                        msg._txn = TxnContext(txn_id, keepalive) if flags & 2 else None
-                        msg._not_persisted = False
-                        msg._id = msg_id
-                        msg_id += 1
+                        mtype = types[type_code]
                         if marks is not None:
                             if mtype in special or flags & 2 or ts < prev_ts:
                                 marks.append(mark_base + len(out))
                             prev_ts = ts
-                        append(msg)
+                        append(new(mtype, vchannel, payload, {}, ts, term, lc if flags & 1 else None,
+                                   TxnContext(txn_id, keepalive) if flags & 2 else None, msg_id, False))
+                        msg_id += 1
                 except KeyError as exc:
                     raise CodecError(f"unknown message type code {exc.args[0]}") from None
                 pos = stop
@@ -693,24 +664,14 @@ def decode_block(
         if vchannel is None:
             vchannel = _decode_vchannel(raw_vc)
         pos = pstart + payload_len
-        msg = new(Message)
-        msg._type = mtype
-        msg._vchannel = vchannel
-        msg._payload = block[pstart:pos]
-        msg._properties = {}
-        msg._timetick = ts
-        msg._term = term
-        msg._last_confirmed = lc if flags & 1 else None
-        msg._txn = TxnContext(txn_id, keepalive) if flags & 2 else None
-        msg._not_persisted = False
-        msg._id = msg_id
-        msg_id += 1
-        i += 1
         if marks is not None:
             if mtype in special or flags & 2 or ts < prev_ts:
                 marks.append(mark_base + len(out))
             prev_ts = ts
-        append(msg)
+        append(new(mtype, vchannel, block[pstart:pos], {}, ts, term, lc if flags & 1 else None,
+                   TxnContext(txn_id, keepalive) if flags & 2 else None, msg_id, False))
+        msg_id += 1
+        i += 1
     if pos != end:
         raise CodecError(f"block has {end - pos} trailing bytes after {count} messages")
     return out

@@ -7,6 +7,7 @@ on both ends.  Everything that comes from the wire is checked here and refused w
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, cast
 
@@ -20,6 +21,8 @@ from wal.message import (
     MessageType,
     Position,
     TxnContext,
+    decoded_message,
+    decoded_messages,
     encode_message_id,
 )
 from wal.names import VCHANNEL
@@ -44,7 +47,6 @@ PRODUCIBLE_TYPES = frozenset(
 
 _TYPE_BY_NUMBER = {int(t): t for t in MessageType}
 _UNDEFINED = MessageType.UNDEFINED
-_new_message = Message.__new__
 _PRODUCIBLE_BY_NUMBER = {int(t): t for t in PRODUCIBLE_TYPES}
 
 
@@ -181,24 +183,17 @@ def produced_columns(cols: pb.MessageColumns, max_bytes: int) -> tuple[list[Mess
                 raise MessageTooLargeError(
                     f"messages[{i}] is {size} bytes, over the limit of {max_bytes}", size=size, limit=max_bytes)
     out: list[Message] = []
-    append = out.append
-    new = _new_message
-    single = next(iter(by_number.values())) if len(by_number) == 1 else None
-    for number, vchannel, payload in zip(types, vchannels, payloads, strict=True):
-        m = new(Message)
-        m._type = single if single is not None else by_number[number]
-        m._vchannel = vchannel
-        m._payload = payload
-        m._properties = {}
-        m._timetick = 0
-        m._term = 0
-        m._last_confirmed = None
-        m._txn = None
-        m._not_persisted = False
-        m._id = None
-        append(m)
-    for i, props in props_of.items():
-        out[i]._properties = props
+    if len(by_number) == 1:
+        mtypes: Iterable[MessageType] = itertools.repeat(next(iter(by_number.values())))
+    else:
+        mtypes = [by_number[t] for t in types]
+    zeros = itertools.repeat(0)
+    nones = itertools.repeat(None)
+    # (strict=False: the repeats are endless; the columns' lengths were checked above)
+    decoded_messages(zip(mtypes, vchannels, payloads, zeros, zeros, nones, nones, nones, strict=False), out)
+    for i, props in props_of.items():  # (rare) rebuilt with their properties
+        m = out[i]
+        out[i] = decoded_message(m.message_type, m.vchannel, m.payload, props, 0, 0, None, None, None, False)
     return out, txns
 
 
@@ -232,24 +227,17 @@ def message_from_pb(p: pb.Message) -> Message:
     Runs once per message a client receives, so it fills the slots directly rather than going
     through ``Message.__init__`` and its setters (a quarter of the cost, measured).
     """
-    m = _new_message(Message)
     has = p.HasField
-    m._type = _TYPE_BY_NUMBER.get(p.type, _UNDEFINED)
-    m._vchannel = p.vchannel
-    m._payload = p.payload
     props = p.properties
-    m._properties = dict(props) if len(props) else {}
-    m._timetick = p.timetick
-    m._term = p.wal_term
-    m._txn = TxnContext(p.txn.txn_id, p.txn.keepalive_ms) if has("txn") else None
-    m._last_confirmed = int.from_bytes(p.last_confirmed.id, "big") if has("last_confirmed") else None
-    if has("id"):
-        m._id = int.from_bytes(p.id.id, "big")
-        m._not_persisted = False
-    else:
-        m._id = None
-        m._not_persisted = True
-    return m
+    # On the wire, "not persisted" is "has no id".
+    mid = int.from_bytes(p.id.id, "big") if has("id") else None
+    return decoded_message(
+        _TYPE_BY_NUMBER.get(p.type, _UNDEFINED), p.vchannel, p.payload, dict(props) if len(props) else {},
+        p.timetick, p.wal_term,
+        int.from_bytes(p.last_confirmed.id, "big") if has("last_confirmed") else None,
+        TxnContext(p.txn.txn_id, p.txn.keepalive_ms) if has("txn") else None,
+        mid, mid is None,
+    )
 
 
 # --- positions -----------------------------------------------------------------------------------
@@ -495,34 +483,23 @@ def messages_from_columns(c: pb.MessageColumns) -> list[Message]:
         if e.no_id or len(e.properties) or e.HasField("txn"):
             rare.append(e)
     out: list[Message] = []
-    append = out.append
-    new = _new_message
     tget = _TYPE_BY_NUMBER.get
     undefined = _UNDEFINED
-    for t, vchannel, ts, term, mid, payload, lc in zip(
-        types, c.vchannels, c.timeticks, c.wal_terms, c.ids, c.payloads, lcs, strict=True
-    ):
-        m = new(Message)
-        m._type = tget(t, undefined)
-        m._vchannel = vchannel
-        m._payload = payload
-        m._properties = {}
-        m._timetick = ts
-        m._term = term
-        m._txn = None
-        m._last_confirmed = lc
-        m._id = mid
-        m._not_persisted = False
-        append(m)
-    for e in rare:
-        m = out[e.index]
-        if e.HasField("txn"):
-            m._txn = TxnContext(e.txn.txn_id, e.txn.keepalive_ms)
-        if len(e.properties):
-            m._properties = dict(e.properties)
-        if e.no_id:
-            m._id = None
-            m._not_persisted = True  # as message_from_pb: on the wire, "not persisted" is "has no id"
+    decoded_messages(
+        zip([tget(t, undefined) for t in types], c.vchannels, c.payloads, c.timeticks, c.wal_terms, lcs,
+            itertools.repeat(None), c.ids, strict=False),  # (the columns' lengths were checked above)
+        out,
+    )
+    new = decoded_message
+    for e in rare:  # (indices increase: each message is rebuilt once)
+        i = e.index
+        m = out[i]
+        out[i] = new(
+            m.message_type, m.vchannel, m.payload, dict(e.properties) if len(e.properties) else {}, m.timetick,
+            m.wal_term, m.last_confirmed, TxnContext(e.txn.txn_id, e.txn.keepalive_ms) if e.HasField("txn") else None,
+            # as message_from_pb: on the wire, "not persisted" is "has no id"
+            None if e.no_id else m.message_id, bool(e.no_id),
+        )
     return out
 
 
