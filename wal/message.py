@@ -395,6 +395,29 @@ def first_property(messages: Iterable[Message], keys: Iterable[str]) -> tuple[in
     return None
 
 
+def any_transactional(messages: Iterable[Message], types: frozenset[MessageType] = frozenset()) -> bool:
+    """Whether a message of ``messages`` is in a transaction, or has one of ``types`` (transaction
+    framing, say): the one cheap pass that lets a batch with none go straight through."""
+    for m in messages:  # noqa: SIM110  (a loop, not any() of a generator: see above)
+        if m._txn is not None or m._type in types:
+            return True
+    return False
+
+
+def stamp_times(messages: Iterable[Message], first: int, last_confirmed: MessageID | None) -> int:
+    """Give the messages the timestamps ``first``, ``first + 1``, ... in order and the last-confirmed id
+    ``last_confirmed`` (``with_timetick`` and ``with_last_confirmed`` for a batch); return the next
+    timestamp after them."""
+    ts = first
+    for m in messages:
+        if m._id is not None:
+            m._check_mutable()
+        m._timetick = ts
+        m._last_confirmed = last_confirmed
+        ts += 1
+    return ts
+
+
 def new_time_tick(ts: int, *, last_confirmed: MessageID | None = None, persist: bool = True) -> Message:
     """A TimeTick barrier at ``ts`` on every vchannel of the pchannel."""
     msg = Message(MessageType.TIME_TICK, BROADCAST_VCHANNEL, timetick=ts, not_persisted=not persist)
@@ -415,6 +438,7 @@ __all__ = [
     "TxnContext",
     "all_of_type",
     "all_on_vchannel",
+    "any_transactional",
     "bind_txn",
     "decode_message_id",
     "decoded_message",
@@ -424,4 +448,5 @@ __all__ = [
     "new_time_tick",
     "payload_bytes",
     "stamp_sequence",
+    "stamp_times",
 ]
