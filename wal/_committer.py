@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from wal._codec import check_encodable, encode_block
+from wal._codec import encode_block
+from wal._record import check_encodable
 from wal.backend import Backend, TickEntry, WriteGroup
 from wal.errors import (
     ChannelFencedError,

@@ -15,16 +15,9 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from wal._codec import (
-    BLOCK_HEADER_SIZE,
-    MAX_TIMETICK,
-    PLAIN_PAYLOAD_BYTES,
-    PLAIN_VCHANNEL_CHARS,
-    block_checksum_ok,
-    check_encodable,
-    decode_block,
-)
+from wal._codec import BLOCK_HEADER_SIZE, block_checksum_ok, decode_block
 from wal._committer import GroupCommitter, fenced_error
+from wal._record import MAX_TIMETICK, PLAIN_PAYLOAD_BYTES, PLAIN_VCHANNEL_CHARS, check_encodable
 from wal._tail import StoredBlocks, TailBuffer
 from wal.backend import Backend, ChannelInfo
 from wal.errors import (
@@ -181,7 +174,7 @@ class WAL:
                 raise InvalidArgumentError("a not-persisted message cannot be appended to storage")
             size = len(m._payload)
             # Here, not in the group commit: a message the block's fixed-width fields cannot hold would
-            # fail the shared write of every pchannel in it.  The test is _codec.needs_width_check's,
+            # fail the shared write of every pchannel in it.  The test is _record.needs_width_check's,
             # inlined (this loop runs per message); only a message it picks gets the full check.
             if (m._properties or m._txn is not None or len(m._vchannel) > PLAIN_VCHANNEL_CHARS
                     or size > PLAIN_PAYLOAD_BYTES or not 0 <= m._timetick <= MAX_TIMETICK):

@@ -18,7 +18,7 @@ from streamingnode.server.errors import call_deadline, require, unary
 from streamingnode.v1 import common_pb2 as pb
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.wire import codec
-from wal._codec import check_keepalive
+from wal._record import check_keepalive
 from wal.bodies import PROP_COLLECTION
 from wal.errors import InvalidArgumentError, InvalidTxnStateError, OutOfRangeError, StreamingError
 from wal.message import Message, MessageType, Position

@@ -8,7 +8,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Sequence
 
 from streamingnode.v1 import common_pb2 as pb
-from wal._codec import check_properties, properties_fit
+from wal._record import check_properties, properties_fit
 from wal.errors import InvalidArgumentError, MessageTooLargeError
 from wal.message import (
     MESSAGE_ID_BYTES,
