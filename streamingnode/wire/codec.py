@@ -61,7 +61,7 @@ def messages_from_columns(c: pb.MessageColumns) -> list[Message]:
     """The messages of a column pack, each equal to what ``message_from_pb`` gives for the same
     message sent as a ``Message``.
 
-    Runs once per message a client receives: the columns are zipped and the slots filled directly;
+    Runs once per message a client receives: the columns are zipped into ``decoded_messages`` (no call per message);
     only the extras are visited one by one.
     """
     types = c.types

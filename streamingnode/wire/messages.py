@@ -129,7 +129,7 @@ def produced_columns(cols: pb.MessageColumns, max_bytes: int) -> tuple[list[Mess
     and the transaction each message names in its extras (by index).
 
     This is the per-message path of every SDK producer, so the usual batch (one type, no extras,
-    every message under the size limit) costs one slot-filling loop and no per-message check.
+    every message under the size limit) costs one ``decoded_messages`` loop and no per-message check.
     """
     types = cols.types
     n = len(types)
