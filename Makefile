@@ -17,9 +17,12 @@ install: $(VENV_STAMP)
 run: $(VENV_STAMP)
 	.venv/bin/streamingnode serve
 
+# ruff (with SLF001: no private member across packages), mypy strict, and the import layers of DESIGN.md
+# (lint-imports reads the contracts in pyproject.toml's [tool.importlinter]).
 lint: $(VENV_STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+	$(dir $(PY))lint-imports
 
 # Everything CI runs: lint, types, the whole test suite (unit, conformance, crash), and the
 # instruction budget of the append path.
@@ -86,4 +89,4 @@ bench: $(VENV_STAMP)
 	$(PY) bench/flush.py
 
 clean:
-	rm -rf .venv .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf .venv .mypy_cache .ruff_cache .pytest_cache .hypothesis .import_linter_cache

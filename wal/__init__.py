@@ -13,7 +13,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from wal._codec import decode_block, decode_message, encode_block, encode_message
+    from wal._codec import decode_block, encode_block
+    from wal._record import decode_message, encode_message
     from wal.backend import Backend, ChannelInfo, Durability
     from wal.errors import (
         ChannelExistError,
@@ -124,10 +125,10 @@ _LAZY = {
     "WALManager": "wal.manager",
     "WALState": "wal.wal",
     "decode_block": "wal._codec",
-    "decode_message": "wal._codec",
+    "decode_message": "wal._record",
     "decode_message_id": "wal.message",
     "encode_block": "wal._codec",
-    "encode_message": "wal._codec",
+    "encode_message": "wal._record",
     "encode_message_id": "wal.message",
     "new_time_tick": "wal.message",
 }

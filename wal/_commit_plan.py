@@ -13,7 +13,8 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
-from wal._codec import check_encodable, encode_block
+from wal._codec import encode_block
+from wal._record import check_encodable
 from wal.backend import TickEntry, WriteGroup
 from wal.errors import CodecError, InvalidArgumentError, StreamingError
 from wal.message import Message, MessageID, MessageType

@@ -268,6 +268,69 @@ class Message:
         )
 
 
+_new = Message.__new__
+
+
+def decoded_message(  # noqa: PLR0917  (positional: the cheapest call in CPython)
+    message_type: MessageType,
+    vchannel: str,
+    payload: bytes,
+    properties: dict[str, str],
+    timetick: int,
+    term: int,
+    last_confirmed: MessageID | None,
+    txn: TxnContext | None,
+    message_id: MessageID | None,
+    not_persisted: bool,
+) -> Message:
+    """A message from fields already decoded and checked (stored blocks, the wire): every field as it
+    is, no copy, no validation.  ``properties`` becomes the message's own dict.  With a
+    ``message_id`` the message is immutable, as the WAL hands it out; without, it is still mutable.
+
+    The decoders build one per message read or received, so this skips ``__init__`` (its defaults and
+    keyword handling) and fills the slots directly: the one place outside the class that knows them."""
+    m = _new(Message)  # (exactly ten positional parameters: CPython's cheapest call)
+    m._type = message_type
+    m._vchannel = vchannel
+    m._payload = payload
+    m._properties = properties
+    m._timetick = timetick
+    m._term = term
+    m._last_confirmed = last_confirmed
+    m._txn = txn
+    m._id = message_id
+    m._not_persisted = not_persisted
+    return m
+
+
+DecodedFields = tuple[MessageType, str, bytes, int, int, "MessageID | None", "TxnContext | None", "MessageID | None"]
+"""One row for ``decoded_messages``: type, vchannel, payload, timetick, term, last confirmed id, txn,
+message id."""
+
+
+def decoded_messages(rows: Iterable[DecodedFields], out: list[Message]) -> list[Message]:
+    """``decoded_message`` for many: a message per row, without properties and not marked "not
+    persisted", appended to ``out``, which is returned.  The batch form costs no Python call per
+    message: a decoder of columns (a columnar pack) passes a ``zip`` of them, whose tuples CPython
+    reuses."""
+    append = out.append
+    new = _new
+    for t, vchannel, payload, ts, term, lc, txn, mid in rows:
+        m = new(Message)
+        m._type = t
+        m._vchannel = vchannel
+        m._payload = payload
+        m._properties = {}
+        m._timetick = ts
+        m._term = term
+        m._last_confirmed = lc
+        m._txn = txn
+        m._id = mid
+        m._not_persisted = False
+        append(m)
+    return out
+
+
 # --- facts about a batch ---------------------------------------------------------------------------------
 # Plain loops over the slots: in CPython 3.11 a loop reading a slot is cheaper per message than a
 # property, a generator (``all(... for m in batch)``) or ``map`` over an ``operator.attrgetter``
@@ -332,6 +395,29 @@ def first_property(messages: Iterable[Message], keys: Iterable[str]) -> tuple[in
     return None
 
 
+def any_transactional(messages: Iterable[Message], types: frozenset[MessageType] = frozenset()) -> bool:
+    """Whether a message of ``messages`` is in a transaction, or has one of ``types`` (transaction
+    framing, say): the one cheap pass that lets a batch with none go straight through."""
+    for m in messages:  # noqa: SIM110  (a loop, not any() of a generator: see above)
+        if m._txn is not None or m._type in types:
+            return True
+    return False
+
+
+def stamp_times(messages: Iterable[Message], first: int, last_confirmed: MessageID | None) -> int:
+    """Give the messages the timestamps ``first``, ``first + 1``, ... in order and the last-confirmed id
+    ``last_confirmed`` (``with_timetick`` and ``with_last_confirmed`` for a batch); return the next
+    timestamp after them."""
+    ts = first
+    for m in messages:
+        if m._id is not None:
+            m._check_mutable()
+        m._timetick = ts
+        m._last_confirmed = last_confirmed
+        ts += 1
+    return ts
+
+
 def new_time_tick(ts: int, *, last_confirmed: MessageID | None = None, persist: bool = True) -> Message:
     """A TimeTick barrier at ``ts`` on every vchannel of the pchannel."""
     msg = Message(MessageType.TIME_TICK, BROADCAST_VCHANNEL, timetick=ts, not_persisted=not persist)
@@ -344,6 +430,7 @@ __all__ = [
     "BROADCAST_VCHANNEL",
     "MESSAGE_ID_BYTES",
     "AppendResult",
+    "DecodedFields",
     "Message",
     "MessageID",
     "MessageType",
@@ -351,11 +438,15 @@ __all__ = [
     "TxnContext",
     "all_of_type",
     "all_on_vchannel",
+    "any_transactional",
     "bind_txn",
     "decode_message_id",
+    "decoded_message",
+    "decoded_messages",
     "encode_message_id",
     "first_property",
     "new_time_tick",
     "payload_bytes",
     "stamp_sequence",
+    "stamp_times",
 ]

@@ -15,16 +15,9 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from wal._codec import (
-    BLOCK_HEADER_SIZE,
-    MAX_TIMETICK,
-    PLAIN_PAYLOAD_BYTES,
-    PLAIN_VCHANNEL_CHARS,
-    block_checksum_ok,
-    check_encodable,
-    decode_block,
-)
+from wal._codec import BLOCK_HEADER_SIZE, block_checksum_ok, decode_block
 from wal._committer import GroupCommitter, fenced_error
+from wal._record import MAX_TIMETICK, PLAIN_PAYLOAD_BYTES, PLAIN_VCHANNEL_CHARS, check_encodable
 from wal._tail import StoredBlocks, TailBuffer
 from wal.backend import Backend, ChannelInfo
 from wal.errors import (
@@ -58,9 +51,14 @@ class WALState(enum.Enum):
     DESTROYED = "destroyed"
 
 
+StoredBlock = tuple[MessageID, bytes, bool]
+"""A stored block as ``WAL.read_blocks`` returns it: (id of its first message, the block as stored,
+whether its checksum was already verified)."""
+
+
 def _read_checked(
     backend: Backend, channel_key: int, from_id: MessageID, max_bytes: int
-) -> list[tuple[MessageID, bytes, bool]]:
+) -> list[StoredBlock]:
     """Read blocks and verify their checksums, both on the reader thread: zlib releases the GIL, so
     the CRC (about a fifth of a catch-up read) runs beside the event loop's decoding."""
     return [(first, block, block_checksum_ok(block)) for first, block in
@@ -177,7 +175,7 @@ class WAL:
                 raise InvalidArgumentError("a not-persisted message cannot be appended to storage")
             size = len(m._payload)
             # Here, not in the group commit: a message the block's fixed-width fields cannot hold would
-            # fail the shared write of every pchannel in it.  The test is _codec.needs_width_check's,
+            # fail the shared write of every pchannel in it.  The test is _record.needs_width_check's,
             # inlined (this loop runs per message); only a message it picks gets the full check.
             if (m._properties or m._txn is not None or len(m._vchannel) > PLAIN_VCHANNEL_CHARS
                     or size > PLAIN_PAYLOAD_BYTES or not 0 <= m._timetick <= MAX_TIMETICK):
@@ -278,7 +276,7 @@ class WAL:
         self._reader_opened(scanner.lazy)
         return scanner
 
-    async def _read_storage(self, from_id: MessageID, max_bytes: int) -> list[tuple[MessageID, bytes, bool]]:
+    async def _read_storage(self, from_id: MessageID, max_bytes: int) -> list[StoredBlock]:
         """Stored blocks from ``from_id``: (first id, block, whether its checksum was verified)."""
         err = self._read_refusal()
         if err is not None:
@@ -291,6 +289,32 @@ class WAL:
         return await self._manager._run_read(_read_checked, self._manager.backend, self._channel_key, from_id,
                                              max_bytes)
 
+    # --- raw stored blocks: replaying the log without a Scanner (recovery snapshots) -----------------
+    # A Scanner reorders and filters; a replay that rebuilds state (interceptors.recovery.snapshot) wants
+    # every message in id order and chooses where each step runs: the read in the WAL's reader pool, the
+    # decode in a worker thread.  These three methods are that seam.
+    def read_cached(self, from_id: MessageID, limit: int) -> list[Message] | None:
+        """Up to ``limit`` acknowledged messages from ``from_id`` still held in memory (the WAL's tail),
+        in id order, without I/O: a new list of the stored (immutable) messages; ``[]`` when none is
+        written yet at ``from_id``; None when ``from_id`` is no longer in memory (read the blocks)."""
+        return self._tail.read(from_id, limit)
+
+    async def read_blocks(self, from_id: MessageID, max_bytes: int) -> list[StoredBlock]:
+        """The stored blocks from the one holding ``from_id`` on, about ``max_bytes`` of them, undecoded,
+        read in the WAL's reader pool.  Decode them with ``decode_blocks(from_id, blocks)``.
+
+        Raises OutOfRangeError when ``from_id`` was truncated, and the WAL's refusal when it is closed
+        or failed.  An empty list means nothing is stored from ``from_id``."""
+        return await self._read_storage(from_id, max_bytes)
+
+    def decode_blocks(self, from_id: MessageID, blocks: list[StoredBlock]) -> list[Message]:
+        """The acknowledged messages of ``blocks`` (as returned by ``read_blocks(from_id, ...)``) from
+        ``from_id`` on, in id order, immutable.  Pure CPU and thread-safe: may run in a worker thread.
+
+        A damaged block ends the list when messages precede it, and raises CorruptedError (naming the
+        block's id and the pchannel) when it is the first."""
+        return self._decode_stored(from_id, blocks)
+
     async def read_stored(self, nid: MessageID, max_bytes: int = 1 << 20) -> list[Message]:
         """Stored messages from ``nid`` in id order (no reordering, no filtering), about ``max_bytes``.
 
@@ -300,7 +324,7 @@ class WAL:
         return self._decode_stored(nid, await self._read_storage(nid, max_bytes))
 
     def _decode_stored(
-        self, nid: MessageID, blocks: list[tuple[MessageID, bytes, bool]], marks: list[int] | None = None
+        self, nid: MessageID, blocks: list[StoredBlock], marks: list[int] | None = None
     ) -> list[Message]:
         """Decode blocks read from ``nid`` (see ``read_stored``; ``marks`` as in ``decode_block``)."""
         start = nid

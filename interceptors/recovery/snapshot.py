@@ -221,13 +221,13 @@ class ShadowReplay:
         first with a transaction still open.  Without it, True.
         """
         while self.position < stop:
-            cached = self._wal._tail.read(self.position, _TAIL_MESSAGES)
+            cached = self._wal.read_cached(self.position, _TAIL_MESSAGES)
             if cached:  # still in memory: replayed as they are (a copy of the tail's list)
                 if await asyncio.to_thread(self._replay_messages, cached, stop, clear_from):
                     return True
                 continue
             # The read runs in the WAL's reader pool; the decode and the replay in a worker thread.
-            blocks = await self._wal._read_storage(self.position, _READ_BYTES)
+            blocks = await self._wal.read_blocks(self.position, _READ_BYTES)
             if await asyncio.to_thread(self._replay_blocks, blocks, stop, clear_from):
                 return True
             if not blocks:
@@ -248,7 +248,7 @@ class ShadowReplay:
                 group.append(blocks[g])
                 size += len(blocks[g][1])
                 g += 1
-            if self._replay_batch(self._wal._decode_stored(self.position, group), stop, clear_from):
+            if self._replay_batch(self._wal.decode_blocks(self.position, group), stop, clear_from):
                 return True
         return self._clear(clear_from)
 

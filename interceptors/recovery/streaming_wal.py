@@ -38,7 +38,7 @@ from wal.errors import (
     TxnTooLargeError,
 )
 from wal.manager import WALManager
-from wal.message import AppendResult, Message, MessageID, Position, TxnContext
+from wal.message import AppendResult, Message, MessageID, Position, TxnContext, any_transactional
 from wal.options import ReadOption
 from wal.scanner import Scanner
 from wal.tasks import cancel_and_wait
@@ -155,9 +155,8 @@ class StreamingWAL:
         """``WALAdaptor.start_append`` for a batch without transactions (None otherwise, or while
         recovering: use ``append_batch``, which rolls back a transaction grown too large before
         answering).  Refusals raise here; await the future through ``asyncio.shield``."""
-        for m in messages:
-            if m._txn is not None:
-                return None
+        if any_transactional(messages):
+            return None
         return self.adaptor.start_append(messages)
 
     async def _roll_back_too_large(self, exc: TxnTooLargeError) -> None:

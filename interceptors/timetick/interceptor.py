@@ -21,7 +21,7 @@ import structlog
 from interceptors.base import AppendNext
 from interceptors.timetick.ack import AckManager, Pending
 from wal.clock import TICK_INTERVAL, WINDOW_META, WINDOW_MS, HybridClock, decode_window, encode_window
-from wal.message import AppendResult, Message, MessageID, MessageType, new_time_tick
+from wal.message import AppendResult, Message, MessageID, MessageType, new_time_tick, stamp_times
 from wal.tasks import cancel_and_wait
 from wal.wal import WAL
 
@@ -133,12 +133,7 @@ class TimeTickInterceptor:
             self._extender.add_done_callback(_log_extend_failure)
         # Synchronous from here to register: allocation order stays timestamp order.
         lc = self.acks.last_confirmed_id()
-        ts = first
-        for m in batch:
-            m._timetick = ts
-            m._last_confirmed = lc
-            ts += 1
-        return self.acks.register(ts - 1)
+        return self.acks.register(stamp_times(batch, first, lc) - 1)
 
     async def do_append(self, batch: list[Message], append_next: AppendNext) -> list[AppendResult]:
         p = await self._allocate(batch)
@@ -168,7 +163,7 @@ class TimeTickInterceptor:
         written = False
         try:
             await self.acks.wait_first(p)
-            tick._last_confirmed = self.acks.last_confirmed_id()
+            tick.with_last_confirmed(self.acks.last_confirmed_id())
             if persist:
                 await self._wal.append_batch([tick])
                 written = True

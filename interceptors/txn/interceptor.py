@@ -7,7 +7,7 @@ from typing import Any
 from interceptors.base import AppendNext
 from interceptors.txn.manager import TxnManager
 from interceptors.txn.session import FRAMING
-from wal.message import AppendResult, Message, MessageType
+from wal.message import AppendResult, Message, MessageType, any_transactional
 
 
 class TxnInterceptor:
@@ -22,10 +22,7 @@ class TxnInterceptor:
 
     async def do_append(self, batch: list[Message], append_next: AppendNext) -> list[AppendResult]:
         """Validate ``batch``, wait for what its commits need, write it, then apply it."""
-        for m in batch:  # the common batch holds nothing transactional: one cheap pass, then through
-            if m._txn is not None or m._type in FRAMING:
-                break
-        else:
+        if not any_transactional(batch, FRAMING):  # the common batch: one cheap pass, then through
             return await append_next(batch)
         claim = self.manager.claim(batch)
         if claim is None:

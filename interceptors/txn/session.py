@@ -139,8 +139,8 @@ def commit_message(session: TxnSession) -> Message:
 def message_bytes(m: Message) -> int:
     """What a body counts toward its transaction's byte bound: payload, vchannel and properties, as
     the node's ``max_message_bytes`` counts a produced message."""
-    n = len(m._payload) + len(m._vchannel)
-    props = m._properties
+    n = len(m.payload) + len(m.vchannel)
+    props = m.properties
     if props:
         for k, v in props.items():
             n += len(k) + len(v)

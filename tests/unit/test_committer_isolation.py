@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from wal import WAL, Message, MessageType, WALManager
-from wal._codec import MAX_KEEPALIVE_MS, MAX_PROPERTIES, MAX_VCHANNEL_BYTES, check_encodable, needs_width_check
+from wal._record import MAX_KEEPALIVE_MS, MAX_PROPERTIES, MAX_VCHANNEL_BYTES, check_encodable, needs_width_check
 from wal.errors import CodecError, InvalidArgumentError, StreamingError
 from wal.message import TxnContext
 

@@ -48,7 +48,11 @@ what was acknowledged.  Version 1 records
 have no trailer: there, damage in the last record cannot be told from a cut.
 
 A destroyed channel first empties the journal the same way, so replay can never bring back what was
-deleted; a truncation leaves a mark below which replay skips blocks instead (``_keys.TRUNCATED_META``).
+deleted; a truncation leaves a mark below which replay skips blocks instead
+(``rocks_layout.TRUNCATED_META``).
+
+What the offline tools (verify, salvage) read of these files is public through
+``wal.backends.rocks_layout``: the file names and ``scan_records``.
 """
 
 from __future__ import annotations
@@ -107,6 +111,10 @@ class Torn:
     """The groups of the bad record whose blocks check out (only when its meta does)."""
     bad: tuple[tuple[int, int], ...] = ()
     """(channel key, first id) of each group of the bad record whose block does not check out."""
+    cause: str = ""
+    """What is wrong with the record itself (``reason`` without the judgement of torn or damaged)."""
+    resume: int | None = None
+    """The offset of the first valid record after the bad one, if any (then ``damaged``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +221,35 @@ def zero_rest(data: bytes, pos: int) -> bool:
     return data.count(0, pos) == len(data) - pos
 
 
+def scan_records(data: bytes) -> Iterator[tuple[int, list[WriteGroup]] | Torn]:
+    """Every record of one file's bytes ``data`` in order, read on past damage: ``(offset, groups)``
+    for a record that checks out, a ``Torn`` for one that does not (where, why, and whether it is
+    damage or may be a write cut short, as the module docstring tells).  Reading ends at a ``Torn``
+    that no valid record follows, and at a zero-written rest of the file."""
+    pos = 0
+    while pos < len(data):
+        parsed = _parse(data, pos)
+        if isinstance(parsed, tuple):
+            groups, following = parsed
+            yield pos, groups
+            pos = following
+            continue
+        if zero_rest(data, pos):
+            return  # the zero-written rest of a preallocated file: the records end here
+        follows = _valid_record_from(data, parsed.end if parsed.end is not None else pos + 1)
+        if follows is not None:
+            yield Torn(pos, f"{parsed.reason}; a valid record follows at byte {follows}", True,
+                       parsed.channel_keys, parsed.good, parsed.bad, parsed.reason, follows)
+        elif _complete(data, pos, parsed):
+            yield Torn(pos, f"{parsed.reason}; its trailer shows the record was written whole", True,
+                       parsed.channel_keys, parsed.good, parsed.bad, parsed.reason)
+        else:
+            yield Torn(pos, parsed.reason, False, parsed.channel_keys, parsed.good, parsed.bad, parsed.reason)
+        if follows is None:
+            return
+        pos = follows
+
+
 def read(path: str, *, past_damage: bool = False) -> Iterator[list[WriteGroup] | Torn]:
     """The records of one file in order; a ``Torn`` where a record does not check out.
 
@@ -223,27 +260,13 @@ def read(path: str, *, past_damage: bool = False) -> Iterator[list[WriteGroup] |
     """
     with open(path, "rb") as f:
         data = f.read()
-    pos = 0
-    while pos < len(data):
-        parsed = _parse(data, pos)
-        if isinstance(parsed, tuple):
-            groups, pos = parsed
-            yield groups
-            continue
-        if zero_rest(data, pos):
-            return  # the zero-written rest of a preallocated file: the records end here
-        follows = _valid_record_from(data, parsed.end if parsed.end is not None else pos + 1)
-        if follows is not None:
-            yield Torn(pos, f"{parsed.reason}; a valid record follows at byte {follows}", True,
-                       parsed.channel_keys, parsed.good, parsed.bad)
-        elif _complete(data, pos, parsed):
-            yield Torn(pos, f"{parsed.reason}; its trailer shows the record was written whole", True,
-                       parsed.channel_keys, parsed.good, parsed.bad)
+    for record in scan_records(data):
+        if isinstance(record, Torn):
+            yield record
+            if not past_damage:
+                return
         else:
-            yield Torn(pos, parsed.reason, False, parsed.channel_keys, parsed.good, parsed.bad)
-        if follows is None or not past_damage:
-            return
-        pos = follows
+            yield record[1]
 
 
 def files(directory: str) -> list[str]:

@@ -79,25 +79,30 @@ is backed up by NATS itself (``nats stream backup``), already replicated besides
 
 from __future__ import annotations
 
-import asyncio
-import bisect
-import concurrent.futures
 import contextlib
 import json
-import re
-import threading
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import nats
 import nats.errors
 import nats.js.errors
 from nats.js import api
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from wal._codec import block_count
-from wal.backend import Backend, ChannelInfo, TickEntry, WriteGroup
+from wal.backend import ChannelInfo, TickEntry
+from wal.backends._js_appends import StreamAppends
+from wal.backends._js_connection import (
+    _EXPECTED_LAST_SEQ,
+    _MAX_FENCE_TRIES,
+    _MAX_TT_META,
+    _WRONG_LAST_SEQUENCE,
+    H_FENCE,
+    H_FIRST,
+    H_LAST_TICK,
+    H_MAX_TT,
+    H_TERM,
+    _Chan,
+    _tick_text,
+)
 from wal.backends.rocks_layout import TRUNCATED_META, tail_state
 from wal.backends.rocks_layout import U64 as _U64
 from wal.errors import (
@@ -106,403 +111,26 @@ from wal.errors import (
     ChannelNotExistError,
     CorruptedError,
     InvalidArgumentError,
-    MessageTooLargeError,
-    OnShutdownError,
-    StreamingError,
     UnavailableError,
-    UnrecoverableError,
 )
 from wal.kv_key import decode_key, encode_key
 from wal.message import MessageID
 
-T = TypeVar("T")
 
-# Failures after which a request may simply be asked again: no answer in time, nobody to answer (a
-# stream or its leader being elected), the connection lost (nats-py reconnects by itself).  A publish
-# that got no answer may have been stored all the same: its retry is made safe by the caller.
-_RETRIABLE: tuple[type[BaseException], ...] = (
-    TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError,
-    nats.errors.StaleConnectionError, nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
-
-
-class _Recheck(UnavailableError):
-    """A retried publish was refused as out of sequence: its lost-answer attempt may be the message
-    that moved the stream on, so the stream is checked (``_settle``) before calling it fenced (and
-    when time runs out first, the write is UNAVAILABLE, its doubt left for the next write)."""
-
-
-_RETRIABLE_WRITE: tuple[type[BaseException], ...] = (*_RETRIABLE, _Recheck)
-
-_TRANSIENT_STATUS = frozenset({408, 429, 503})
-"""JetStream API answers (their HTTP-like ``code``) that a later attempt may see succeed: a request
-timeout, too many requests, a service unavailable (no quorum, insufficient resources for now)."""
-_TRANSIENT_ERR_CODES = frozenset({
-    10004,  # JSClusterIncompleteErr: incomplete results (peers not answering yet)
-    10007,  # JSClusterNotAssignedErr: the stream is not assigned to this server (being placed)
-    10008,  # JSClusterNotAvailErr: JetStream system temporarily unavailable
-    10009,  # JSClusterNotLeaderErr: the cluster can not handle the request (a leader election)
-})
-"""JetStream ``err_code``s of a cluster between leaders or placements: transient whatever their status."""
-
-
-def api_refusal(exc: nats.js.errors.APIError, what: str, path: str | None) -> StreamingError:
-    """A JetStream API refusal as the WAL reports it: UNAVAILABLE (retriable) while the cluster is
-    between states (``_TRANSIENT_STATUS``, ``_TRANSIENT_ERR_CODES``); UNRECOVERABLE for the rest --
-    limits, permissions, a configuration that does not match, a bad request -- which no retry cures,
-    so neither the node nor its clients retry them forever (``fields``: ``nats_code``, ``err_code``)."""
-    if exc.code in _TRANSIENT_STATUS or exc.err_code in _TRANSIENT_ERR_CODES:
-        return UnavailableError(f"{what}: NATS at {path} refused for now: {exc}", path=path,
-                                nats_code=exc.code, err_code=exc.err_code)
-    return UnrecoverableError(
-        f"{what}: NATS at {path} refused (code {exc.code}, err_code {exc.err_code}), which retrying cannot "
-        f"change: {exc}", path=path, nats_code=exc.code, err_code=exc.err_code)
-
-
-_PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
-_WRONG_LAST_SEQUENCE = 10071  # JetStream's err_code for a failed Nats-Expected-Last-Sequence
-_STREAM_NOT_FOUND = 10059
-_MAX_FENCE_TRIES = 50
-_READ_AHEAD = 8  # direct gets in flight while reading forward
-_INDEX_MAX = 100_000  # entries of a pchannel's id -> sequence index before it is thinned
-_RETRY_PAUSE = 0.1  # seconds before asking again after a refusal that came at once (no responders)
-_MAX_TT_META = "jetstream.max_timetick"
-"""The channel's largest timetick, kept when a truncation empties its stream (no header holds it)."""
-
-H_FIRST = "Sn-First"
-H_MAX_TT = "Sn-Max-Tt"
-H_TICKS = "Sn-Ticks"
-H_LAST_TICK = "Sn-Last-Tick"
-H_TERM = "Sn-Term"
-H_FENCE = "Sn-Fence"
-_EXPECTED_LAST_SEQ = "Nats-Expected-Last-Sequence"
-
-
-def _tick_text(t: TickEntry) -> str:
-    return f"{t.timetick}:{t.message_id}:{t.resume_id}"
-
-
-def _parse_tick(text: str) -> TickEntry:
-    ts, mid, resume = text.split(":")
-    return TickEntry(int(ts), int(mid), int(resume))
-
-
-@dataclass(slots=True)
-class _Msg:
-    """One stored message: a block or a fence marker, with its position headers."""
-
-    seq: int
-    first_id: int
-    max_tt: int
-    term: int
-    fence: bool
-    ticks: list[TickEntry]
-    last_tick: TickEntry | None
-    data: bytes
-
-    @property
-    def end_id(self) -> int:
-        return self.first_id if self.fence else self.first_id + block_count(self.data)
-
-
-@dataclass
-class _Doubt:
-    """Blocks of a pchannel that may be stored though the WAL was told the write failed."""
-
-    base_seq: int
-    groups: list[WriteGroup]
-
-
-@dataclass
-class _Chan:
-    """What the backend knows of one pchannel; its writer fields are set by ``open_channel``."""
-
-    key: int
-    name: str
-    term: int = 0
-    last_seq: int | None = None  # None: not opened for writing by this backend
-    claim_rev: int = 0  # the revision of this backend's term claim in the meta bucket (0: none)
-    last_tick: TickEntry | None = None
-    doubt: _Doubt | None = None
-    next_id: int = 0  # the id after the last block known stored (the writer's view)
-    failed: BaseException | None = None  # why the last write failed, until one is stored again
-    queue_tail: asyncio.Future[None] | None = None  # the newest started write (``start_write``)
-    # The id -> sequence index: sequences in order, with their first ids and largest timeticks.
-    seqs: list[int] = field(default_factory=list)
-    firsts: list[int] = field(default_factory=list)
-
-    def learn(self, seq: int, first_id: int) -> None:
-        i = bisect.bisect_left(self.seqs, seq)
-        if i < len(self.seqs) and self.seqs[i] == seq:
-            return
-        self.seqs.insert(i, seq)
-        self.firsts.insert(i, first_id)
-        if len(self.seqs) > _INDEX_MAX:
-            # Every other entry goes: the index only narrows a bisection, so a sparser one stays right
-            # (a search costs one direct get more), and memory stays bounded on a long-lived writer.
-            del self.seqs[1::2], self.firsts[1::2]
-
-    def forget_below(self, seq: int) -> None:
-        i = bisect.bisect_left(self.seqs, seq)
-        del self.seqs[:i], self.firsts[:i]
-
-
-class JetStreamBackend(Backend):
+class JetStreamBackend(StreamAppends):
     """Pchannels as JetStream streams; see the module docstring.  ``servers``: one URL, a comma
     list, or a list; ``replicas``: 1 or 3; ``timeout``: seconds per NATS request, and half the time a
     block publish, metadata put or read keeps asking again without progress; ``attempt_timeout``:
     seconds one such attempt waits for its answer (short, so that an election is ridden out: a
-    request to a dead stream leader is asked again of the new one soon after it is elected)."""
+    request to a dead stream leader is asked again of the new one soon after it is elected).
+
+    Its parts: the connection (``_js_connection``), the stream reads (``_js_reads``), the appends
+    (``_js_appends``) and, here, the channels (records, ownership claims, truncation, metadata)."""
 
     split_sync = False
     pipelined = True
 
-    def __init__(self, servers: str | list[str], *, prefix: str = "sn", replicas: int = 1,
-                 timeout: float = 5.0, attempt_timeout: float = 1.0) -> None:
-        if not _PREFIX_RE.match(prefix):
-            raise InvalidArgumentError(
-                f"NATS prefix {prefix[:200]!r} must be 1-32 letters, digits, '_' or '-'", field="prefix")
-        if replicas not in (1, 3):
-            raise InvalidArgumentError(f"replicas must be 1 or 3, not {replicas}", field="replicas")
-        urls = [u.strip() for u in (servers.split(",") if isinstance(servers, str) else servers) if u.strip()]
-        if not urls:
-            raise InvalidArgumentError("no NATS server URL given", field="servers")
-        self.path = f"nats:{','.join(urls)}/{prefix}"
-        self.prefix = prefix
-        self.replicas = replicas
-        self.timeout = timeout
-        self.attempt_timeout = min(attempt_timeout, timeout)
-        self.retries = 0
-        """Requests asked again after no answer or no responder (an election, a lost connection)."""
-        self.direct_gets = 0
-        """How many stored messages were fetched one by one (tests count them: no full scans)."""
-        self._closed = False
-        self._chans: dict[int, _Chan] = {}
-        self._nc: Any = None
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"wal-jetstream-{prefix}", daemon=True)
-        self._thread.start()
-        try:
-            self._call(self._connect(urls), what="connecting to NATS", overall=timeout * 3)
-        except BaseException:
-            # Connected but not opened (a bucket not answering during an election, say): the
-            # connection is closed before its loop stops, or its socket outlives the backend.
-            self._close_connection()
-            self._stop_loop()
-            raise
-
-    # --- the loop bridge ---------------------------------------------------------------------------
-    def _call(self, coro: Coroutine[Any, Any, T], *, what: str, overall: float | None = None) -> T:
-        if self._closed:
-            coro.close()
-            raise OnShutdownError(f"JetStream WAL backend {self.path} is closed", path=self.path)
-        future = asyncio.run_coroutine_threadsafe(self._guard(coro, what), self._loop)
-        try:
-            return future.result(overall if overall is not None else self.timeout * 6)
-        except concurrent.futures.TimeoutError as exc:
-            future.cancel()
-            raise UnavailableError(f"{what}: NATS at {self.path} did not answer in time", path=self.path) from exc
-
-    async def _guard(self, coro: Awaitable[T], what: str) -> T:
-        """Translate client failures at the boundary."""
-        try:
-            return await coro
-        except StreamingError:
-            raise
-        except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoServersError,
-                nats.errors.ConnectionClosedError, nats.errors.NoRespondersError,
-                nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError,
-                nats.errors.StaleConnectionError, nats.errors.OutboundBufferLimitError) as exc:
-            raise UnavailableError(f"{what}: NATS at {self.path} is unavailable: {type(exc).__name__} {exc}",
-                                   path=self.path) from exc
-        except nats.errors.MaxPayloadError as exc:
-            raise MessageTooLargeError(
-                f"{what}: a record block is larger than the NATS servers' max_payload "
-                f"({self._nc.max_payload} bytes): raise max_payload (8 MB is advised) or lower the WAL's "
-                f"max_commit_bytes", path=self.path, limit=self._nc.max_payload) from exc
-        except nats.js.errors.APIError as exc:
-            raise api_refusal(exc, what, self.path) from exc
-
-    def _window(self) -> float:
-        """How long a request keeps being asked again without progress (an election takes seconds)."""
-        return self.timeout * 2
-
-    async def _retrying(self, ask: Callable[[float], Awaitable[T]], deadline: float | None = None) -> T:
-        """``ask(attempt_timeout)`` until it answers, again after each retriable failure (see
-        ``_RETRIABLE``) until ``deadline`` (loop time; default: ``_window`` from now), then the last
-        failure is raised.  Only for requests that are safe to repeat as they are."""
-        loop = asyncio.get_running_loop()
-        end = [loop.time() + self._window() if deadline is None else deadline]
-        started = [0.0]
-        async for attempt in self._asking_again(_RETRIABLE, end, started):
-            with attempt:
-                started[0] = loop.time()
-                return await ask(max(min(self.attempt_timeout, end[0] - started[0]), 0.05))
-        raise AssertionError("unreachable: tenacity either returns or re-raises")  # pragma: no cover
-
-    def _asking_again(
-        self, retriable: tuple[type[BaseException], ...], deadline: list[float], started: list[float],
-        on_retry: Callable[[], None] | None = None,
-    ) -> AsyncRetrying:
-        """The retry policy of a request to NATS: again after a ``retriable`` failure, after a pause that
-        pads an attempt refused at once to ``_RETRY_PAUSE`` (nobody answers during an election), while
-        the pause ends before ``deadline[0]`` (loop time; the caller may move it on progress); else the
-        last failure is raised.  ``started[0]``: when the current attempt began (the caller sets it).
-        Each retry is counted (``retries``), then ``on_retry`` runs."""
-        loop = asyncio.get_running_loop()
-
-        def retrying(_rs: RetryCallState) -> None:
-            self.retries += 1
-            if on_retry is not None:
-                on_retry()
-
-        return AsyncRetrying(
-            retry=retry_if_exception_type(retriable),
-            wait=lambda _rs: max(0.0, _RETRY_PAUSE - (loop.time() - started[0])),
-            stop=lambda rs: loop.time() + rs.upcoming_sleep >= deadline[0],
-            before_sleep=retrying, reraise=True)
-
-    async def _connect(self, urls: list[str]) -> None:
-        async def quiet(exc: Exception) -> None:
-            """Connection errors surface as UNAVAILABLE from the calls they fail; no print."""
-
-        self._nc = await nats.connect(urls, connect_timeout=self.timeout, max_reconnect_attempts=-1,
-                                      reconnect_time_wait=0.2, error_cb=quiet)
-        self._js = self._nc.jetstream(timeout=self.timeout)
-        # Requests that are retried (reads) wait one attempt's time each; the others the whole timeout.
-        self._jsq = self._nc.jetstream(timeout=self.attempt_timeout)
-        self._kv_channels = await self._bucket(f"{self.prefix}_channels")
-        self._kv_meta = await self._bucket(f"{self.prefix}_meta")
-        self._kv_meta_q: Any = await self._jsq.key_value(f"{self.prefix}_meta")
-        self._kv_channels_q: Any = await self._jsq.key_value(f"{self.prefix}_channels")
-
-    async def _bucket(self, name: str) -> Any:
-        try:
-            return await self._js.key_value(name)
-        except nats.js.errors.BucketNotFoundError:
-            # Reads not direct: a follower could answer an older revision than the one just written.
-            return await self._js.create_key_value(api.KeyValueConfig(
-                bucket=name, history=1, replicas=self.replicas, storage=api.StorageType.FILE, direct=False))
-
-    def _stop_loop(self) -> None:
-        async def cancel_rest() -> None:
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
-
-        asyncio.run_coroutine_threadsafe(cancel_rest(), self._loop).result(self.timeout)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(self.timeout * 2)
-        self._loop.close()
-
-    # --- naming ------------------------------------------------------------------------------------
-    def _stream(self, key: int) -> str:
-        return f"SN_{self.prefix}_{key}"
-
-    def _subject(self, key: int) -> str:
-        return f"sn.{self.prefix}.{key}"
-
-    def _meta_key(self, key: int, name: str) -> str:
-        return f"c.{key}.{encode_key(name)}"
-
-    def _claim_key(self, key: int) -> str:
-        # '-' never occurs in base32, so no put_meta name can collide with it; under c.<key>. so that
-        # destroying the channel purges it with the rest of its metadata.
-        return f"c.{key}.-term"
-
-    def _meta_subject(self, kv_key: str) -> str:
-        return f"$KV.{self.prefix}_meta.{kv_key}"
-
-    def _fenced(self, ch: _Chan) -> ChannelFencedError:
-        return ChannelFencedError(
-            f"pchannel {ch.name!r} term {ch.term} is fenced: a newer writer appended to its stream "
-            f"{self._stream(ch.key)}", channel=ch.name, term=ch.term)
-
-    # --- stored messages ---------------------------------------------------------------------------
-    async def _get(self, key: int, seq: int, seen: dict[int, _Msg] | None = None) -> _Msg | None:
-        """The message at ``seq``, or None when there is none.  A direct get may be answered by a
-        follower that lags: a miss is asked again of the leader.  ``seen``: messages this call
-        already fetched (a search's probes), fetched again never."""
-        if seen is not None and seq in seen:
-            return seen[seq]
-        stream = self._stream(key)
-        self.direct_gets += 1
-        try:
-            raw = await self._retrying(lambda _t: self._jsq.get_msg(stream, seq, direct=True))
-        except nats.js.errors.NotFoundError:
-            try:
-                raw = await self._retrying(lambda _t: self._jsq.get_msg(stream, seq))
-            except nats.js.errors.NotFoundError:
-                return None
-        msg = self._parse(key, seq, raw.headers or {}, raw.data or b"")
-        if seen is not None:
-            seen[seq] = msg
-        return msg
-
-    def _parse(self, key: int, seq: int, headers: dict[str, str], data: bytes) -> _Msg:
-        try:
-            ticks = [_parse_tick(t) for t in headers.get(H_TICKS, "").split(",") if t]
-            last = headers.get(H_LAST_TICK)
-            return _Msg(seq, int(headers[H_FIRST]), int(headers.get(H_MAX_TT, 0)), int(headers.get(H_TERM, 0)),
-                        H_FENCE in headers, ticks, _parse_tick(last) if last else None, bytes(data))
-        except (KeyError, ValueError) as exc:
-            raise CorruptedError(
-                f"message {seq} of stream {self._stream(key)} has no valid WAL headers ({exc!r})",
-                path=self.path, channel_key=key, seq=seq) from exc
-
-    async def _bounds(self, key: int) -> tuple[int, int]:
-        """The stream's first and last sequence (first > last when it holds nothing)."""
-        try:
-            info = await self._retrying(lambda _t: self._jsq.stream_info(self._stream(key)))
-        except nats.js.errors.NotFoundError as exc:
-            raise ChannelNotExistError(f"pchannel with key {key} does not exist (no stream {self._stream(key)})",
-                                       channel_key=key) from exc
-        last = int(info.state.last_seq)
-        if not info.state.messages:
-            return last + 1, last  # a new stream says first 0, a purged one first = last + 1
-        return int(info.state.first_seq), last
-
-    async def _search(self, key: int, lo: int, hi: int, after: Callable[[_Msg], bool],
-                      seen: dict[int, _Msg] | None = None) -> tuple[int, _Msg | None]:
-        """The first sequence in [lo, hi] whose message satisfies ``after`` (monotone: false then
-        true), hi + 1 when none does; with the message there when it was fetched."""
-        ch = self._chans.get(key)
-        found: _Msg | None = None
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            msg = await self._get(key, mid, seen)
-            if msg is None:  # purged meanwhile: everything below is gone
-                lo = mid + 1
-                continue
-            if ch is not None:
-                ch.learn(mid, msg.first_id)
-            if after(msg):
-                hi, found = mid - 1, msg
-            else:
-                lo = mid + 1
-        return lo, (found if found is not None and found.seq == lo else None)
-
-    def _id_bounds(self, key: int, lo: int, hi: int, from_id: int) -> tuple[int, int]:
-        """Narrow [lo, hi] for "the last message with first id <= from_id" with the learnt index."""
-        ch = self._chans.get(key)
-        if ch is None or not ch.seqs:
-            return lo, hi
-        i = bisect.bisect_right(ch.firsts, from_id)  # entries < i have first <= from_id
-        if i > 0 and ch.seqs[i - 1] >= lo:
-            lo = ch.seqs[i - 1]
-        if i < len(ch.seqs) and ch.seqs[i] - 1 <= hi:
-            hi = ch.seqs[i] - 1
-        return lo, hi
-
-    async def _last_at_or_before(self, key: int, from_id: int, first: int, last: int,
-                                 seen: dict[int, _Msg] | None = None) -> int:
-        """The sequence of the last message whose first id is <= ``from_id`` (first - 1 if none)."""
-        lo, hi = self._id_bounds(key, first, last, from_id)
-        if lo == hi:
-            return lo
-        seq, _ = await self._search(key, lo, hi, lambda m: m.first_id > from_id, seen)
-        return seq - 1
-
-    # --- channel records ---------------------------------------------------------------------------
+    # --- channels --------------------------------------------------------------------------------
     async def _record(self, name: str) -> tuple[dict[str, Any], int]:
         try:
             entry = await self._retrying(lambda _t: self._kv_channels_q.get(encode_key(name)))
@@ -670,243 +298,6 @@ class JetStreamBackend(Backend):
         self._call(run(), what=f"destroying pchannel {name!r}")
 
     # --- data ----------------------------------------------------------------------------------------
-    def write(self, groups: list[WriteGroup], durable: bool) -> None:
-        if groups:
-            # Each block may take a retry window (_window) when an election stalls it.
-            self._call(self._write(groups), what="writing to the WAL",
-                       overall=self.timeout * (3 + 2 * len(groups)))
-
-    def _by_key(self, groups: list[WriteGroup]) -> dict[int, list[WriteGroup]]:
-        by_key: dict[int, list[WriteGroup]] = {}
-        for g in groups:
-            ch = self._chans.get(g.channel_key)
-            if ch is None or ch.last_seq is None:
-                raise UnrecoverableError(f"write to pchannel key {g.channel_key} that this backend did not open",
-                                         channel_key=g.channel_key)
-            by_key.setdefault(g.channel_key, []).append(g)
-        return by_key
-
-    async def _write(self, groups: list[WriteGroup]) -> None:
-        by_key = self._by_key(groups)
-        starts = {k: self._chans[k].last_seq for k in by_key}
-        results = await asyncio.gather(*(self._publish_chain(self._chans[k], gs) for k, gs in by_key.items()),
-                                       return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if not errors:
-            return
-        # The WAL hands every id of this write back: what did land must not be stored twice.
-        for (k, gs), r in zip(by_key.items(), results, strict=True):
-            ch = self._chans[k]
-            if not isinstance(r, BaseException) and ch.doubt is None:
-                base = starts[k]
-                assert base is not None
-                ch.doubt, ch.next_id = _Doubt(base, gs), gs[0].first_id
-        fenced = [e for e in errors if isinstance(e, ChannelFencedError)]
-        raise fenced[0] if fenced else errors[0]
-
-    async def _publish_chain(self, ch: _Chan, groups: list[WriteGroup]) -> None:
-        """Publish ``groups`` in order, each expecting its predecessor's sequence.  A publish that
-        got no answer (or no responder: an election) is asked again until ``_window`` passes without
-        progress; the answer it missed may be "stored", so before a repeat the stream is checked
-        (``_settle``: the blocks found there are ours, or we are fenced), and a repeat refused as out
-        of sequence is checked the same way instead of being called fenced at once."""
-        loop = asyncio.get_running_loop()
-        deadline = [loop.time() + self._window()]
-        started = [0.0]
-        pending, retried = groups, [False]
-
-        def repeat() -> None:
-            retried[0] = True  # a repeat refused as out of sequence is checked, not called fenced
-
-        async for attempt in self._asking_again(_RETRIABLE_WRITE, deadline, started, on_retry=repeat):
-            with attempt:
-                started[0] = loop.time()
-                if ch.doubt is not None:
-                    pending = await self._settle(ch, pending)
-                while pending:
-                    await self._publish_block(ch, pending, retried[0], deadline[0])
-                    pending = pending[1:]
-                    deadline[0] = loop.time() + self._window()  # progress: a new window for the next block
-
-    async def _publish_block(self, ch: _Chan, pending: list[WriteGroup], retried: bool, deadline: float) -> None:
-        """Publish ``pending[0]``; on no answer, leave a doubt covering every pending block."""
-        g = pending[0]
-        assert ch.last_seq is not None
-        headers = {H_FIRST: str(g.first_id), H_MAX_TT: str(g.max_timetick), H_TERM: str(ch.term),
-                   _EXPECTED_LAST_SEQ: str(ch.last_seq)}
-        last_tick = g.ticks[-1] if g.ticks else ch.last_tick
-        if g.ticks:
-            headers[H_TICKS] = ",".join(_tick_text(t) for t in g.ticks)
-        if last_tick is not None:
-            headers[H_LAST_TICK] = _tick_text(last_tick)
-        wait = max(min(self.attempt_timeout, deadline - asyncio.get_running_loop().time()), 0.05)
-        try:
-            ack = await self._js.publish(self._subject(ch.key), g.block, timeout=wait, headers=headers)
-        except nats.js.errors.APIError as exc:
-            if exc.err_code == _WRONG_LAST_SEQUENCE:
-                if retried:
-                    # An earlier attempt of this write whose answer was lost may be what moved the
-                    # stream on: check before calling it fenced.
-                    ch.doubt = _Doubt(ch.last_seq, pending)
-                    raise _Recheck(f"pchannel {ch.name!r}: a publish whose answer was lost may be stored; "
-                                   f"checking the stream {self._stream(ch.key)}", channel=ch.name) from exc
-                raise self._fenced(ch) from exc
-            raise
-        except BaseException:
-            # No answer: the block may or may not be stored; a retry (or the next write) finds out.
-            ch.doubt = _Doubt(ch.last_seq, pending)
-            raise
-        ch.last_seq, ch.last_tick = int(ack.seq), last_tick
-        ch.next_id, ch.failed = g.first_id + block_count(g.block), None
-        ch.learn(int(ack.seq), g.first_id)
-
-    async def _settle(self, ch: _Chan, groups: list[WriteGroup]) -> list[WriteGroup]:
-        """Resolve an earlier write whose outcome the WAL did not get: drop from ``groups`` the blocks
-        already stored; fail when the stream holds anything else."""
-        doubt = ch.doubt
-        assert doubt is not None
-        _, last = await self._bounds(ch.key)
-        stored = last - doubt.base_seq
-        if stored == 0:
-            ch.doubt, ch.last_seq = None, doubt.base_seq
-            return groups
-        if stored < 0 or stored > len(doubt.groups):
-            raise self._fenced(ch)
-        for n in range(stored):
-            msg = await self._get(ch.key, doubt.base_seq + 1 + n)
-            g = doubt.groups[n]
-            if msg is None or msg.fence or msg.term != ch.term or msg.first_id != g.first_id or msg.data != g.block:
-                raise self._fenced(ch)
-        # Ours, all of them: the stream is ahead of the WAL by these blocks.
-        ch.last_seq = last
-        same = len(groups) >= stored and all(
-            a.first_id == b.first_id and a.block == b.block
-            for a, b in zip(groups[:stored], doubt.groups[:stored], strict=True))
-        if not same:
-            raise UnrecoverableError(
-                f"pchannel {ch.name!r}: a write reported failed was stored after all (ids from "
-                f"{doubt.groups[0].first_id}); reopen the WAL", channel=ch.name, term=ch.term)
-        ch.doubt = None
-        for g in groups[:stored]:
-            if g.ticks:
-                ch.last_tick = g.ticks[-1]
-            ch.next_id = g.first_id + block_count(g.block)
-        return groups[stored:]
-
-    # --- pipelined writes (``start_write``) ------------------------------------------------------------
-    def start_write(self, groups: list[WriteGroup]) -> concurrent.futures.Future[dict[int, BaseException]]:
-        if self._closed:
-            raise OnShutdownError(f"JetStream WAL backend {self.path} is closed", path=self.path)
-        return asyncio.run_coroutine_threadsafe(self._start_write(groups), self._loop)
-
-    async def _start_write(self, groups: list[WriteGroup]) -> dict[int, BaseException]:
-        """Queue each channel's groups behind that channel's previous write (this runs on the loop in
-        the order writes were started, and queues before its first await) and wait for them all."""
-        tasks: dict[int, asyncio.Future[None]] = {}
-        for key, gs in self._by_key(groups).items():
-            ch = self._chans[key]
-            ch.queue_tail = tasks[key] = asyncio.ensure_future(self._queued(ch, gs, ch.queue_tail))
-        results = await asyncio.gather(*tasks.values(), return_exceptions=True)
-        return {k: r for k, r in zip(tasks, results, strict=True) if isinstance(r, BaseException)}
-
-    async def _queued(self, ch: _Chan, groups: list[WriteGroup], previous: asyncio.Future[None] | None) -> None:
-        """Publish ``groups`` once the channel's previous write is settled, if they follow what is stored.
-
-        So the block of the next commit is encoded and queued while this one's round trip runs, and
-        sent the moment it is acknowledged, each still expecting its predecessor's sequence (the
-        fence).  A write that does not start at the end of what is stored follows a failed one whose
-        ids the WAL hands back: it is not sent (it fails as that one did).
-        """
-        if previous is not None and not previous.done():
-            await asyncio.wait([previous])
-        if groups[0].first_id != ch.next_id:
-            raise self._out_of_step(ch, groups[0].first_id)
-        try:
-            # Each block may take a retry window (_window) when an election stalls it, as in ``write``.
-            await self._guard(asyncio.wait_for(self._publish_chain(ch, groups),
-                                               self.timeout * (3 + 2 * len(groups))), "writing to the WAL")
-        except BaseException as exc:
-            ch.failed = exc
-            raise
-
-    def _out_of_step(self, ch: _Chan, first_id: int) -> StreamingError:
-        prior = ch.failed
-        if isinstance(prior, ChannelFencedError):
-            return self._fenced(ch)
-        if prior is not None:
-            return UnavailableError(
-                f"pchannel {ch.name!r}: the write before this one failed, so this one (from id {first_id}) "
-                f"was not sent: {str(prior)[:300]}", channel=ch.name, path=self.path)
-        return UnrecoverableError(
-            f"pchannel {ch.name!r}: a write from id {first_id} does not follow the end of the stream "
-            f"(id {ch.next_id}); reopen the WAL", channel=ch.name, term=ch.term)
-
-    def read_blocks(
-        self, channel_key: int, from_id: MessageID, max_bytes: int
-    ) -> list[tuple[MessageID, bytes]]:
-        return self._call(self._read(channel_key, from_id, max_bytes), what="reading the WAL")
-
-    async def _ends(self, key: int) -> tuple[int, int]:
-        ch = self._chans.get(key)
-        first, last = await self._bounds(key)
-        if ch is not None and ch.last_seq is not None and ch.doubt is None:
-            last = min(last, ch.last_seq)  # the writer's view: only what it acknowledged
-        return first, last
-
-    async def _read(self, key: int, from_id: int, max_bytes: int) -> list[tuple[int, bytes]]:
-        first, last = await self._ends(key)
-        if first > last:
-            return []
-        seen: dict[int, _Msg] = {}
-        seq = max(await self._last_at_or_before(key, from_id, first, last, seen), first)
-        out: list[tuple[int, bytes]] = []
-        total = 0
-        ahead = 1  # gets in flight: one at first (a small read needs one block), doubling to _READ_AHEAD
-        while seq <= last and total < max_bytes:
-            window = range(seq, min(seq + ahead, last + 1))
-            ahead = min(2 * ahead, _READ_AHEAD)
-            msgs = await asyncio.gather(*(self._get(key, s, seen) for s in window))
-            for msg in msgs:
-                seq += 1
-                if msg is None or msg.fence or msg.end_id <= from_id:
-                    continue
-                ch = self._chans.get(key)
-                if ch is not None:
-                    ch.learn(msg.seq, msg.first_id)
-                out.append((msg.first_id, msg.data))
-                total += len(msg.data)
-                if total >= max_bytes:
-                    break
-        return out
-
-    def seek_time(self, channel_key: int, timetick: int) -> TickEntry | None:
-        return self._call(self._seek(channel_key, timetick), what="searching the time index")
-
-    async def _seek(self, key: int, timetick: int) -> TickEntry | None:
-        first, last = await self._ends(key)
-        if first > last:
-            return None
-        seen: dict[int, _Msg] = {}
-        head = await self._get(key, first, seen)
-        if head is None:
-            return None
-        # The first message whose channel high-water passed ``timetick``: its own entries may still
-        # be <= timetick; otherwise the answer is the last entry known just before it.
-        seq, msg = await self._search(key, first, last, lambda m: m.max_tt > timetick, seen)
-        entry: TickEntry | None = None
-        if seq <= last:
-            msg = msg or await self._get(key, seq, seen)
-            if msg is not None:
-                fit = [t for t in msg.ticks if t.timetick <= timetick]
-                entry = fit[-1] if fit else None
-        if entry is None and seq - 1 >= first:
-            prev = await self._get(key, seq - 1, seen)
-            if prev is not None:
-                entry = prev.ticks[-1] if prev.ticks else prev.last_tick
-        if entry is None or entry.timetick > timetick or entry.message_id < head.first_id:
-            return None  # none yet, or truncated away with its block
-        return entry
-
     def truncate(self, channel_key: int, before_id: MessageID) -> MessageID:
         return self._call(self._truncate(channel_key, before_id), what="truncating the WAL")
 
@@ -981,13 +372,6 @@ class JetStreamBackend(Backend):
             f"replicated by NATS; back them up with NATS itself (`nats stream backup SN_{self.prefix}_<key>`)",
             path=dest[:200], backend="jetstream")
 
-    def _close_connection(self) -> None:
-        if self._nc is None:
-            return
-        # On failure the connection is dropped with the loop (_stop_loop).
-        with contextlib.suppress(StreamingError):
-            self._call(self._nc.close(), what="closing the NATS connection", overall=self.timeout * 2)
-
     def close(self) -> None:
         if self._closed:
             return
@@ -996,6 +380,5 @@ class JetStreamBackend(Backend):
         finally:
             self._closed = True
             self._stop_loop()
-
 
 __all__ = ["JetStreamBackend", "decode_key", "encode_key"]

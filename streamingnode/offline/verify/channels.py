@@ -12,8 +12,7 @@ from typing import Any
 from streamingnode.offline.verify.access import Finding, Progress, one_line
 from streamingnode.offline.verify.journal import JournalRecord, scan_journal
 from streamingnode.offline.verify.tables import Unreadable, describe_key, scan_rocks
-from wal.backends._journal import KEPT_SUFFIX
-from wal.backends.rocks_layout import DAMAGED, TRUNCATED_META
+from wal.backends.rocks_layout import DAMAGED, KEPT_SUFFIX, TRUNCATED_META
 from wal.backends.rocks_layout import KEY_ID as _KEY_ID
 from wal.backends.rocks_layout import TICK_VALUE as _TICK_VALUE
 from wal.backends.rocks_layout import U32 as _U32

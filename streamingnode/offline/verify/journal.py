@@ -3,13 +3,11 @@ after damage (``<seq>.jnl.kept``), read on past damage."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from streamingnode.offline.verify.access import Finding
 from wal.backend import WriteGroup
-
-JOURNAL_DIR = "journal"
+from wal.backends.rocks_layout import JOURNAL_DIR, JournalTorn, journal_files, scan_journal_records
 
 
 @dataclass(slots=True)
@@ -22,15 +20,6 @@ class JournalRecord:
     groups but those of the damaged pchannels, and never replays it again."""
 
 
-def journal_files(data_dir: str) -> list[tuple[str, bool]]:
-    """Every journal file, live and kept, in sequence order: (path, whether it is kept)."""
-    from wal.backends import _journal  # noqa: PLC0415
-
-    directory = os.path.join(data_dir, JOURNAL_DIR)
-    both = [(p, True) for p in _journal.kept_files(directory)] + [(p, False) for p in _journal.files(directory)]
-    return sorted(both, key=lambda pk: _journal.sequence_of(pk[0]))
-
-
 def scan_journal(data_dir: str, findings: list[Finding], notes: list[str],
                  damaged_keys: list[tuple[int, ...]] | None = None) -> list[JournalRecord]:
     """Every valid record of every journal file, oldest first, reading on past damage.
@@ -39,11 +28,9 @@ def scan_journal(data_dir: str, findings: list[Finding], notes: list[str],
     after it and no trailer proving its record was written whole: a write torn by a crash, never
     acknowledged, which the node drops (a note).  Damage in a kept file is always a finding (the node
     kept the file because of it, or of damage before it).  The record format and the torn-tail
-    judgement are the journal's own (``wal.backends._journal``); what differs from replay is that this
-    goes on after damage.
+    judgement are the journal's own (``wal.backends.rocks_layout.scan_journal_records``); what differs
+    from replay is that this goes on after damage.
     """
-    from wal.backends import _journal  # noqa: PLC0415
-
     paths = journal_files(data_dir)
     newest_live = max((i for i, (_, kept) in enumerate(paths) if not kept), default=None)
     records: list[JournalRecord] = []
@@ -51,32 +38,24 @@ def scan_journal(data_dir: str, findings: list[Finding], notes: list[str],
         with open(path, "rb") as f:
             data = f.read()
         last = i == newest_live
-        pos = 0
-        while pos < len(data):
-            parsed = _journal._parse(data, pos)
-            if isinstance(parsed, tuple):
-                groups, pos_next = parsed
-                records.append(JournalRecord(path, pos, groups, kept))
-                pos = pos_next
+        for record in scan_journal_records(data):
+            if not isinstance(record, JournalTorn):
+                offset, groups = record
+                records.append(JournalRecord(path, offset, groups, kept))
                 continue
-            if _journal.zero_rest(data, pos):
-                break  # the zero-written rest of a preallocated file: its records end here
-            resume = _journal._valid_record_from(data, parsed.end if parsed.end is not None else pos + 1)
-            if resume is None and last and not _journal._complete(data, pos, parsed):
-                notes.append(f"{path} at byte {pos}: torn tail of {len(data) - pos} bytes ({parsed.reason}); "
+            pos = record.offset
+            if not record.damaged and last:
+                notes.append(f"{path} at byte {pos}: torn tail of {len(data) - pos} bytes ({record.cause}); "
                              "a write cut short by a crash, never acknowledged: the node drops it")
                 break
-            after = ("valid records follow it" if resume is not None
+            after = ("valid records follow it" if record.resume is not None
                      else "its trailer shows it was written whole" if last
                      else "a file kept after damage" if kept
                      else "newer journal files follow it")
-            keys = f" (channel keys {', '.join(map(str, parsed.channel_keys))})" if parsed.channel_keys else ""
-            findings.append(Finding(path, f"damaged journal record{keys}: {parsed.reason}; {after}", offset=pos))
+            keys = f" (channel keys {', '.join(map(str, record.channel_keys))})" if record.channel_keys else ""
+            findings.append(Finding(path, f"damaged journal record{keys}: {record.cause}; {after}", offset=pos))
             if damaged_keys is not None:
-                damaged_keys.append(tuple(parsed.channel_keys))  # () when its meta is unreadable
-            if resume is None:
-                break
-            pos = resume
+                damaged_keys.append(tuple(record.channel_keys))  # () when its meta is unreadable
     return records
 
 
