@@ -11,7 +11,8 @@ import nats.errors
 import pytest
 
 from tests.pauses import Scripted, record_pauses
-from wal.backends.jetstream import _RETRY_PAUSE, JetStreamBackend
+from wal.backends._js_connection import _RETRY_PAUSE
+from wal.backends.jetstream import JetStreamBackend
 
 
 def _backend() -> JetStreamBackend:
