@@ -1,5 +1,6 @@
 """Shared fixtures: every WAL-level test runs against both backends (the conformance suite); one Spark
-session per run; an in-memory tracing provider per test."""
+session per run; an in-memory tracing provider per test.  And one check for every test: what it left
+unclosed fails its own teardown (tests/leaks.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,28 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tests import leaks
 from tests.seeds import draw_seed
 from wal import Durability, WALManager
 from wal.backend import Backend
 from wal.backends import MemoryBackend, RocksBackend
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    leaks.freeze_imports()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the test's fixtures (and its event loop) are closed: whatever the garbage collector still
+    has to close was left open by this test."""
+    yield
+    found = leaks.collect()
+    if found:
+        pytest.fail(f"{item.nodeid} left resources for the garbage collector to close:\n" + "\n".join(found),
+                    pytrace=False)
 
 
 class BackendHarness:
