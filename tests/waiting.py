@@ -37,6 +37,18 @@ async def until(
         await asyncio.sleep(interval)
 
 
+async def loop_turns(turns: int = 50) -> None:
+    """Let the event loop go round ``turns`` times, without waiting on the clock.
+
+    The bounded wait on something that must *not* happen, for code that runs on this loop alone (no
+    threads, no I/O): a task woken now runs within a turn, and whatever it wakes in the next, so a
+    wrong wake-up shows within a few turns however slow the machine is.  Wait first for the later
+    event that proves the code under test got that far (``until``), then give it these turns.
+    """
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
 def until_sync(condition: Callable[[], bool], what: str, *, timeout: float = DEADLINE, interval: float = 0.01) -> None:
     """``until`` for synchronous tests and threads."""
     deadline = time.monotonic() + timeout

@@ -30,6 +30,7 @@ from streamingnode.client import AsyncClient
 from streamingnode.node.retention import KILL_ENV
 from tests.crash.evidence import stderr_on_failure
 from tests.node_process import NodeProcess, free_port
+from tests.waiting import until
 from wal.errors import StreamingError, UnavailableError
 
 pytestmark = pytest.mark.crash
@@ -109,14 +110,16 @@ async def _run(data_dir: Path, port: int, run: int, kill_at: str | None, kill_af
 async def _work(client: AsyncClient, root: Path, run: int, before: set[int], started: float,
                 kill_after: float | None, node: NodeProcess, ledger: _Ledger) -> None:
     data = client.data("p")
-    for _ in range(100):  # a port just released by the killed node may refuse the first connection
+    async def described() -> bool:  # a port just released by the killed node may refuse the first connection
         try:
             ledger.first_ids.append((await client.describe_channels(["p"]))[0].first_id)
-            break
         except UnavailableError:
             if node.proc is None or node.proc.poll() is not None:
                 raise
-            await asyncio.sleep(0.1)
+            return False
+        return True
+
+    await until(described, "the restarted node to answer", timeout=30, interval=0.1)
     if run == 1:  # later lives rely on the collection surviving every truncation
         await data.create_collection("v", "c", SCHEMA, primary_key="pk")
     # A new partition's first segment: its id must be new to the whole Parquet tree.

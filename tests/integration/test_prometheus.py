@@ -41,6 +41,7 @@ from interceptors.txn import TxnState
 from streamingnode.client import AsyncClient
 from streamingnode.v1 import streaming_pb2 as spb
 from tests.node_process import REPO, NodeProcess, free_port
+from tests.waiting import until
 from wal.errors import ErrorCode, StreamingError
 from wal.message import MessageType
 
@@ -272,10 +273,8 @@ async def test_every_dashboard_query_returns_data(node: NodeProcess, prometheus:
         answer = await asyncio.to_thread(prometheus.query, f'up{{job="{prometheus.job}"}}')
         return bool(answer) and answer[0]["value"][1] == "1"
 
-    deadline = loop.time() + 30
-    while not await target_up():
-        assert loop.time() < deadline, f"prometheus never scraped the node:\n{prometheus.log_path.read_text()}"
-        await asyncio.sleep(0.2)
+    await until(target_up, f"prometheus to scrape the node (its log: {prometheus.log_path})", timeout=30,
+                interval=0.2)
 
     seen = Produced()
     pending: dict[str, Any] = {}

@@ -26,6 +26,7 @@ from streamingnode.observability.tracing import (
 )
 from streamingnode.server import ServerThread, start_server
 from tests.integration.conftest import node_config
+from tests.waiting import until
 from wal.errors import InvalidArgumentError
 from wal.message import Message, MessageType
 
@@ -54,10 +55,8 @@ async def _read(client: AsyncClient, count: int) -> list[Message]:
 
 async def _consume_spans(exporter: InMemorySpanExporter, count: int) -> list[ReadableSpan]:
     # The node ends a consume span after the write, which may come just after the client got the pack.
-    async with asyncio.timeout(5):
-        while len(spans := _named(exporter, CONSUME_SPAN)) < count:
-            await asyncio.sleep(0.01)
-    return spans
+    await until(lambda: len(_named(exporter, CONSUME_SPAN)) >= count, f"{count} finished consume spans")
+    return _named(exporter, CONSUME_SPAN)
 
 
 async def test_the_consumers_span_links_to_the_producers_span_across_the_wal(

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.waiting import until
+from tests.waiting import loop_turns, until
 from wal import Message, MessageType, WALManager
 from wal.backend import WriteGroup
 from wal.backends.memory import MemoryBackend
@@ -84,7 +84,8 @@ async def test_the_next_write_starts_before_the_store_of_the_previous_is_confirm
     assert not any(f.done() for f in first + second), "an append was acknowledged before its store"
     # Another pchannel's store may be confirmed first; its appends still wait for the earlier commit.
     backend.settle(1)
-    await asyncio.sleep(0.01)  # give a wrong acknowledgement the chance to happen (nothing is awaited on it)
+    # The settled store's completion reaches the loop at once: a wrong acknowledgement follows in these turns.
+    await loop_turns()
     assert not any(f.done() for f in first + second), "acknowledged out of commit order"
     backend.settle(0)
     results = await asyncio.wait_for(asyncio.gather(*first, *second), 30)

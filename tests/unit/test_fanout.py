@@ -22,6 +22,7 @@ from streamingnode.server.consume import _cut, _merge
 from streamingnode.server.fanout import DeliveryTurns, EncodedPacks, PackCheck, SendingThreads, fanout_of, governed
 from streamingnode.wire.packs import MESSAGE_OVERHEAD
 from tests.factories import ins, tick
+from tests.waiting import until_sync
 from wal import WAL, WALManager
 from wal.errors import InvalidArgumentError
 from wal.message import Message, MessageType, Position
@@ -340,10 +341,7 @@ def test_sending_threads_are_found_by_name_and_their_cpu_time_counted() -> None:
         assert named.wait(10)
         threads = SendingThreads()
         first = threads.cpu(0.0)
-        deadline = time.monotonic() + 30
-        while threads.cpu(0.5) - first < 0.05:
-            assert time.monotonic() < deadline, "the named thread's CPU time was not counted"
-            time.sleep(0.01)
+        until_sync(lambda: threads.cpu(0.5) - first >= 0.05, "the named thread's CPU time counted")
         assert tid[0] in threads._clocks
         # This thread (not so named) is not counted.
         assert threading.get_native_id() not in threads._clocks
@@ -352,10 +350,7 @@ def test_sending_threads_are_found_by_name_and_their_cpu_time_counted() -> None:
         thread.join(10)
     # A thread that ended is dropped; what was counted stays.  (join returns a moment before the
     # thread is gone from the kernel's list.)
-    deadline = time.monotonic() + 30
-    while str(tid[0]) in os.listdir("/proc/self/task"):
-        assert time.monotonic() < deadline, "the thread did not end"
-        time.sleep(0.01)
+    until_sync(lambda: str(tid[0]) not in os.listdir("/proc/self/task"), "the thread gone from /proc")
     total = threads.total
     assert threads.cpu(0.6) >= total and tid[0] not in threads._clocks
 

@@ -12,6 +12,7 @@ from interceptors.lock import LockInterceptor, RWLock
 from interceptors.redo import RedoInterceptor
 from interceptors.timetick.ack import AckManager
 from tests.factories import ins
+from tests.waiting import loop_turns, until
 from wal import AppendResult, Message, MessageType, OutOfRangeError, StreamingError
 from wal.adaptor import append_deadline
 from wal.clock import HybridClock, compose, physical_ms
@@ -26,8 +27,10 @@ class FakeNext:
         self.next_id = 0
         self.fail_with: list[BaseException] = []
         self.gate: asyncio.Event | None = None
+        self.arrived: list[list[Message]] = []  # every batch that reached this step, gate or not
 
     async def __call__(self, batch: list[Message]) -> list[AppendResult]:
+        self.arrived.append(batch)
         if self.gate is not None:
             await self.gate.wait()
         if self.fail_with:
@@ -117,10 +120,11 @@ async def test_rwlock_shares_readers_and_is_fair_to_writers() -> None:
     w.add_done_callback(lambda _: order.append("w"))
     r2.add_done_callback(lambda _: order.append("r2"))
     lock.release(False)
-    await asyncio.sleep(0.01)
+    await until(w.done, "the writer takes the lock")
+    await loop_turns()  # a reader let in beside the writer would be done by now
     assert order == ["w"]
     lock.release(True)
-    await asyncio.sleep(0.01)
+    await until(r2.done, "the reader takes the lock after the writer")
     assert order == ["w", "r2"]
     lock.release(False)
     assert lock.idle
@@ -147,8 +151,10 @@ async def test_lock_serialises_ddl_against_dml_and_reports_exclusive() -> None:
     await asyncio.sleep(0)
     ddl = asyncio.create_task(step.do_append([Message(MessageType.CREATE_COLLECTION, "v")], nxt))
     other = asyncio.create_task(step.do_append([ins("w", 2)], nxt))  # another vchannel is not blocked
-    await asyncio.sleep(0.01)
-    assert exclusives == []  # the DDL still waits for the DML on "v"
+    # The insert on "w", started after the DDL, reaching the next step shows the DDL had its turn.
+    await until(lambda: len(nxt.arrived) == 2, "the DML on v and the insert on w at the next step")
+    await loop_turns()
+    assert exclusives == [] and not ddl.done()  # the DDL still waits for the DML on "v"
     nxt.gate.set()
     await asyncio.gather(dml, ddl, other)
     assert exclusives == [("v", MessageType.CREATE_COLLECTION)]
@@ -160,10 +166,10 @@ async def test_broadcast_is_exclusive_over_every_vchannel() -> None:
     nxt = FakeNext()
     nxt.gate = asyncio.Event()
     held = asyncio.create_task(step.do_append([ins("a", 1)], nxt))
-    await asyncio.sleep(0)
+    await until(lambda: len(nxt.arrived) == 1, "the insert on a at the next step")
     bcast = asyncio.create_task(step.do_append([ins("", 2)], nxt))
-    await asyncio.sleep(0.01)
-    assert not bcast.done()
+    await loop_turns()
+    assert not bcast.done() and len(nxt.arrived) == 1  # the broadcast waits for the lock on "a"
     nxt.gate.set()
     await asyncio.gather(held, bcast)
     assert [b[0].vchannel for b in nxt.batches] == ["a", ""]
@@ -260,34 +266,55 @@ async def test_dedup_replay_restores_the_window() -> None:
 
 
 # --- chain builder ---------------------------------------------------------------------------------
-class _Sleepy:
-    def __init__(self, name: str, delay: float) -> None:
+class _Clock:
+    """The chain's ``time.perf_counter`` in these tests: it moves only when a step works."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    fake = _Clock()
+    monkeypatch.setattr("interceptors.chain.time.perf_counter", fake)
+    return fake
+
+
+class _Working:
+    """A step that works ``cost`` seconds of the fake clock before passing the batch on."""
+
+    def __init__(self, name: str, cost: float, clock: _Clock) -> None:
         self.name = name
-        self.delay = delay
+        self.cost = cost
+        self.clock = clock
         self.closed = False
 
     async def do_append(self, batch: list[Message], append_next):  # type: ignore[no-untyped-def]
-        await asyncio.sleep(self.delay)
+        await asyncio.sleep(0)
+        self.clock.now += self.cost
         return await append_next(batch)
 
     async def close(self) -> None:
         self.closed = True
 
 
-async def test_chain_times_each_step_on_its_own() -> None:
-    outer, inner = _Sleepy("outer", 0.0), _Sleepy("inner", 0.05)
+async def test_chain_times_each_step_on_its_own(clock: _Clock) -> None:
+    outer, inner = _Working("outer", 0.0, clock), _Working("inner", 0.05, clock)
     chain = build_chain([outer, inner], FakeNext())
     await chain.append([ins("v", 1), ins("v", 2)])
     t_outer, t_inner = chain.timings
     assert (t_outer.name, t_inner.name) == ("outer", "inner")
-    assert t_inner.seconds >= 0.04 and t_outer.seconds < 0.02  # the inner sleep is not the outer's
+    assert t_inner.seconds == pytest.approx(0.05) and t_outer.seconds == pytest.approx(0.0)  # not the outer's
     assert (t_inner.batches, t_inner.messages) == (1, 2)
     await chain.close()
     assert outer.closed and inner.closed
 
 
-async def test_chain_times_one_batch_in_sample_every_and_counts_every_batch() -> None:
-    step = _Sleepy("inner", 0.01)
+async def test_chain_times_one_batch_in_sample_every_and_counts_every_batch(clock: _Clock) -> None:
+    step = _Working("inner", 0.01, clock)
     chain = build_chain([step], FakeNext())
     totals = []
     for k in range(SAMPLE_EVERY + 1):
@@ -297,7 +324,8 @@ async def test_chain_times_one_batch_in_sample_every_and_counts_every_batch() ->
     assert (t.batches, t.messages) == (SAMPLE_EVERY + 1, 2 * (SAMPLE_EVERY + 1))
     assert totals == sorted(totals)  # a counter: never goes back
     # The first batch is timed, then the 17th, which also counts for the 15 untimed ones before it.
-    assert totals[0] > 0 and totals[-2] == totals[0] and totals[-1] >= 0.008 * (SAMPLE_EVERY + 1)
+    assert totals[0] == pytest.approx(0.01) and totals[-2] == totals[0]
+    assert totals[-1] == pytest.approx(0.01 * (SAMPLE_EVERY + 1))
     await chain.close()
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from tests.conftest import ManagerFactory
 from tests.factories import PHYS, begin, body, commit, flat, ins, packs_until, rollback, tick
+from tests.waiting import loop_turns, until
 from wal import (
     WAL,
     DeliverFilter,
@@ -132,8 +133,9 @@ async def test_tailing_is_woken_by_appends(manager: WALManager) -> None:
     wal = await _wal(manager)
     scanner = wal.read(ReadOption(deliver_policy=DeliverPolicy.latest()))
     nxt = asyncio.create_task(scanner.__anext__())
-    await asyncio.sleep(0.05)
-    assert not nxt.done()
+    await until(lambda: scanner.caught_up, "the scanner waiting at the end of the log")
+    await loop_turns()
+    assert not nxt.done()  # nothing to deliver: it waits (the pack below holds the append, not an empty one)
     await wal.append_batch([ins("v", 1), tick(2)])
     pack = await asyncio.wait_for(nxt, 1)
     assert [m.timetick for m in pack.messages] == [1]

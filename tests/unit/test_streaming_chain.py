@@ -11,7 +11,7 @@ import pytest
 from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
 from tests.conftest import ManagerFactory
 from tests.factories import data
-from tests.waiting import ticks_pass, until
+from tests.waiting import loop_turns, ticks_pass, until
 from wal import (
     WAL,
     AppendResult,
@@ -183,7 +183,7 @@ async def test_appends_emit_no_tick_of_their_own_while_only_lazy_readers_are_ope
     nxt = asyncio.create_task(lazy.__anext__())
     for i in range(5):
         await swal.append(data("v", b"%d" % i))
-    await asyncio.sleep(0.1)
+    await loop_turns()  # a tick the appends' acknowledgements asked for is emitted on this loop, in these turns
     assert ticks == [] and not nxt.done()  # no tick, and the lazy reader was not woken to find none
 
     swal.wal.want_tick()
@@ -213,7 +213,7 @@ async def test_appends_emit_no_tick_of_their_own_while_only_lazy_readers_are_ope
     assert swal.wal.prompt_readers == 0
     before = len(ticks)
     await swal.append(data("v", b"quiet"))
-    await asyncio.sleep(0.1)
+    await loop_turns()
     assert len(ticks) == before
     await lazy.aclose()
     await swal.aclose()

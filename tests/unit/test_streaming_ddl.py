@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pyarrow as pa
 import pytest
 
@@ -11,6 +9,7 @@ from interceptors.dedup import PROP_PRODUCER, PROP_SEQUENCE
 from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
 from tests.conftest import ManagerFactory
 from tests.factories import data
+from tests.waiting import until
 from wal import (
     CollectionExistError,
     CollectionNotExistError,
@@ -136,10 +135,7 @@ async def test_age_seal_happens_without_new_inserts(manager: WALManager) -> None
                                             seal_check_interval=0.02))
     await swal.append(bodies.create_collection("v", "c", SCHEMA, "pk"))
     r = await swal.append(bodies.insert("v", "c", rows(0, 1)))
-    for _ in range(100):
-        await asyncio.sleep(0.02)
-        if not swal.shard.growing_segments():
-            break
+    await until(lambda: not swal.shard.growing_segments(), "the segment sealed by age")
     stored = await _stored(swal)
     seals = [x for x in stored if x.message_type is MessageType.FLUSH]
     assert seals and seals[0].properties[bodies.PROP_REASON] == bodies.SEAL_AGE

@@ -33,6 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
 from tests.factories import data, packs_until
+from tests.waiting import until
 from wal import (
     AppendResult,
     DeliverPolicy,
@@ -466,10 +467,12 @@ class ChainTxnMachine(RuleBasedStateMachine):
             position = scanner.position
         finally:
             await scanner.aclose()
-        async with asyncio.timeout(10):
-            while not self.live_packs or self.live_packs[-1].end_ts < result.timetick:
-                assert self.follower is not None and not self.follower.done(), self.follower
-                await asyncio.sleep(0.002)
+
+        def followed() -> bool:
+            assert self.follower is not None and not self.follower.done(), self.follower
+            return bool(self.live_packs) and self.live_packs[-1].end_ts >= result.timetick
+
+        await until(followed, "the live reader past the marker", interval=0.002)
         return result, packs, position
 
     def check_log(self) -> None:

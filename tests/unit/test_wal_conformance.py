@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import BackendHarness, ManagerFactory
 from tests.factories import flat, ins, packs_until, tick
+from tests.waiting import until
 from wal import (
     ChannelExistError,
     ChannelFencedError,
@@ -195,7 +196,7 @@ async def test_closed_wal_refuses_appends_and_scanners_end(manager: WALManager) 
     wal = await manager.open("p")
     scanner = wal.read(ReadOption(deliver_policy=DeliverPolicy.latest()))
     pending = asyncio.create_task(scanner.__anext__())
-    await asyncio.sleep(0.01)
+    await until(lambda: scanner.caught_up, "the scanner waiting at the end of the log")
     await wal.aclose()
     with pytest.raises(OnShutdownError, match="closed"):
         await wal.append(ins("v", 1))
@@ -221,7 +222,7 @@ async def test_destroyed_pchannel_fails_readers_and_writers(manager: WALManager)
     await wal.append_batch([ins("v", 1), tick(2)])
     scanner = wal.read(ReadOption(deliver_policy=DeliverPolicy.latest()))
     pending = asyncio.create_task(scanner.__anext__())
-    await asyncio.sleep(0.01)
+    await until(lambda: scanner.caught_up, "the scanner waiting at the end of the log")
     await manager.destroy_channel("p")
     with pytest.raises(ChannelNotExistError, match="destroyed"):
         await pending
