@@ -24,10 +24,11 @@ lint: $(VENV_STAMP)
 	$(PY) -m mypy
 	$(dir $(PY))lint-imports
 
-# Everything CI runs: lint, types, the whole test suite (unit, conformance, crash), and the
+# Everything CI runs: lint, types, the whole test suite (unit, conformance, crash) once in a random
+# order (pytest-randomly; the header prints "Using --randomly-seed=N", which replays it), and the
 # instruction budget of the append path.
 test: lint tools
-	$(PY) -m pytest
+	$(PY) -m pytest -p randomly
 	$(PY) bench/append_instructions.py --check
 
 # Instructions per appended message (callgrind; about a minute) against bench/append_budget.json:

@@ -23,6 +23,18 @@ from wal.backends import MemoryBackend, RocksBackend
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tiers by marker, whatever each file declares: ``-m "not spark and not crash and not
+    cluster"`` is the quick run (tests/README.md)."""
+    tests = Path(__file__).parent
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
+        folder = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
+        if folder in ("crash", "cluster"):
+            item.add_marker(folder)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     leaks.freeze_imports()
 
