@@ -11,6 +11,7 @@ import pytest
 from interceptors.recovery.streaming_wal import ChainConfig
 from streamingnode.client import AsyncClient, Consumer, Owner, Producer
 from streamingnode.client._producer import NODE_DEDUP_WINDOW
+from tests.waiting import until
 from wal.errors import (
     ChannelExistError,
     ChannelNotExistError,
@@ -153,11 +154,10 @@ async def test_producer_defaults_batch_a_thousand_and_keep_an_idempotent_resend_
 
 async def test_max_batch_bytes_splits_batches(client: AsyncClient) -> None:
     await client.create_channels(["p"])
-    async with client.producer("p", linger=1.0, max_batch_bytes=1000) as producer:
+    async with client.producer("p", linger=3600.0, max_batch_bytes=1000) as producer:
         futures = [producer.send_nowait("v", bytes(300)) for _ in range(9)]
-        # linger is 1 s, so only the byte limit can have written these batches this soon.
-        async with asyncio.timeout(0.9):
-            await asyncio.gather(*futures[:6])
+        # linger is an hour, so only the byte limit can write these batches before the flush.
+        await until(lambda: all(f.done() for f in futures[:6]), "two full batches written without a flush")
         await producer.flush()
         assert producer.batches_written == 3 and producer.largest_batch == 3
 
