@@ -25,10 +25,10 @@ lint: $(VENV_STAMP)
 	$(dir $(PY))lint-imports
 
 # Everything CI runs: lint, types, the whole test suite (unit, conformance, crash) once in a random
-# order (pytest-randomly; the header prints "Using --randomly-seed=N", which replays it), and the
-# instruction budget of the append path.
+# order (pytest-randomly, a dev dependency, orders every run; the header prints "Using
+# --randomly-seed=N", which replays it), and the instruction budget of the append path.
 test: lint tools
-	$(PY) -m pytest -p randomly
+	$(PY) -m pytest
 	$(PY) bench/append_instructions.py --check
 
 # Instructions per appended message (callgrind; about a minute) against bench/append_budget.json:
