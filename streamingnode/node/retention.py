@@ -28,6 +28,7 @@ import structlog
 from flusher.flusher import Flusher
 from interceptors.recovery.snapshot import (
     PERIODIC_METAS,
+    SNAPSHOT_META,
     RecoverySnapshot,
     ShadowReplay,
     load_snapshot,
@@ -365,7 +366,14 @@ class ChannelRetention:
             # warning): the pchannel keeps serving.  The state below the first retained message is
             # known from no other snapshot, so nothing is truncated while it stays damaged.
             log.warning("retention: the truncation snapshot is damaged, nothing is truncated",
-                        pchannel=wal.pchannel, error=str(exc))
+                        pchannel=wal.pchannel, snapshot=SNAPSHOT_META, error=str(exc))
+            return None
+        if snapshot is not None and snapshot.message_id > wal.next_id:
+            # Past the end, it describes messages this log never had: not the state at the first
+            # retained id either.  Treated as damaged, and said at each check (the cut waits on it).
+            log.warning("retention: the truncation snapshot is damaged, nothing is truncated",
+                        pchannel=wal.pchannel, snapshot=SNAPSHOT_META,
+                        error=f"at id {snapshot.message_id}, past the end of the log ({wal.next_id})")
             return None
         base = snapshot.message_id if snapshot is not None else first
         payload = 0

@@ -19,6 +19,7 @@ import structlog
 
 from interceptors.recovery.snapshot import (
     PERIODIC_METAS,
+    SNAPSHOT_META,
     RecoverySnapshot,
     newest_snapshot,
     store_snapshot,
@@ -26,6 +27,7 @@ from interceptors.recovery.snapshot import (
 )
 from streamingnode.node.retention import ChannelRetention, RetentionConfig
 from tests.reopening import SCHEMA, Opened
+from tests.waiting import persisted_tick
 from wal import Message, MessageType, WALManager, bodies
 from wal.wal import WAL
 
@@ -108,3 +110,28 @@ async def test_at_the_end_is_valid_one_past_it_is_not(tmp_path: Path) -> None:
         assert warned and f"past the end of the log ({end})" in warned[0]["error"]
 
     await _bare(opened.path, check)
+
+
+@pytest.mark.parametrize("periodic", [True, False], ids=["periodic-snapshots", "no-periodic-snapshots"])
+async def test_retention_cuts_nothing_at_a_truncation_snapshot_past_the_end_and_says_why(
+    node: Opened, periodic: bool
+) -> None:
+    """The truncation snapshot is the state at the first retained id: one past the end cannot be, and
+    retention truncates nothing while it stays (as with a damaged one), with a warning that names it
+    at each check instead of holding the log back without a word."""
+    swal = node.swal
+    assert swal is not None
+    for i in range(20):
+        await swal.append(Message(MessageType.DATA, "v", f"m{i}".encode()))
+    await persisted_tick(swal)
+    config = RetentionConfig(retention_seconds=0, check_seconds=3600) if periodic else RetentionConfig(
+        retention_seconds=0, check_seconds=3600, snapshot_every_messages=0, snapshot_every_seconds=0)
+    retention = ChannelRetention(swal, None, None, config)
+    bound, _ = await retention.bound()
+    assert bound > swal.wal.first_id  # without the snapshot, this check would truncate
+    await store_snapshot(swal.wal, RecoverySnapshot(swal.wal.next_id + 40, {}), SNAPSHOT_META)
+    with structlog.testing.capture_logs() as logs:
+        assert await retention.check() is None
+    assert swal.wal.first_id == 0
+    warned = [e for e in logs if e["log_level"] == "warning" and e.get("snapshot") == SNAPSHOT_META]
+    assert warned and "past the end" in warned[0]["error"], logs
