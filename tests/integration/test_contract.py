@@ -315,6 +315,7 @@ async def test_reflection_lists_the_services(server: str, version: str) -> None:
     assert {"streamingnode.v1.StreamingNode", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
             "grpc.reflection.v1alpha.ServerReflection"} <= listed
     assert answers[1].HasField("file_descriptor_response"), answers[1]
+    assert answers[2].file_descriptor_response.file_descriptor_proto, f"{version} is listed but not described"
     own = descriptor_pb2.FileDescriptorProto.FromString(answers[2].file_descriptor_response.file_descriptor_proto[0])
     assert own.package == f"grpc.reflection.{version}" and own.service[0].name == "ServerReflection"
 

@@ -41,11 +41,24 @@ _SLOW_EXAMPLE = {"DeadlineExceeded"}  # hypothesis: an example ran past its dead
 _escaped: dict[int, tuple[BaseException, str]] = {}
 
 
+def _describe(exc: BaseException) -> str:
+    """The error's class and the first line of its message; a gRPC error by its status and details
+    (its own first line says only that an RPC terminated)."""
+    name = type(exc).__name__
+    code, details = getattr(exc, "code", None), getattr(exc, "details", None)
+    if callable(code) and callable(details):
+        try:
+            return f"{name}: {code()}: {details()}"
+        except Exception:  # a look at the error must not hide it
+            pass
+    text = str(exc).strip()
+    return f"{name}: {text.splitlines()[0]}" if text else name
+
+
 def classify(exc: BaseException, expected: frozenset[str] = frozenset()) -> tuple[str, str]:
     """``(kind, detail)`` for an exception that ended a test's body: killed, timeout or crashed."""
     name = type(exc).__name__
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    detail = f"{name}: {first}" if first else name
+    detail = _describe(exc)
     if isinstance(exc, pytest.fail.Exception):
         if str(exc).startswith(_TIMEOUT_PREFIX):
             return "timeout", detail
@@ -55,6 +68,8 @@ def classify(exc: BaseException, expected: frozenset[str] = frozenset()) -> tupl
     escaped = _escaped.get(id(exc))
     if escaped is not None and escaped[0] is exc:
         return "killed", f"{detail} (the test expected {escaped[1]})"
+    if name in expected or f"{type(exc).__module__}.{type(exc).__qualname__}" in expected:
+        return "killed", f"{detail} (the error this mutant is listed to raise)"
     if isinstance(exc, TimeoutError) or name in _SLOW_EXAMPLE:
         return "timeout", detail
     if isinstance(exc, BaseExceptionGroup):
@@ -64,8 +79,6 @@ def classify(exc: BaseException, expected: frozenset[str] = frozenset()) -> tupl
                 if kind == wanted:
                     return kind, f"{name} holding {inner}"
         return "crashed", f"{name} holding {kinds[0][1]}" if kinds else detail
-    if name in expected or f"{type(exc).__module__}.{type(exc).__qualname__}" in expected:
-        return "killed", f"{detail} (the error this mutant is listed to raise)"
     return "crashed", detail
 
 

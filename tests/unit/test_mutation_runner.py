@@ -44,6 +44,8 @@ def test_an_error_the_mutant_is_listed_to_raise_is_a_catch() -> None:
     assert classify(KeyError("k"), frozenset({"KeyError"}))[0] == "killed"
     assert classify(KeyError("k"), frozenset({"builtins.KeyError"}))[0] == "killed"
     assert classify(KeyError("k"), frozenset({"ValueError"}))[0] == "crashed"
+    # A test whose bound is its check (``asyncio.timeout`` around "not retried forever").
+    assert classify(TimeoutError(), frozenset({"TimeoutError"}))[0] == "killed"
 
 
 def _line(kind: str, when: str = "call", nodeid: str = "t.py::t") -> Line:
