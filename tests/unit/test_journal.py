@@ -262,6 +262,7 @@ async def test_a_torn_tail_is_dropped_and_its_bytes_kept_aside(tmp_path: Path, t
         # there, nothing was torn.
         assert not os.path.exists(last + ".torn")
         return
+    assert os.path.exists(last + ".torn"), "what was dropped is kept for inspection"
     with open(last + ".torn", "rb") as f:
         # Up to its last non-zero byte: zeros the cut record ends with cannot be told from the
         # preallocated rest of the file.
