@@ -60,7 +60,9 @@ EXPECTED_ENV = "MUTATION_EXPECTED"
 SKIPPED_EVERYWHERE = {".venv", ".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis",
                       "node_modules"}
 SKIPPED_AT_TOP = {"data", "streamingnode.egg-info"}
-PER_TEST_TIMEOUT = 120  # seconds; a planted bug may turn a wait into a hang
+PER_TEST_TIMEOUT = 300.0
+"""Seconds per test (the suite's own limit): a planted bug may turn a wait into a hang, and a Spark test's
+session alone takes two minutes on a loaded machine (a lower limit made those timeouts of the machine)."""
 PACKAGES = ("wal", "interceptors", "flusher", "streamingnode")
 
 
@@ -220,7 +222,7 @@ def judge(lines: list[Line], returncode: int | None, seconds: float, timeout: fl
 
 
 def run_tests(python: str, root: Path, env: dict[str, str], tests: list[str], timeout: float,
-              expected: list[str] | None = None) -> Outcome:
+              expected: list[str] | None = None, per_test: float = PER_TEST_TIMEOUT) -> Outcome:
     """Run ``tests`` under ``root`` with the verdict plugin and judge the result.
 
     No ``-x``: the plugin stops the session at the first test that fails on a check, so a setup error in
@@ -233,7 +235,7 @@ def run_tests(python: str, root: Path, env: dict[str, str], tests: list[str], ti
         run_env[REPORT_ENV] = str(report)
         run_env[EXPECTED_ENV] = ",".join(expected or [])
         cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", PLUGIN,
-               f"--timeout={PER_TEST_TIMEOUT}", *tests]
+               f"--timeout={per_test:g}", *tests]
         started = time.monotonic()
         with open(log, "w") as out:
             proc = subprocess.Popen(cmd, cwd=root, env=run_env, stdout=out, stderr=subprocess.STDOUT,
@@ -286,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=str(REPO / ".venv" / "bin" / "python"),
                         help="the interpreter that runs the tests (default: the repository's venv)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed per mutant's test run")
+    parser.add_argument("--test-timeout", type=float, default=PER_TEST_TIMEOUT,
+                        help="seconds allowed per test (pytest-timeout); default: the suite's own limit")
     parser.add_argument("--no-baseline", action="store_true", help="skip the run of the tests unmodified")
     parser.add_argument("--keep", action="store_true", help="keep the temporary copy (its path is printed)")
     parser.add_argument("--json", type=Path, help="also write each mutant's verdict to this file (JSON)")
@@ -313,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                 (root / m.file).write_text(plant(root, m))
             if not args.no_baseline:
                 tests = list(dict.fromkeys(t for m in chosen for t in m.tests))
-                base = run_tests(args.python, root, env, tests, args.timeout * 2)
+                base = run_tests(args.python, root, env, tests, args.timeout * 2, per_test=args.test_timeout)
                 if base.verdict != "survived":
                     raise ListError(f"the named tests do not pass on the unmodified copy ({base.verdict}): "
                                     f"{base.detail}")
@@ -321,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
             for m in chosen:
                 original = plant(root, m)
                 try:
-                    outcome = run_tests(args.python, root, env, m.tests, args.timeout, list(m.raises))
+                    outcome = run_tests(args.python, root, env, m.tests, args.timeout, list(m.raises),
+                                        per_test=args.test_timeout)
                 finally:
                     (root / m.file).write_text(original)
                 results.append((m, outcome))
