@@ -161,6 +161,7 @@ def test_verify_names_the_collection_and_the_record(tmp_path: Path) -> None:
     (root / "p" / layout.compactions_dir("c") / layout.record_name(2)).write_bytes(rec.to_json())
     findings, read = check_compactions(root, None)
     assert read == 1
+    assert len(findings) == 1, f"the record listing {rel} as input and output was not reported: {findings}"
     [finding] = findings
     assert finding.channel == "p"
     assert finding.line() == (
