@@ -88,6 +88,7 @@ def test_a_pchannel_that_fails_to_open_backs_off_and_describe_says_why(
         seen = describe(srv.address)
         assert {p: seen[p].owner.address for p in ("p0", "p2")} == {"p0": srv.address, "p2": srv.address}
         assert seen["p1"].owner.address == ""
+        assert len(seen["p1"].problems) == 1, f"describe does not say why p1 is not open: {seen['p1']}"
         (problem,) = seen["p1"].problems
         assert "damaged channel record of p1" in problem and "next try in" in problem
         patched_open["failing"].clear()  # repaired: it opens at its next try

@@ -48,7 +48,9 @@ async def test_a_glob_of_the_collection_directory_reads_data_files_only(swal: St
         written = await f.flush("v", "c")
     finally:
         await f.aclose()
-    [deletes] = delete_files(tmp_path, "c")
+    found = delete_files(tmp_path, "c")
+    assert len(found) == 1, f"not one delete file under _deletes/c: {found}"
+    [deletes] = found
     assert deletes.parent == tmp_path / "_deletes" / "c"
     assert f"_deletes/c/{deletes.name}" in written
     assert f"_deletes/c/{deletes.name}" in layout.committed_files(tmp_path)  # the flusher's start-up listing

@@ -233,6 +233,7 @@ async def test_a_damaged_file_holding_upserts_is_rebuilt_from_the_wal_with_the_s
     info = swal.shard.collections("v")["c"]
     rebuilt = await _repair.rebuild(swal.wal, targets, {("v", "c"): info}, 1 << 20)
     for path, target in zip(files, targets, strict=True):
+        assert target in rebuilt, f"{path} was not rebuilt from the WAL"
         assert rebuilt[target].to_table(swal.wal.pchannel).equals(pq.read_table(path)), path
 
 
