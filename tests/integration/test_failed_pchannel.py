@@ -16,7 +16,7 @@ import rocksdict
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
-from streamingnode.client import AsyncClient, ChannelDescription
+from streamingnode.client import AsyncClient, ChannelDescription, Client
 from streamingnode.server import ServerThread
 from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.v1 import streaming_pb2_grpc
@@ -100,6 +100,24 @@ def damaged_at_open(tmp_path: Path) -> Iterator[ServerThread]:
     srv.logs = logs  # type: ignore[attr-defined]
     try:
         yield srv
+    finally:
+        srv.stop()
+
+
+def test_a_node_starts_beside_a_pchannel_that_cannot_open(tmp_path: Path) -> None:
+    """The start itself, in the test's body (the fixture above starts the node before the test runs, so a
+    start that fails there shows only as a setup error)."""
+    data_dir = tmp_path / "data"
+    _fill(data_dir)
+    asyncio.run(_damage(data_dir, "bad", -1))
+    srv = ServerThread(node_config(data_dir, flusher=False))
+    try:
+        try:
+            srv.start()
+        except Exception as exc:
+            raise AssertionError(f"the node did not start beside a damaged pchannel: {exc!r}") from None
+        with Client(srv.address) as client:
+            assert _only(client.describe_channels(["bad"]), "bad").state == "failed"
     finally:
         srv.stop()
 
