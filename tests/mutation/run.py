@@ -234,7 +234,8 @@ def run_tests(python: str, root: Path, env: dict[str, str], tests: list[str], ti
         run_env = dict(env)
         run_env[REPORT_ENV] = str(report)
         run_env[EXPECTED_ENV] = ",".join(expected or [])
-        cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", PLUGIN,
+        # The named tests run in the order listed (no random order), so a verdict can be replayed.
+        cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-p", PLUGIN,
                f"--timeout={per_test:g}", *tests]
         started = time.monotonic()
         with open(log, "w") as out:
