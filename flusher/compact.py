@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 
 from flusher import layout
 from flusher.commit import StagingFencedError, fsync_dir, make_dirs
+from flusher.compaction_config import CompactionConfig
 from flusher.layout import CompactionRecord, DeliveryKey
 from wal.clock import compose
 from wal.crashpoints import CrashPoints
@@ -57,33 +58,6 @@ _PRIMARY_KEY = b"streamingnode.primary_key"
 _HIDDEN_OUTPUT = re.compile(r"\.\d{20}-\d{20}(?:\.g\d{20})?\.parquet")
 _DEAD_SHARE = 0.2
 """A file at least this share of whose rows are dead is rewritten even when it is not small."""
-
-
-@dataclass(frozen=True, slots=True)
-class CompactionConfig:
-    target_bytes: int = 128 * 1024 * 1024
-    """Size of an output file (estimated from the inputs' sizes); files under half of it are small."""
-    target_rows: int | None = None
-    """When set, an output also holds at most this many rows (and files under half of it are small)."""
-    min_files: int = 8
-    """A partition is compacted once it has this many small files (or a file with many dead rows)."""
-    horizon_seconds: float = 3600.0
-    """As-of reads stay exact for timeticks of the last this many seconds."""
-    grace_seconds: float = 60.0
-    """How long inputs stay after a record is committed, for readers that listed them before."""
-    io_bytes_per_second: int = 0
-    """Read plus write rate limit; 0 means none."""
-    compression: str = "zstd"
-
-    def __post_init__(self) -> None:
-        if self.target_bytes <= 0:
-            raise ValueError(f"target_bytes must be positive, got {self.target_bytes}")
-        if self.target_rows is not None and self.target_rows <= 0:
-            raise ValueError(f"target_rows must be positive or None, got {self.target_rows}")
-        if self.min_files < 1:
-            raise ValueError(f"min_files must be at least 1, got {self.min_files}")
-        if self.horizon_seconds < 0 or self.grace_seconds < 0 or self.io_bytes_per_second < 0:
-            raise ValueError("horizon_seconds, grace_seconds and io_bytes_per_second must not be negative")
 
 
 @dataclass(slots=True)
@@ -532,60 +506,6 @@ def collections(root: Path | str) -> list[str]:
     return sorted(found)
 
 
-def run_offline(data_dir: str, parquet_dir: str | None, pchannel: str | None, collection: str | None, *,
-                target_bytes: int, min_files: int, horizon_seconds: float) -> int:
-    """``streamingnode compact``: one pass over every pchannel's (or one's) collections of a stopped
-    node.  Holds the data directory's lock (a running node refuses to start meanwhile, and a running
-    one makes this fail).  Inputs go at once (grace 0): no node serves readers meanwhile, but a Spark
-    job still reading the tree may fail on a vanished file and must be run again.  Delete entries are
-    kept (a row the flusher has not written yet may be older than one)."""
-    import sys  # noqa: PLC0415
-
-    from streamingnode.offline.verify.access import offline  # noqa: PLC0415
-    from wal.errors import StreamingError  # noqa: PLC0415
-
-    try:
-        cfg = CompactionConfig(target_bytes=target_bytes, min_files=min_files, horizon_seconds=horizon_seconds,
-                               grace_seconds=0)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    parquet = Path(parquet_dir) if parquet_dir is not None else Path(data_dir) / "parquet"
-
-    def say(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
-
-    try:
-        with offline(data_dir):
-            roots = sorted(p for p in parquet.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))) \
-                if parquet.is_dir() else []
-            if pchannel is not None:
-                roots = [p for p in roots if p.name == pchannel]
-                if not roots:
-                    print(f"error: no Parquet directory for pchannel {pchannel[:200]!r} under {parquet}",
-                          file=sys.stderr)
-                    return 2
-            for root in roots:
-                names = collections(root)
-                if collection is not None:
-                    names = [n for n in names if n == collection]
-                prefix = root.name
-
-                def tell(msg: str) -> None:
-                    say(f"{prefix}: {msg}")  # noqa: B023  (called before the loop moves on)
-
-                for name in names:
-                    tell(f"compacting {name}")
-                    r = compact_collection(root, name, cfg, drop_deletes=False, progress=tell)
-                    print(f"{root.name}/{name}: generation {r.generation or '-'}: {r.files_before} files "
-                          f"({r.bytes_before} bytes) -> {r.files_after} ({r.bytes_after} bytes), "
-                          f"{r.rows_dropped} deleted rows dropped, {r.seconds:.2f}s", flush=True)
-    except StreamingError as exc:
-        print(f"error: {exc.code.name}: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
 __all__ = [
     "KILL_ENV",
     "STEPS",
@@ -596,6 +516,5 @@ __all__ = [
     "compact_collection",
     "crash_point",
     "recover",
-    "run_offline",
     "write_record",
 ]
