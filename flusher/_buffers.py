@@ -20,11 +20,11 @@ from wal.clock import physical_ms
 from wal.message import Message, Position
 
 PRIMARY_KEY = b"streamingnode.primary_key"
-"""The key ``flusher.read.spark`` looks up (PRIMARY_KEY_METADATA there)."""
+"""The key the readers look up (``flusher.read.plan.PRIMARY_KEY_METADATA``)."""
 SEGMENT_COLUMN = "_segment"
 ID_COLUMN = "_id"
 """The WAL message id of the INSERT, UPSERT or DELETE a row or delete entry came from: with ``_ts`` it
-orders the statements of one transaction (which share their commit ``_ts``); see ``flusher.read.spark``."""
+orders the statements of one transaction (which share their commit ``_ts``); see ``flusher.read.plan``."""
 
 
 @dataclass(slots=True, eq=False)

@@ -10,7 +10,7 @@ What it does with each message (in the scanner's delivery order, transactions wh
 - INSERT rows buffer per segment directory, DELETE keys per collection; an UPSERT buffers both, its
   rows and a delete entry of each row's key, at its one ``(ts, id)``.  Every row and delete entry
   carries ``_ts`` (its visible timestamp) and ``_id`` (its message id), which order the statements of
-  one transaction for the readers (``flusher.read.spark``, "the row rule").  A file is written on the
+  one transaction for the readers (``flusher.read.plan``, "the row rule").  A file is written on the
   segment's FLUSH, on a MANUAL_FLUSH of its vchannel (and collection), when a buffer reaches
   ``max_rows``/``max_bytes``/``max_age_seconds``, and — largest buffer first — whenever all buffers
   together exceed ``memory_cap_bytes``.

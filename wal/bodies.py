@@ -56,7 +56,7 @@ and ``_segment`` are reserved for the flusher's system columns.
 An UPSERT replaces: for each of its rows, every older version of the row's primary key is deleted
 and the row inserted, in one message (one atomic step, one timetick).  The flusher writes it as a
 delete entry of the key plus the row, both stamped with the message's ``(ts, id)`` (see
-``flusher.read.spark``, "the row rule").  An INSERT of an existing key adds a second version instead.
+``flusher.read.plan``, "the row rule").  An INSERT of an existing key adds a second version instead.
 
 Builders raise ``InvalidArgumentError`` for bad arguments; parsers raise only ``CodecError``.
 """
