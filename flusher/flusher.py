@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 
-from flusher import _overlaps, _probe, _repair, layout
+from flusher import _overlaps, _probe, _repair, compaction_record, layout
 from flusher import compact as _compact
 from flusher._buffers import Buffer, delete_rows, insert_destination, upsert_delete_rows
 from flusher.commit import StagingFencedError, commit_file, crash_point, inside, open_staging, remove_temporaries
@@ -618,8 +618,8 @@ class Flusher:
     # --- compaction ------------------------------------------------------------------------------
     def _recover_compactions(self) -> None:
         grace = (self._cfg.compaction or _compact.CompactionConfig()).grace_seconds
-        for c in _compact.collections(self._root):
-            _compact.recover(self._root, c, grace)
+        for c in compaction_record.collections(self._root):
+            compaction_record.recover(self._root, c, grace)
 
     async def compact(self, collection: str | None = None, progress: Callable[[str], None] | None = None, *,
                       config: _compact.CompactionConfig | None = None,
@@ -637,7 +637,8 @@ class Flusher:
                 raise OnShutdownError(f"flusher of {self._wal.pchannel!r} stopped before its files were checked",
                                       channel=self._wal.pchannel)
         busy = set(self._buffers)  # a buffer opened later holds only messages delivered later
-        names = [collection] if collection is not None else await self._in_thread(_compact.collections, self._root)
+        names = [collection] if collection is not None else \
+            await self._in_thread(compaction_record.collections, self._root)
         results = []
         for name in names:
             try:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from flusher.compact import collections, compact_collection
+from flusher.compact import compact_collection
 from flusher.compaction_config import DEFAULT_COMPACTION, CompactionConfig
+from flusher.compaction_record import collections
 from streamingnode.offline.verify.access import offline
 from wal.errors import StreamingError
 
