@@ -39,7 +39,8 @@ import structlog
 
 from flusher import incarnation
 from flusher.commit import inside
-from flusher.flusher import Flusher, FlusherConfig
+from flusher.config import FlusherConfig
+from flusher.flusher import Flusher
 from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
 from streamingnode.config import NodeConfig, compaction_config
 from streamingnode.node.disk_guard import StorageMonitor, start_monitor
