@@ -54,7 +54,7 @@ from interceptors.recovery.streaming_wal import StreamingWAL
 from wal import bodies
 from wal.clock import physical_ms
 from wal.errors import ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError
-from wal.message import Message, MessageType, Position
+from wal.message import Message, MessageType, Position, of_types
 from wal.options import DeliverFilter, DeliverPolicy, ReadOption
 from wal.scanner import MsgPack, Scanner
 from wal.tasks import cancel_and_wait
@@ -144,6 +144,17 @@ class Flusher:
         """Set once ``_holding`` ended, or the flusher stopped: on-demand compaction waits for it."""
         self._check_task: asyncio.Task[None] | None = None
         self._compact_task: asyncio.Task[None] | None = None
+        self._handlers: dict[MessageType, Callable[[Message, int], Awaitable[None]]] = {
+            _MT.CREATE_COLLECTION: self._on_create_collection,
+            _MT.DROP_COLLECTION: self._on_drop_collection,
+            _MT.INSERT: self._on_insert,
+            _MT.DELETE: self._on_delete,
+            _MT.UPSERT: self._on_upsert,
+            _MT.FLUSH: self._on_flush,
+            _MT.MANUAL_FLUSH: self._on_manual_flush,
+        }
+        self._wanted = frozenset({*self._handlers, _MT.COMMIT_TXN})
+        """The types the flusher acts on (a commit gives its transaction's rows their timestamp)."""
         self._compactor = Compactor(self._root, self._wal.pchannel, self._files, self._cfg.compaction)
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -336,8 +347,7 @@ class Flusher:
     async def _process(self, pack: MsgPack) -> None:
         # Only the types the flusher acts on, picked in one pass: on a log of plain DATA messages
         # every message would otherwise cost a handler lookup here, on the node's event loop.
-        wanted = _WANTED
-        msgs = [m for m in pack.messages if m._type in wanted]
+        msgs = of_types(pack.messages, self._wanted)
         pack.messages.clear()
         commits = {m.txn.txn_id: m.timetick for m in msgs if m.message_type is _MT.COMMIT_TXN and m.txn is not None}
         self._pack_start = pack.start_position
@@ -346,10 +356,10 @@ class Flusher:
         msgs.reverse()
         while msgs:
             m = msgs.pop()
-            handler = _HANDLERS.get(m.message_type)
+            handler = self._handlers.get(m.message_type)
             if handler is not None:
                 ts = m.timetick if m.txn is None else commits.get(m.txn.txn_id, m.timetick)
-                await handler(self, m, ts)
+                await handler(m, ts)
         for b in [b for b in self._buffers.values() if b.late]:
             await self._write(b)
         now = time.monotonic()
@@ -575,18 +585,5 @@ def _key(m: Message, ts: int) -> layout.DeliveryKey:
     assert mid is not None  # read from the WAL
     return ts, mid
 
-
-_Handler = Callable[[Flusher, Message, int], Awaitable[None]]
-_HANDLERS: dict[MessageType, _Handler] = {
-    _MT.CREATE_COLLECTION: Flusher._on_create_collection,
-    _MT.DROP_COLLECTION: Flusher._on_drop_collection,
-    _MT.INSERT: Flusher._on_insert,
-    _MT.DELETE: Flusher._on_delete,
-    _MT.UPSERT: Flusher._on_upsert,
-    _MT.FLUSH: Flusher._on_flush,
-    _MT.MANUAL_FLUSH: Flusher._on_manual_flush,
-}
-
-_WANTED = frozenset({*_HANDLERS, _MT.COMMIT_TXN})
 
 __all__ = ["Flusher", "FlusherState", "FlusherStats"]
