@@ -213,6 +213,53 @@ def zero_rest(data: bytes, pos: int) -> bool:
     return data.count(0, pos) == len(data) - pos
 
 
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record of a journal file, as ``records`` finds it: its groups, or why it does not check out."""
+
+    offset: int
+    groups: list[WriteGroup] | None
+    """The record's groups; None when it does not check out."""
+    reason: str = ""
+    """Why it does not check out."""
+    channel_keys: tuple[int, ...] = ()
+    """The pchannels of a bad record, when its meta checks out."""
+    good: tuple[WriteGroup, ...] = ()
+    bad: tuple[tuple[int, int], ...] = ()
+    """As ``Torn.good`` and ``Torn.bad``."""
+    resumes_at: int | None = None
+    """Where the first record that checks out after a bad one starts; None when none does."""
+    written_whole: bool = False
+    """Whether a trailer proves a bad record with nothing valid after it reached the disk whole."""
+
+
+def records(data: bytes) -> Iterator[Record]:
+    """Every record of one journal file's bytes (``data``), in order, reading on past damage: after a bad
+    record at the next one that checks out (``resumes_at``); the end of ``data``, a bad record with
+    nothing valid after it, or the zero-written rest of a preallocated file ends them.
+
+    The record format and the facts that tell a torn tail from damage are the journal's; what a bad
+    record means where it is (the end of the newest file, or not) is the caller's to judge, as replay
+    (``read``) and the offline ``verify`` and ``salvage`` do.
+    """
+    pos = 0
+    while pos < len(data):
+        parsed = _parse(data, pos)
+        if isinstance(parsed, tuple):
+            groups, end = parsed
+            yield Record(pos, groups)
+            pos = end
+            continue
+        if zero_rest(data, pos):
+            return  # the zero-written rest of a preallocated file: the records end here
+        follows = _valid_record_from(data, parsed.end if parsed.end is not None else pos + 1)
+        whole = follows is None and _complete(data, pos, parsed)
+        yield Record(pos, None, parsed.reason, parsed.channel_keys, parsed.good, parsed.bad, follows, whole)
+        if follows is None:
+            return
+        pos = follows
+
+
 def read(path: str, *, past_damage: bool = False) -> Iterator[list[WriteGroup] | Torn]:
     """The records of one file in order; a ``Torn`` where a record does not check out.
 
@@ -223,27 +270,20 @@ def read(path: str, *, past_damage: bool = False) -> Iterator[list[WriteGroup] |
     """
     with open(path, "rb") as f:
         data = f.read()
-    pos = 0
-    while pos < len(data):
-        parsed = _parse(data, pos)
-        if isinstance(parsed, tuple):
-            groups, pos = parsed
-            yield groups
+    for r in records(data):
+        if r.groups is not None:
+            yield r.groups
             continue
-        if zero_rest(data, pos):
-            return  # the zero-written rest of a preallocated file: the records end here
-        follows = _valid_record_from(data, parsed.end if parsed.end is not None else pos + 1)
-        if follows is not None:
-            yield Torn(pos, f"{parsed.reason}; a valid record follows at byte {follows}", True,
-                       parsed.channel_keys, parsed.good, parsed.bad)
-        elif _complete(data, pos, parsed):
-            yield Torn(pos, f"{parsed.reason}; its trailer shows the record was written whole", True,
-                       parsed.channel_keys, parsed.good, parsed.bad)
+        if r.resumes_at is not None:
+            yield Torn(r.offset, f"{r.reason}; a valid record follows at byte {r.resumes_at}", True,
+                       r.channel_keys, r.good, r.bad)
+        elif r.written_whole:
+            yield Torn(r.offset, f"{r.reason}; its trailer shows the record was written whole", True,
+                       r.channel_keys, r.good, r.bad)
         else:
-            yield Torn(pos, parsed.reason, False, parsed.channel_keys, parsed.good, parsed.bad)
-        if follows is None or not past_damage:
+            yield Torn(r.offset, r.reason, False, r.channel_keys, r.good, r.bad)
+        if not past_damage:
             return
-        pos = follows
 
 
 def files(directory: str) -> list[str]:
@@ -296,5 +336,6 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-__all__ = ["END_MAGIC", "KEPT_SUFFIX", "MAGIC", "MAGIC_V1", "SUFFIX", "TORN_SUFFIX", "Torn", "encode",
-           "file_name", "files", "fsync_dir", "keep_torn_tail", "kept_files", "read", "sequence_of", "zero_rest"]
+__all__ = ["END_MAGIC", "KEPT_SUFFIX", "MAGIC", "MAGIC_V1", "SUFFIX", "TORN_SUFFIX", "Record", "Torn", "encode",
+           "file_name", "files", "fsync_dir", "keep_torn_tail", "kept_files", "read", "records", "sequence_of",
+           "zero_rest"]

@@ -51,32 +51,22 @@ def scan_journal(data_dir: str, findings: list[Finding], notes: list[str],
         with open(path, "rb") as f:
             data = f.read()
         last = i == newest_live
-        pos = 0
-        while pos < len(data):
-            parsed = _journal._parse(data, pos)
-            if isinstance(parsed, tuple):
-                groups, pos_next = parsed
-                records.append(JournalRecord(path, pos, groups, kept))
-                pos = pos_next
+        for rec in _journal.records(data):
+            if rec.groups is not None:
+                records.append(JournalRecord(path, rec.offset, rec.groups, kept))
                 continue
-            if _journal.zero_rest(data, pos):
-                break  # the zero-written rest of a preallocated file: its records end here
-            resume = _journal._valid_record_from(data, parsed.end if parsed.end is not None else pos + 1)
-            if resume is None and last and not _journal._complete(data, pos, parsed):
-                notes.append(f"{path} at byte {pos}: torn tail of {len(data) - pos} bytes ({parsed.reason}); "
-                             "a write cut short by a crash, never acknowledged: the node drops it")
+            if rec.resumes_at is None and last and not rec.written_whole:
+                notes.append(f"{path} at byte {rec.offset}: torn tail of {len(data) - rec.offset} bytes "
+                             f"({rec.reason}); a write cut short by a crash, never acknowledged: the node drops it")
                 break
-            after = ("valid records follow it" if resume is not None
+            after = ("valid records follow it" if rec.resumes_at is not None
                      else "its trailer shows it was written whole" if last
                      else "a file kept after damage" if kept
                      else "newer journal files follow it")
-            keys = f" (channel keys {', '.join(map(str, parsed.channel_keys))})" if parsed.channel_keys else ""
-            findings.append(Finding(path, f"damaged journal record{keys}: {parsed.reason}; {after}", offset=pos))
+            keys = f" (channel keys {', '.join(map(str, rec.channel_keys))})" if rec.channel_keys else ""
+            findings.append(Finding(path, f"damaged journal record{keys}: {rec.reason}; {after}", offset=rec.offset))
             if damaged_keys is not None:
-                damaged_keys.append(tuple(parsed.channel_keys))  # () when its meta is unreadable
-            if resume is None:
-                break
-            pos = resume
+                damaged_keys.append(tuple(rec.channel_keys))  # () when its meta is unreadable
     return records
 
 
