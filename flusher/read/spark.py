@@ -36,6 +36,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from flusher.read import plan
 from flusher.read.arrow import read_collection_arrow
 from flusher.read.plan import (
     DELETES_DIR,
@@ -86,11 +87,9 @@ _LATEST = "__streamingnode_latest"
 
 
 def __getattr__(name: str) -> object:
-    # AsOfBeforeHorizonError lives in flusher.layout (the compactor raises it too), loaded only when asked for.
+    # AsOfBeforeHorizonError is flusher.read.plan's, loaded (from flusher.layout) only when asked for.
     if name == "AsOfBeforeHorizonError":
-        from flusher.layout import AsOfBeforeHorizonError  # noqa: PLC0415
-
-        return AsOfBeforeHorizonError
+        return getattr(plan, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
