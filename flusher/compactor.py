@@ -11,9 +11,9 @@ from pathlib import Path
 
 import structlog
 
-from flusher import compaction_record, layout
+from flusher import compact, compaction_record, layout
 from flusher.commit import StagingFencedError
-from flusher.compact import CompactionResult, CompactionTotals, compact_collection
+from flusher.compact import CompactionResult, CompactionTotals
 from flusher.compaction_config import DEFAULT_COMPACTION, CompactionConfig
 from flusher.writer import FileWriter
 
@@ -49,8 +49,9 @@ class Compactor:
         results = []
         for name in names:
             try:
+                # Through the module: a test holds a pass back by replacing it there.
                 r = await self._files.in_thread(functools.partial(
-                    compact_collection, self._root, name, cfg, busy=busy, progress=progress,
+                    compact.compact_collection, self._root, name, cfg, busy=busy, progress=progress,
                     staging=self._files.staging, now_ms=now_ms))
             except StagingFencedError as exc:
                 raise self._files.fenced(exc) from exc
