@@ -267,7 +267,7 @@ def _profile(args: argparse.Namespace) -> None:
     import pstats  # noqa: PLC0415
     import shutil  # noqa: PLC0415
 
-    import flusher.flusher as fmod  # noqa: PLC0415
+    import flusher.writer as fmod  # noqa: PLC0415
 
     batches = _data(args.rows, args.batch)
     loop_prof, worker_prof = cProfile.Profile(), cProfile.Profile()

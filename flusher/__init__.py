@@ -13,13 +13,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from flusher.checkpoint import CHECKPOINT_META
     from flusher.commit import commit_file, remove_temporaries
-    from flusher.flusher import CHECKPOINT_META, Flusher, FlusherConfig, FlusherState, FlusherStats
+    from flusher.config import FlusherConfig
+    from flusher.flusher import Flusher, FlusherState, FlusherStats
 
 _WHERE = {
-    "CHECKPOINT_META": "flusher.flusher",
+    "CHECKPOINT_META": "flusher.checkpoint",
     "Flusher": "flusher.flusher",
-    "FlusherConfig": "flusher.flusher",
+    "FlusherConfig": "flusher.config",
     "FlusherState": "flusher.flusher",
     "FlusherStats": "flusher.flusher",
     "commit_file": "flusher.commit",

@@ -15,16 +15,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flusher.layout import FIRST_KEY, LAST_KEY, PCHANNEL, TS_COLUMN, DeliveryKey, encode_key, segment_dir
-from wal import bodies
+from wal import bodies, columns
 from wal.clock import physical_ms
 from wal.message import Message, Position
 
 PRIMARY_KEY = b"streamingnode.primary_key"
-"""The key ``flusher.read.spark`` looks up (PRIMARY_KEY_METADATA there)."""
+"""The key the readers look up (``flusher.read.plan.PRIMARY_KEY_METADATA``)."""
 SEGMENT_COLUMN = "_segment"
 ID_COLUMN = "_id"
 """The WAL message id of the INSERT, UPSERT or DELETE a row or delete entry came from: with ``_ts`` it
-orders the statements of one transaction (which share their commit ``_ts``); see ``flusher.read.spark``."""
+orders the statements of one transaction (which share their commit ``_ts``); see ``flusher.read.plan``."""
 
 
 @dataclass(slots=True, eq=False)
@@ -126,27 +126,32 @@ def _conform(array: pa.Array, t: pa.DataType) -> pa.Array:
     return array if array.type == t else array.cast(t)
 
 
+FLOAT16 = b"float16"
+"""The ``columns.VECTOR_METADATA`` value on a float32 vector in a Parquet file that a float16 vector was
+widened to (a bfloat16 one carries ``columns.BFLOAT16``, its value in a schema too)."""
+
+
 def parquet_field(f: pa.Field) -> pa.Field:
     """The field a schema's field becomes in a Parquet file: itself, except for float16 and bfloat16
     vectors, widened to float32 vectors (exactly: every 16-bit value is a float32) named by field
     metadata, because Spark cannot read Parquet FLOAT16 (it fails on the whole file) and nothing
     reads bfloat16 bytes as numbers.  Timestamps stay as they are; the writer stores them as
     microseconds (``coerce_timestamps="us"``)."""
-    if bodies.is_float16_vector(f.type):
-        kind = bodies.FLOAT16
-    elif bodies.is_bfloat16_vector(f):
-        kind = bodies.BFLOAT16
+    if columns.is_float16_vector(f.type):
+        kind = FLOAT16
+    elif columns.is_bfloat16_vector(f):
+        kind = columns.BFLOAT16
     else:
         return f
-    dim = f.type.list_size if kind == bodies.FLOAT16 else f.type.byte_width // 2
-    metadata = {**(f.metadata or {}), bodies.VECTOR_METADATA: kind}
+    dim = f.type.list_size if kind == FLOAT16 else f.type.byte_width // 2
+    metadata = {**(f.metadata or {}), columns.VECTOR_METADATA: kind}
     return pa.field(f.name, pa.list_(pa.float32(), dim), f.nullable, metadata)
 
 
 def _to_parquet(array: pa.Array, f: pa.Field) -> pa.Array:
-    if bodies.is_float16_vector(f.type):
+    if columns.is_float16_vector(f.type):
         return array.cast(pa.list_(pa.float32(), f.type.list_size))
-    if bodies.is_bfloat16_vector(f):
+    if columns.is_bfloat16_vector(f):
         return _widen_bfloat16(array, f.type.byte_width // 2)
     return array
 

@@ -13,7 +13,7 @@ recovery never deletes the path; this module gives the output the name it should
    (``_repair.rebuild``: every delete entry from the first id through the last, a superset of what the
    pass kept: an entry it had dropped removes no row that is left, which is why it was dropped);
 2. the new file committed (temporary, fsync, rename, directory fsync);
-3. the record rewritten the same way (``compact.write_record``), publishing the new name.  The old path
+3. the record rewritten the same way (``compaction_record.write_record``), publishing the new name.  The old path
    stays an input, deleted after the grace period like any other.
 
 When none of the three is left (retention truncated the WAL past the file's first message) the file
@@ -26,8 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from flusher import compact as _compact
-from flusher import layout
+from flusher import compaction_record, layout
 from flusher.layout import CompactionRecord
 
 
@@ -47,7 +46,7 @@ class Overlap:
 def find(root: Path) -> list[Overlap]:
     """Every record under ``root`` (one pchannel's) that lists a path as both input and output."""
     out = []
-    for c in _compact.collections(root):
+    for c in compaction_record.collections(root):
         for rec in layout.read_records(root, c):
             both = rec.overlap()
             if both:
@@ -78,7 +77,7 @@ def publish(root: Path, overlap: Overlap, replacements: dict[str, str], staging:
     fixed = CompactionRecord(rec.generation, rec.horizon, rec.inputs,
                              tuple(replacements.get(o, o) for o in rec.outputs), rec.flushed)
     layout.check_record(root, overlap.collection, fixed)
-    _compact.write_record(root, overlap.collection, fixed, staging)
+    compaction_record.write_record(root, overlap.collection, fixed, staging)
     return fixed
 
 

@@ -24,14 +24,13 @@ flusher commit):
 6. After ``grace_seconds`` (at once when 0, else on a later pass), delete the inputs and the hidden
    names.  Step ``inputs``.
 
+Steps 1, 4, 5 and 6 are the record's life (``flusher.compaction_record``: ``recover``, ``write_record``);
 ``STREAMINGNODE_COMPACT_KILL_AT=<step>[:<n>]`` kills the process right after a step (crash tests).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -42,48 +41,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from flusher import layout
-from flusher.commit import StagingFencedError, fsync_dir, make_dirs
+from flusher.commit import fsync_dir, make_dirs
+from flusher.compaction_config import CompactionConfig
+from flusher.compaction_record import crash_point, recover, write_record
 from flusher.layout import CompactionRecord, DeliveryKey
 from wal.clock import compose
-from wal.crashpoints import CrashPoints
-
-KILL_ENV = "STREAMINGNODE_COMPACT_KILL_AT"
-STEPS = ("output", "record", "link", "inputs")
-crash_point = CrashPoints(KILL_ENV, STEPS)
 
 _TS = "_ts"
 _ID = "_id"
 _PRIMARY_KEY = b"streamingnode.primary_key"
-_HIDDEN_OUTPUT = re.compile(r"\.\d{20}-\d{20}(?:\.g\d{20})?\.parquet")
 _DEAD_SHARE = 0.2
 """A file at least this share of whose rows are dead is rewritten even when it is not small."""
-
-
-@dataclass(frozen=True, slots=True)
-class CompactionConfig:
-    target_bytes: int = 128 * 1024 * 1024
-    """Size of an output file (estimated from the inputs' sizes); files under half of it are small."""
-    target_rows: int | None = None
-    """When set, an output also holds at most this many rows (and files under half of it are small)."""
-    min_files: int = 8
-    """A partition is compacted once it has this many small files (or a file with many dead rows)."""
-    horizon_seconds: float = 3600.0
-    """As-of reads stay exact for timeticks of the last this many seconds."""
-    grace_seconds: float = 60.0
-    """How long inputs stay after a record is committed, for readers that listed them before."""
-    io_bytes_per_second: int = 0
-    """Read plus write rate limit; 0 means none."""
-    compression: str = "zstd"
-
-    def __post_init__(self) -> None:
-        if self.target_bytes <= 0:
-            raise ValueError(f"target_bytes must be positive, got {self.target_bytes}")
-        if self.target_rows is not None and self.target_rows <= 0:
-            raise ValueError(f"target_rows must be positive or None, got {self.target_rows}")
-        if self.min_files < 1:
-            raise ValueError(f"min_files must be at least 1, got {self.min_files}")
-        if self.horizon_seconds < 0 or self.grace_seconds < 0 or self.io_bytes_per_second < 0:
-            raise ValueError("horizon_seconds, grace_seconds and io_bytes_per_second must not be negative")
 
 
 @dataclass(slots=True)
@@ -131,83 +99,6 @@ class _Throttle:
         ahead = self.done / self.rate - (time.monotonic() - self.start)
         if ahead > 0:
             time.sleep(ahead)  # the I/O limit: this runs on the flusher's thread, never the loop
-
-
-# --- recovery --------------------------------------------------------------------------------------
-
-
-def _unlink(path: Path, dirs: set[Path]) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-        dirs.add(path.parent)
-
-
-def _sync_and_prune(dirs: Iterable[Path], root: Path) -> None:
-    for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
-        if not d.exists():
-            continue
-        fsync_dir(d)
-        # An emptied segment directory goes too (a flusher that writes there again creates it).
-        if d.name.startswith("segment=") and not any(d.iterdir()):
-            with contextlib.suppress(OSError):
-                d.rmdir()
-                fsync_dir(d.parent)
-
-
-def recover(root: Path, collection: str, grace_seconds: float = 0.0, *, now: float | None = None) -> int:
-    """Finish committed records and delete uncommitted outputs (see the module docstring).
-
-    Returns how many records are still waiting for their grace period."""
-    records = layout.read_records(root, collection)
-    wall = time.time() if now is None else now
-    waiting = 0
-    referenced: set[str] = set()
-    # A path a record lists as both input and output (older code wrote such records) is never deleted
-    # here: it is the only copy of that output; the flusher's repair (``repair_overlaps``) replaces it.
-    kept = {q for rec in records for p in rec.overlap() for q in (p, layout.hidden(p))}
-    for rec in records:
-        referenced.update(layout.hidden(o) for o in rec.outputs)
-        linked: set[Path] = set()
-        for out in rec.outputs:
-            if not (root / out).exists() and (root / layout.hidden(out)).exists():
-                with contextlib.suppress(FileExistsError):
-                    os.link(root / layout.hidden(out), root / out)
-                linked.add((root / out).parent)
-        for d in linked:
-            fsync_dir(d)
-        if linked:
-            crash_point("link")
-        leftovers = [p for p in (*rec.inputs, *map(layout.hidden, rec.outputs))
-                     if p not in kept and (root / p).exists()]
-        if not leftovers:
-            continue
-        record = root / layout.compactions_dir(collection) / layout.record_name(rec.generation)
-        committed_at = record.stat().st_mtime
-        if wall - committed_at < grace_seconds:
-            waiting += 1
-            continue
-        touched: set[Path] = set()
-        for p in leftovers:
-            _unlink(root / p, touched)
-        _sync_and_prune(touched, root)
-        crash_point("inputs")
-    # Outputs of a compaction that crashed before its record: never visible, deleted.
-    stale: set[Path] = set()
-    for top in (root / collection, root / layout.deletes_dir(collection)):
-        for dirpath, dirnames, filenames in os.walk(top):
-            dirnames[:] = [n for n in dirnames if n != layout.COMPACTIONS_DIR]
-            rel = Path(dirpath).relative_to(root).as_posix()
-            for n in filenames:
-                if _HIDDEN_OUTPUT.fullmatch(n) and f"{rel}/{n}" not in referenced:
-                    _unlink(Path(dirpath) / n, stale)
-    cdir = root / layout.compactions_dir(collection)
-    if cdir.is_dir():
-        with os.scandir(cdir) as entries:
-            temporaries = [Path(e.path) for e in entries if e.name.startswith(".") and e.name.endswith(".tmp")]
-        for path in temporaries:
-            _unlink(path, stale)
-    _sync_and_prune(stale, root)
-    return waiting
 
 
 # --- planning --------------------------------------------------------------------------------------
@@ -300,28 +191,6 @@ def _merged(tables: list[pa.Table], meta: dict[bytes, bytes], first: DeliveryKey
     out[layout.FIRST_KEY] = layout.encode_key(first)
     out[layout.LAST_KEY] = layout.encode_key(last)
     return t.replace_schema_metadata(out)
-
-
-def write_record(root: Path, collection: str, rec: CompactionRecord, staging: Path | None) -> None:
-    """Commit ``rec``: the pass's one visible step.  With ``staging`` (a flusher's directory of its
-    term, see ``flusher.commit``) the temporary is written there, so a pass of a term whose staging
-    directory a newer flusher removed fails here (StagingFencedError) and changes nothing readers see."""
-    d = root / layout.compactions_dir(collection)
-    make_dirs(d)
-    name = layout.record_name(rec.generation)
-    tmp = d / f".{name}.tmp" if staging is None else staging / f".{os.getpid()}-{collection}-{name}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(rec.to_json())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, d / name)
-    except FileNotFoundError as exc:
-        if staging is not None and not staging.is_dir():
-            raise StagingFencedError(f"{d / name}: compaction record not committed: its staging directory "
-                                     f"{staging.name} was removed by a newer term's flusher") from exc
-        raise
-    fsync_dir(d)
 
 
 def compact_collection(root: Path | str, collection: str, config: CompactionConfig | None = None, *,
@@ -517,85 +386,9 @@ class CompactionTotals:
         self.delete_entries_dropped += r.delete_entries_dropped
 
 
-def collections(root: Path | str) -> list[str]:
-    """The collections under ``root``: directories holding partitions, and those with delete files."""
-    base = Path(root)
-    if not base.is_dir():
-        return []
-    with os.scandir(base) as entries:  # closed even when a listing fails half-way (a ResourceWarning else)
-        dirs = [e for e in entries if e.is_dir() and not e.name.startswith(("_", "."))]
-    found = {e.name for e in dirs if any(p.name.startswith("partition=") for p in Path(e.path).iterdir())}
-    deletes = base / layout.DELETES_DIR
-    if deletes.is_dir():
-        with os.scandir(deletes) as entries:
-            found.update(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
-    return sorted(found)
-
-
-def run_offline(data_dir: str, parquet_dir: str | None, pchannel: str | None, collection: str | None, *,
-                target_bytes: int, min_files: int, horizon_seconds: float) -> int:
-    """``streamingnode compact``: one pass over every pchannel's (or one's) collections of a stopped
-    node.  Holds the data directory's lock (a running node refuses to start meanwhile, and a running
-    one makes this fail).  Inputs go at once (grace 0): no node serves readers meanwhile, but a Spark
-    job still reading the tree may fail on a vanished file and must be run again.  Delete entries are
-    kept (a row the flusher has not written yet may be older than one)."""
-    import sys  # noqa: PLC0415
-
-    from streamingnode.offline.verify.access import offline  # noqa: PLC0415
-    from wal.errors import StreamingError  # noqa: PLC0415
-
-    try:
-        cfg = CompactionConfig(target_bytes=target_bytes, min_files=min_files, horizon_seconds=horizon_seconds,
-                               grace_seconds=0)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    parquet = Path(parquet_dir) if parquet_dir is not None else Path(data_dir) / "parquet"
-
-    def say(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
-
-    try:
-        with offline(data_dir):
-            roots = sorted(p for p in parquet.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))) \
-                if parquet.is_dir() else []
-            if pchannel is not None:
-                roots = [p for p in roots if p.name == pchannel]
-                if not roots:
-                    print(f"error: no Parquet directory for pchannel {pchannel[:200]!r} under {parquet}",
-                          file=sys.stderr)
-                    return 2
-            for root in roots:
-                names = collections(root)
-                if collection is not None:
-                    names = [n for n in names if n == collection]
-                prefix = root.name
-
-                def tell(msg: str) -> None:
-                    say(f"{prefix}: {msg}")  # noqa: B023  (called before the loop moves on)
-
-                for name in names:
-                    tell(f"compacting {name}")
-                    r = compact_collection(root, name, cfg, drop_deletes=False, progress=tell)
-                    print(f"{root.name}/{name}: generation {r.generation or '-'}: {r.files_before} files "
-                          f"({r.bytes_before} bytes) -> {r.files_after} ({r.bytes_after} bytes), "
-                          f"{r.rows_dropped} deleted rows dropped, {r.seconds:.2f}s", flush=True)
-    except StreamingError as exc:
-        print(f"error: {exc.code.name}: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
 __all__ = [
-    "KILL_ENV",
-    "STEPS",
     "CompactionConfig",
     "CompactionResult",
     "CompactionTotals",
-    "collections",
     "compact_collection",
-    "crash_point",
-    "recover",
-    "run_offline",
-    "write_record",
 ]

@@ -10,7 +10,7 @@ What it does with each message (in the scanner's delivery order, transactions wh
 - INSERT rows buffer per segment directory, DELETE keys per collection; an UPSERT buffers both, its
   rows and a delete entry of each row's key, at its one ``(ts, id)``.  Every row and delete entry
   carries ``_ts`` (its visible timestamp) and ``_id`` (its message id), which order the statements of
-  one transaction for the readers (``flusher.read.spark``, "the row rule").  A file is written on the
+  one transaction for the readers (``flusher.read.plan``, "the row rule").  A file is written on the
   segment's FLUSH, on a MANUAL_FLUSH of its vchannel (and collection), when a buffer reaches
   ``max_rows``/``max_bytes``/``max_age_seconds``, and — largest buffer first — whenever all buffers
   together exceed ``memory_cap_bytes``.
@@ -29,36 +29,32 @@ limits cut the replayed files at other boundaries.
 from __future__ import annotations
 
 import asyncio
-import base64
 import collections
-import dataclasses
 import enum
-import errno
-import functools
 import json
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import BinaryIO
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import structlog
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
 
-from flusher import _overlaps, _probe, _repair, layout
-from flusher import compact as _compact
+from flusher import _probe, layout
 from flusher._buffers import Buffer, delete_rows, insert_destination, upsert_delete_rows
-from flusher.commit import StagingFencedError, commit_file, crash_point, inside, open_staging, remove_temporaries
-from interceptors.recovery.snapshot import load_snapshot
+from flusher.checkpoint import Checkpoint, CollectionEntry, Registry
+from flusher.compact import CompactionResult, CompactionTotals
+from flusher.compaction_config import CompactionConfig
+from flusher.compactor import Compactor
+from flusher.config import FlusherConfig
+from flusher.damage import NOTHING, DamageRepair
+from flusher.writer import FileWriter
 from interceptors.recovery.streaming_wal import StreamingWAL
-from interceptors.shard.interceptor import ShardInterceptor
 from wal import bodies
 from wal.clock import physical_ms
-from wal.errors import ChannelFencedError, ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError
-from wal.message import Message, MessageType, Position
+from wal.errors import ErrorCode, InvalidArgumentError, OnShutdownError, StreamingError
+from wal.message import Message, MessageType, Position, of_types
 from wal.options import ReadOption
 from wal.resume import resume_after
 from wal.scanner import MsgPack, Scanner
@@ -67,39 +63,8 @@ from wal.wal import WAL
 
 log = structlog.get_logger(__name__)
 
-CHECKPOINT_META = "flusher_checkpoint"
-"""The default ``FlusherConfig.checkpoint_name``."""
 _KEEP_FLUSH_RESULTS = 1024
-_T = TypeVar("_T")
 _MT = MessageType
-
-
-@dataclass(frozen=True, slots=True)
-class FlusherConfig:
-    """Limits of one flusher.  A buffer is written when any of its limits is reached."""
-
-    max_rows: int = 1_000_000
-    max_bytes: int = 64 << 20
-    """Per buffer, counted as the payload bytes it holds."""
-    max_age_seconds: float = 50.0
-    """Since the buffer's first row arrived (checked at every TimeTick); the node's default too
-    (``flush_max_age_seconds``): an idle insert reaches Parquet within a minute."""
-    memory_cap_bytes: int = 256 << 20
-    """All buffers together; above it the largest buffer is written first."""
-    compression: str = "zstd"
-    checkpoint_interval_seconds: float = 1.0
-    """How often the checkpoint moves when no file was written (after a write it moves at once)."""
-    read_batch_bytes: int = 1 << 20
-    checkpoint_name: str = CHECKPOINT_META
-    """The WAL meta key of the checkpoint: one per (pchannel, root); a second flusher of the same
-    pchannel writing elsewhere needs its own."""
-    compaction: _compact.CompactionConfig | None = None
-    """Compaction of small files (``flusher/compact.py``); None: never in the background."""
-    compaction_interval_seconds: float = 300.0
-
-    def __post_init__(self) -> None:
-        if self.max_rows < 1 or self.max_bytes < 1 or self.memory_cap_bytes < 1 or not self.max_age_seconds > 0:
-            raise InvalidArgumentError("flusher limits must be positive")
 
 
 class FlusherState(enum.Enum):
@@ -131,24 +96,6 @@ class FlusherStats:
     """Of those, the files whose messages the WAL no longer held: their rows are not in Parquet."""
 
 
-@dataclass(slots=True)
-class _Collection:
-    vchannel: str
-    name: str
-    schema: pa.Schema
-    primary_key: str
-    dropped: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {"vchannel": self.vchannel, "name": self.name, "primary_key": self.primary_key,
-                "dropped": self.dropped, "schema": base64.b64encode(self.schema.serialize().to_pybytes()).decode()}
-
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> _Collection:
-        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(raw["schema"])))
-        return cls(raw["vchannel"], raw["name"], schema, raw["primary_key"], bool(raw["dropped"]))
-
-
 class Flusher:
     """Writes the collections of one pchannel as Parquet under ``root``.  See the module docstring.
 
@@ -167,7 +114,7 @@ class Flusher:
         WAL); the node moves the pchannel to FAILED.  Called from the flusher's own tasks: it must
         not wait for this flusher to close (the node schedules the close instead)."""
         self._state = FlusherState.STARTING
-        self._collections: dict[tuple[str, str], _Collection] = {}
+        self._collections: Registry = {}
         self._buffers: dict[str, Buffer] = {}
         self._flushed: dict[str, layout.DeliveryKey] = {}
         self._sealed: set[int] = set()
@@ -175,10 +122,8 @@ class Flusher:
         self._peak = 0
         self._position = Position(self._wal.pchannel, self._wal.first_id, 0)
         self._pack_start = self._position
-        self._saved: tuple[int, int] | None = None
-        self._saved_at = 0.0
-        self._registry_dirty = False
-        self._wrote = False
+        self._checkpoint = Checkpoint(self._wal, self._cfg.checkpoint_name, self._cfg.checkpoint_interval_seconds,
+                                      self._collections)
         self._processed = 0
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._flush_files: collections.OrderedDict[int, list[str]] = collections.OrderedDict()
@@ -186,25 +131,32 @@ class Flusher:
         self._error: BaseException | None = None
         self._scanner: Scanner | None = None
         self._task: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"flusher-{self._wal.pchannel}")
+        self._files = FileWriter(self._root, self._wal.pchannel, self._wal.term, self._cfg.compression)
         self._rows_written = 0
         self._delete_rows_written = 0
         self._bytes_written = 0
         self._files_written = 0
-        self._quarantined = 0
-        self._lost = 0
+        self._damage = DamageRepair(self._wal, self._files, self._root, collections=self._collections,
+                                    flushed=self._flushed, read_batch_bytes=self._cfg.read_batch_bytes)
         self._damaged: list[layout.Damaged] = []  # moved aside at start, rebuilt before reading
         self._unchecked: list[str] = []  # sound footers whose data the check task has still to read
         self._holding = False
         self._checked = asyncio.Event()
         """Set once ``_holding`` ended, or the flusher stopped: on-demand compaction waits for it."""
-        self._staging: Path | None = None
         self._check_task: asyncio.Task[None] | None = None
         self._compact_task: asyncio.Task[None] | None = None
-        self._compactions = _compact.CompactionTotals()
-        self.problems: list[str] = []
-        """Damage found that this flusher cannot repair (one human-readable line per finding); the
-        node shows it in DescribeChannels."""
+        self._handlers: dict[MessageType, Callable[[Message, int], Awaitable[None]]] = {
+            _MT.CREATE_COLLECTION: self._on_create_collection,
+            _MT.DROP_COLLECTION: self._on_drop_collection,
+            _MT.INSERT: self._on_insert,
+            _MT.DELETE: self._on_delete,
+            _MT.UPSERT: self._on_upsert,
+            _MT.FLUSH: self._on_flush,
+            _MT.MANUAL_FLUSH: self._on_manual_flush,
+        }
+        self._wanted = frozenset({*self._handlers, _MT.COMMIT_TXN})
+        """The types the flusher acts on (a commit gives its transaction's rows their timestamp)."""
+        self._compactor = Compactor(self._root, self._wal.pchannel, self._files, self._cfg.compaction)
 
     # --- lifecycle -------------------------------------------------------------------------------
     @property
@@ -219,9 +171,13 @@ class Flusher:
     def checkpoint(self) -> Position:
         """The stored checkpoint: every message before its id is in committed files (or needs none),
         so the WAL may be truncated below it (but see ``retained_from``)."""
-        if self._saved is None:
-            return Position(self._wal.pchannel, self._wal.first_id, 0)
-        return Position(self._wal.pchannel, self._saved[0], self._saved[1])
+        return self._checkpoint.position
+
+    @property
+    def problems(self) -> list[str]:
+        """Damage found that this flusher cannot repair (one human-readable line per finding); the
+        node shows it in DescribeChannels."""
+        return self._damage.problems
 
     @property
     def checking(self) -> bool:
@@ -242,17 +198,13 @@ class Flusher:
             raise InvalidArgumentError(f"flusher of {self._wal.pchannel!r} was already started")
         # First fence every older term's writer (commit.open_staging), then list what is committed:
         # a file an older owner renamed before this point is listed and adopted, and none can land after.
-        try:
-            self._staging = await self._in_thread(open_staging, self._root, self._wal.term)
-        except StagingFencedError as exc:
-            raise self._fenced(exc) from exc
-        removed = await self._in_thread(remove_temporaries, self._root)
-        await self._in_thread(self._recover_compactions)
+        removed = await self._files.open()
+        await self._files.in_thread(self._compactor.recover)
         committed = await _probe.scan(self._root, self._wal.pchannel)
-        self._flushed = committed.flushed
+        self._flushed.update(committed.flushed)  # in place: the repairs raise it too
         # Directories compacted away still count: their messages are in the compaction outputs.
-        for directory, key in (await self._in_thread(layout.compacted_keys, self._root)).items():
-            if key > self._flushed.get(directory, _NOTHING):
+        for directory, key in (await self._files.in_thread(layout.compacted_keys, self._root)).items():
+            if key > self._flushed.get(directory, NOTHING):
                 self._flushed[directory] = key
         self._unchecked = committed.files
         self._holding = True  # until the data of every file is checked (``_check_files``)
@@ -260,36 +212,21 @@ class Flusher:
             # Moved aside now, before anything reads the tree: neither this flusher nor a reader
             # sees it again.  Its messages are not in ``_flushed``; the task rebuilds the file
             # before it reads on, so a replay cannot write them a second time.
-            await self._move_aside(d)
+            await self._damage.move_aside(d)
         self._damaged = committed.damaged
-        raw = await self._wal.get_meta(self._cfg.checkpoint_name)
         # Lazy: once caught up the flusher reads by time ticks (every tick interval while data comes
         # in), not after every append; wait_flushed asks for a tick when someone waits on it.
         option = ReadOption(read_batch_bytes=self._cfg.read_batch_bytes, lazy=True)
-        saved = json.loads(raw) if raw is not None else None
-        if saved is not None and int(saved["message_id"]) < self._wal.first_id:
-            # Retention truncated past a checkpoint left while this flusher was off: what lay between
-            # is gone from the log.  Start from the first retained message, as without a checkpoint.
-            log.warning("flusher checkpoint is below the retained log; messages in between were never "
-                        "written to Parquet", pchannel=self._wal.pchannel, checkpoint=int(saved["message_id"]),
-                        first_id=self._wal.first_id)
-            saved = None
-        if saved is not None:
-            for c in saved["collections"]:
-                coll = _Collection.from_json(c)
-                self._collections[(coll.vchannel, coll.name)] = coll
-            self._saved = (int(saved["message_id"]), int(saved["timetick"]))
+        if await self._checkpoint.load():
             self._position = self._pack_start = self.checkpoint
-            self._processed = self._saved[1]
-            policy, filters = resume_after(*self._saved)
+            self._processed = self.checkpoint.timetick
+            policy, filters = resume_after(self.checkpoint.message_id, self.checkpoint.timetick)
             option = ReadOption(
                 deliver_policy=policy,
                 deliver_filters=filters,
                 read_batch_bytes=self._cfg.read_batch_bytes,
                 lazy=True,
             )
-        else:
-            await self._seed_from_snapshot()
         self._scanner = self._wal.read(option)
         self._task = asyncio.get_running_loop().create_task(self._run(self._scanner),
                                                             name=f"flusher-{self._wal.pchannel}")
@@ -298,31 +235,9 @@ class Flusher:
             self._compact_task = asyncio.get_running_loop().create_task(
                 self._compact_loop(), name=f"flusher-compact-{self._wal.pchannel}")
         self._state = FlusherState.RUNNING
-        log.info("flusher started", pchannel=self._wal.pchannel, root=str(self._root), checkpoint=self._saved,
-                 committed_dirs=len(self._flushed), removed_temporaries=removed,
+        log.info("flusher started", pchannel=self._wal.pchannel, root=str(self._root),
+                 checkpoint=self._checkpoint.saved, committed_dirs=len(self._flushed), removed_temporaries=removed,
                  quarantined=len(committed.damaged))
-
-    async def _seed_from_snapshot(self) -> None:
-        """Reading from the first retained message: the collections created before it are known only
-        from the recovery snapshot that retention stored with the truncation (the CreateCollection
-        messages are gone).
-
-        When the snapshot is above the first retained id (a crash between storing it and truncating),
-        drops it records may still be ahead in the log: those collections are seeded live, and the
-        DropCollection, when read, marks them dropped as usual.
-        """
-        if self._wal.first_id == 0:
-            return  # nothing was ever truncated: every CreateCollection is in the log
-        snapshot = await load_snapshot(self._wal)
-        if snapshot is None:
-            return
-        exact = snapshot.message_id <= self._wal.first_id
-        for c in snapshot.steps.get(ShardInterceptor.name, {}).get("collections", []):
-            coll = _Collection.from_json(c)
-            if not exact:
-                coll.dropped = False
-            self._collections[(coll.vchannel, coll.name)] = coll
-        self._registry_dirty = True
 
     async def aclose(self) -> None:
         """Stop reading; buffered rows are not written (the checkpoint replays them).  Idempotent."""
@@ -341,7 +256,7 @@ class Flusher:
         if self._scanner is not None:
             await self._scanner.aclose()
         self._fail_waiters(OnShutdownError(f"flusher of {self._wal.pchannel!r} is closed", channel=self._wal.pchannel))
-        self._executor.shutdown(wait=True)
+        self._files.shutdown()
         self._buffers.clear()
         self._buffered = 0
         self._state = FlusherState.CLOSED
@@ -369,12 +284,6 @@ class Flusher:
         self._checked.set()
         self._fail_waiters(exc)
 
-    def _fenced(self, exc: StagingFencedError) -> ChannelFencedError:
-        return ChannelFencedError(
-            f"flusher of pchannel {self._wal.pchannel!r} term {self._wal.term} is fenced: a newer term's "
-            f"flusher writes its Parquet directory, so nothing more is committed here ({exc})",
-            channel=self._wal.pchannel, term=self._wal.term)
-
     def _report_damage(self, exc: BaseException) -> bool:
         """Hand damaged storage (CORRUPTED) to ``on_damage``; True when it was handed over.  A
         shutdown, a fence or a full disk is not damage: those are the flusher's own to report."""
@@ -388,16 +297,6 @@ class Flusher:
         for _, fut in waiters:
             if not fut.done():
                 fut.set_exception(exc)
-
-    async def _in_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
-        """Run blocking file work on the flusher's own thread; a cancel waits for it to finish, so
-        a close never leaves a commit half done behind it."""
-        fut = asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
-        try:
-            return await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            await asyncio.wait([fut])
-            raise
 
     # --- the public API --------------------------------------------------------------------------
     async def wait_flushed(self, timetick: int) -> list[str]:
@@ -432,15 +331,16 @@ class Flusher:
             bytes_written=self._bytes_written, files_written=self._files_written,
             buffered_bytes=self._buffered, buffered_rows=sum(b.rows for b in self._buffers.values()),
             peak_buffered_bytes=self._peak, buffers=len(self._buffers), processed_timetick=self._processed,
-            lag_ms=lag, checkpoint=self.checkpoint, files_quarantined=self._quarantined, files_lost=self._lost,
+            lag_ms=lag, checkpoint=self.checkpoint, files_quarantined=self._damage.quarantined,
+            files_lost=self._damage.lost,
         )
 
     # --- the reader loop -------------------------------------------------------------------------
     async def _run(self, scanner: Scanner) -> None:
-        await self._repair_overlaps()
+        await self._damage.repair_overlaps()
         if self._damaged:
             damaged, self._damaged = self._damaged, []
-            await self._rebuild(damaged)
+            await self._damage.rebuild(damaged)
         self._check_task = asyncio.get_running_loop().create_task(
             self._check_files(), name=f"flusher-check-{self._wal.pchannel}")
         async for pack in scanner:
@@ -449,8 +349,7 @@ class Flusher:
     async def _process(self, pack: MsgPack) -> None:
         # Only the types the flusher acts on, picked in one pass: on a log of plain DATA messages
         # every message would otherwise cost a handler lookup here, on the node's event loop.
-        wanted = _WANTED
-        msgs = [m for m in pack.messages if m._type in wanted]
+        msgs = of_types(pack.messages, self._wanted)
         pack.messages.clear()
         commits = {m.txn.txn_id: m.timetick for m in msgs if m.message_type is _MT.COMMIT_TXN and m.txn is not None}
         self._pack_start = pack.start_position
@@ -459,10 +358,10 @@ class Flusher:
         msgs.reverse()
         while msgs:
             m = msgs.pop()
-            handler = _HANDLERS.get(m.message_type)
+            handler = self._handlers.get(m.message_type)
             if handler is not None:
                 ts = m.timetick if m.txn is None else commits.get(m.txn.txn_id, m.timetick)
-                await handler(self, m, ts)
+                await handler(m, ts)
         for b in [b for b in self._buffers.values() if b.late]:
             await self._write(b)
         now = time.monotonic()
@@ -471,7 +370,7 @@ class Flusher:
             await self._write(b)
         self._position = pack.end_position
         self._processed = max(self._processed, pack.end_ts)
-        await self._maybe_checkpoint(now)
+        await self._checkpoint.maybe_store(now, self._resume_position())
         self._wake(self._processed)
 
     def _wake(self, processed: int) -> None:
@@ -486,35 +385,22 @@ class Flusher:
                 keep.append((ts, fut))
         self._waiters = keep
 
-    async def _maybe_checkpoint(self, now: float) -> None:
+    def _resume_position(self) -> Position:
+        """Where a restart must read from: the start of the oldest pack holding a buffered message."""
         if self._buffers:
-            pos = min((b.resume for b in self._buffers.values()), key=lambda p: (p.message_id, p.timetick))
-        else:
-            pos = self._position
-        target = (pos.message_id, pos.timetick)
-        if self._saved is not None and target <= self._saved and not self._registry_dirty:
-            return
-        if not self._wrote and now - self._saved_at < self._cfg.checkpoint_interval_seconds:
-            return
-        value = {"version": 1, "message_id": target[0], "timetick": target[1],
-                 "collections": [c.to_json() for c in self._collections.values()]}
-        await self._wal.put_meta(self._cfg.checkpoint_name, json.dumps(value).encode())
-        crash_point("checkpoint")
-        self._saved = max(target, self._saved) if self._saved is not None else target
-        self._saved_at = now
-        self._wrote = False
-        self._registry_dirty = False
+            return min((b.resume for b in self._buffers.values()), key=lambda p: (p.message_id, p.timetick))
+        return self._position
 
     # --- message handlers ------------------------------------------------------------------------
-    def _live(self, m: Message) -> _Collection | None:
+    def _live(self, m: Message) -> CollectionEntry | None:
         c = self._collections.get((m.vchannel, m.properties.get(bodies.PROP_COLLECTION, "")))
         return None if c is None or c.dropped else c
 
     async def _on_create_collection(self, m: Message, ts: int) -> None:
         name = m.properties[bodies.PROP_COLLECTION]
-        self._collections[(m.vchannel, name)] = _Collection(
+        self._collections[(m.vchannel, name)] = CollectionEntry(
             m.vchannel, name, bodies.read_schema(m), m.properties[bodies.PROP_PRIMARY_KEY])
-        self._registry_dirty = True
+        self._checkpoint.registry_changed()
 
     async def _on_drop_collection(self, m: Message, ts: int) -> None:
         c = self._live(m)
@@ -529,10 +415,10 @@ class Flusher:
         def write_marker(f: BinaryIO) -> None:
             f.write(marker)
 
-        await self._commit_when_space(c.name, layout.DROPPED_MARKER, write_marker)
+        await self._files.commit_when_space(c.name, layout.DROPPED_MARKER, write_marker)
         c.dropped = True
-        self._registry_dirty = True
-        self._wrote = True
+        self._checkpoint.registry_changed()
+        self._checkpoint.file_written()
 
     async def _on_insert(self, m: Message, ts: int) -> None:
         c = self._live(m)
@@ -540,7 +426,7 @@ class Flusher:
             return
         directory, segment = insert_destination(m, c.name)
         key = _key(m, ts)
-        if key <= self._flushed.get(directory, _NOTHING):
+        if key <= self._flushed.get(directory, NOTHING):
             return  # already in a committed file (a replay after a restart)
         batch = bodies.read_rows(m)
         b = self._buffers.get(directory)
@@ -566,11 +452,11 @@ class Flusher:
         await self._on_insert(m, ts)
         await self._add_deletes(c, m, ts, lambda: upsert_delete_rows(bodies.read_rows(m), c.schema, c.primary_key))
 
-    async def _add_deletes(self, c: _Collection, m: Message, ts: int,
+    async def _add_deletes(self, c: CollectionEntry, m: Message, ts: int,
                            entries: Callable[[], tuple[pa.Schema, pa.RecordBatch]]) -> None:
         directory = layout.deletes_dir(c.name)
         key = _key(m, ts)
-        if key <= self._flushed.get(directory, _NOTHING):
+        if key <= self._flushed.get(directory, NOTHING):
             return
         schema, batch = entries()
         b = self._buffers.get(directory)
@@ -618,20 +504,13 @@ class Flusher:
         while len(self._flush_files) > _KEEP_FLUSH_RESULTS:
             self._flush_files.popitem(last=False)
 
-    # --- compaction ------------------------------------------------------------------------------
-    def _recover_compactions(self) -> None:
-        grace = (self._cfg.compaction or _compact.CompactionConfig()).grace_seconds
-        for c in _compact.collections(self._root):
-            _compact.recover(self._root, c, grace)
-
+    # --- compaction (flusher/compactor.py) ------------------------------------------------------
     async def compact(self, collection: str | None = None, progress: Callable[[str], None] | None = None, *,
-                      config: _compact.CompactionConfig | None = None,
-                      now_ms: int | None = None) -> list[_compact.CompactionResult]:
+                      config: CompactionConfig | None = None, now_ms: int | None = None) -> list[CompactionResult]:
         """One compaction pass over ``collection`` (or every collection), on the flusher's own thread,
         so no commit runs meanwhile.  Directories with buffered rows are left alone.  ``config``
         replaces the flusher's compaction settings for this pass; ``now_ms`` the wall clock the
         horizon is counted back from (a model test picks its horizons)."""
-        cfg = config or self._cfg.compaction or _compact.CompactionConfig()
         if self._holding:
             # The files committed before the start are still being checked (a damaged one moved aside
             # and rebuilt): a pass deleting one meanwhile would look like damage to the check.
@@ -640,34 +519,11 @@ class Flusher:
                 raise OnShutdownError(f"flusher of {self._wal.pchannel!r} stopped before its files were checked",
                                       channel=self._wal.pchannel)
         busy = set(self._buffers)  # a buffer opened later holds only messages delivered later
-        names = [collection] if collection is not None else await self._in_thread(_compact.collections, self._root)
-        results = []
-        for name in names:
-            try:
-                r = await self._in_thread(functools.partial(_compact.compact_collection, self._root, name, cfg,
-                                                            busy=busy, progress=progress, staging=self._staging,
-                                                            now_ms=now_ms))
-            except StagingFencedError as exc:
-                raise self._fenced(exc) from exc
-            except layout.OverlappingRecordError as exc:
-                if collection is not None:
-                    raise
-                # A record older code wrote that could not be repaired (``problems``): this collection
-                # waits, the others are compacted.
-                log.error("compaction skipped", pchannel=self._wal.pchannel, collection=name,  # noqa: TRY400
-                          error=str(exc)[:300])  # the reason is the record, not this stack
-                continue
-            self._compactions.add(r)
-            if r.generation is not None:
-                log.info("compacted", pchannel=self._wal.pchannel, collection=name, generation=r.generation,
-                         files_before=r.files_before, files_after=r.files_after, bytes_before=r.bytes_before,
-                         bytes_after=r.bytes_after, rows_dropped=r.rows_dropped, seconds=round(r.seconds, 3))
-            results.append(r)
-        return results
+        return await self._compactor.run(collection, busy, progress, config=config, now_ms=now_ms)
 
-    def compaction_stats(self) -> _compact.CompactionTotals:
+    def compaction_stats(self) -> CompactionTotals:
         """Totals of this flusher's compactions (a copy)."""
-        return dataclasses.replace(self._compactions)
+        return self._compactor.totals()
 
     async def _compact_loop(self) -> None:
         while True:
@@ -685,13 +541,13 @@ class Flusher:
         """Commit ``b`` as one file, then forget it.  Returns once the file is durable."""
         if self._buffers.get(b.directory) is not b:
             return
-        path = await self._commit_buffer(b)
+        path = await self._files.commit_buffer(b)
         name = path.name
         size = path.stat().st_size
         del self._buffers[b.directory]
         self._buffered -= b.nbytes
         self._flushed[b.directory] = b.last_key
-        self._wrote = True
+        self._checkpoint.file_written()
         self._files_written += 1
         self._bytes_written += size
         if b.segment is None:
@@ -704,102 +560,7 @@ class Flusher:
         log.debug("flusher wrote", pchannel=self._wal.pchannel, file=rel, rows=b.rows, bytes=size)
 
 
-    async def _commit_buffer(self, b: Buffer) -> Path:
-        table = b.to_table(self._wal.pchannel)
-        compression = self._cfg.compression
-
-        def write(f: Any) -> None:
-            # Page checksums let a check of the data (``layout.check_data``) tell a damaged page.
-            pq.write_table(table, f, compression=compression, coerce_timestamps="us",
-                           allow_truncated_timestamps=True, write_page_checksum=True)
-
-        return await self._commit_when_space(b.directory, layout.file_name(b.first_id, b.last_id), write)
-
-    async def _commit_when_space(self, directory: str, name: str, write: Callable[[BinaryIO], None]) -> Path:
-        """Commit a file; a full disk holds the flusher back instead of stopping it.  A failed commit
-        leaves nothing behind and the name is deterministic, so the same file is tried again (backing
-        off up to every 5 s) until space returns; the node frees space meanwhile (streamingnode.node.disk_guard)."""
-        def full(rs: RetryCallState) -> None:
-            log.warning("flusher: the disk is full, the file is written again once space returns",
-                        pchannel=self._wal.pchannel, file=f"{directory}/{name}", retry_seconds=rs.upcoming_sleep)
-
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(_disk_full), wait=wait_exponential(multiplier=0.1, max=_FULL_RETRY_MAX_SECONDS),
-            before_sleep=full, reraise=True)
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    return await self._in_thread(_commit_under, self._root, directory, name, write, self._staging)
-        except StagingFencedError as exc:
-            raise self._fenced(exc) from exc
-        raise AssertionError("unreachable: tenacity either returns or re-raises")  # pragma: no cover
-
-    # --- records listing a path as input and output (flusher/_overlaps.py) ----------------------
-    async def _repair_overlaps(self) -> None:
-        """Give each output an older pass named after its input its own name, from the file while it
-        is there, else from the WAL; report the ones lost (``problems``)."""
-        for o in await self._in_thread(_overlaps.find, self._root):
-            log.error("compaction record lists a path as both input and output", pchannel=self._wal.pchannel,
-                      collection=o.collection, record=o.record_path, paths=list(o.paths))
-            replacements: dict[str, str] = {}
-            for rel in o.paths:
-                new = _overlaps.renamed(rel, o.record.generation)
-                directory, _, name = new.rpartition("/")
-                found = await self._in_thread(_overlaps.source, self._root, rel)
-                if found is not None:
-                    data = await self._in_thread(found.read_bytes)
-                    await self._commit_when_space(directory, name, functools.partial(_write_bytes, data))
-                    replacements[rel] = new
-                    continue
-                why = await self._rebuild_lost_output(rel, directory, name)
-                if why is None:
-                    replacements[rel] = new
-                    continue
-                self._lost += 1
-                line = (f"collection {o.collection!r}: compaction record {o.record_path} lists {rel} as both input "
-                        f"and output, and the file is gone; it cannot be rebuilt: {why}.  The collection's "
-                        "readers refuse it (reading on would show the rows its delete entries removed)")
-                self.problems.append(line)
-                log.error("compaction output lost", pchannel=self._wal.pchannel, collection=o.collection,
-                          record=o.record_path, file=rel, reason=why)
-            if len(replacements) == len(o.paths):
-                await self._in_thread(_overlaps.publish, self._root, o, replacements, self._staging)
-                log.warning("compaction record repaired", pchannel=self._wal.pchannel, collection=o.collection,
-                            record=o.record_path, outputs=sorted(replacements.values()))
-
-    async def _rebuild_lost_output(self, rel: str, directory: str, name: str) -> str | None:
-        """Write ``directory/name`` with the messages the name of ``rel`` states, read from the WAL;
-        None when done, else why it cannot be."""
-        ids = layout.parse_name(rel.rpartition("/")[2])
-        if ids is None:
-            return "its name states no message ids"
-        if ids[0] < self._wal.first_id:
-            return (f"its messages {ids[0]}..{ids[1]} are no longer in the WAL (retention truncated it up to "
-                    f"{self._wal.first_id})")
-        target = _repair.Target(rel.rpartition("/")[0], ids[0], ids[1])
-        found = await _repair.rebuild(self._wal, [target], self._collections, self._cfg.read_batch_bytes)
-        b = found.get(target)
-        if b is None:
-            return f"its messages {ids[0]}..{ids[1]} were not found whole in the WAL"
-        table = b.to_table(self._wal.pchannel)
-        compression = self._cfg.compression
-
-        def write(f: Any) -> None:
-            pq.write_table(table, f, compression=compression, coerce_timestamps="us",
-                           allow_truncated_timestamps=True, write_page_checksum=True)
-
-        await self._commit_when_space(directory, name, write)
-        log.warning("lost compaction output rebuilt from the WAL", pchannel=self._wal.pchannel, file=rel,
-                    rebuilt=f"{directory}/{name}", rows=b.rows)
-        return None
-
-    # --- damaged files ---------------------------------------------------------------------------
-    async def _move_aside(self, d: layout.Damaged) -> None:
-        moved = await self._in_thread(layout.quarantine, self._root, d.rel)
-        self._quarantined += 1
-        log.error("damaged parquet file moved aside", pchannel=self._wal.pchannel, file=d.rel,
-                  moved_to=str(moved.relative_to(self._root)), reason=d.reason)
-
+    # --- damaged files (flusher/damage.py) ------------------------------------------------------
     async def _check_files(self) -> None:
         """Read the data of every file committed before this start (page checksums, statistics);
         a damaged one is moved aside and rebuilt.  Runs beside the reader: those files' messages
@@ -807,11 +568,7 @@ class Flusher:
         (``retained_from``) until the last file is checked."""
         try:
             rels, self._unchecked = self._unchecked, []
-            async for rel, _, reason in _probe.probe(_probe.DATA, self._root, self._wal.pchannel, rels):
-                if reason is not None:
-                    d = layout.Damaged(rel, reason)
-                    await self._move_aside(d)
-                    await self._rebuild([d])
+            await self._damage.check(rels)
         except (OSError, StreamingError, layout.LayoutError) as exc:
             if self._report_damage(exc):
                 # Rebuilding a file read a damaged WAL block: the pchannel fails (the node closes
@@ -820,63 +577,9 @@ class Flusher:
                             pchannel=self._wal.pchannel, error=repr(exc))
                 return
             log.exception("flusher could not check its files", pchannel=self._wal.pchannel)
-            self.problems.append(f"the check of the committed Parquet files stopped: {exc!r:.200}")
+            self._damage.problems.append(f"the check of the committed Parquet files stopped: {exc!r:.200}")
         self._holding = False
         self._checked.set()
-
-    async def _rebuild(self, damaged: list[layout.Damaged]) -> None:
-        """Write each moved-aside file again from the WAL, or report it lost (``problems``)."""
-        first_kept = self._wal.first_id
-        targets: dict[_repair.Target, layout.Damaged] = {}
-        lost: list[tuple[layout.Damaged, str]] = []
-        for d in damaged:
-            ids = layout.parse_name(d.name)
-            if ids is None:
-                lost.append((d, "its name states no message ids"))
-            elif min(ids) < first_kept:
-                lost.append((d, f"its messages {ids[0]}..{ids[1]} are no longer in the WAL "
-                                f"(the first retained is {first_kept})"))
-            else:
-                targets[_repair.Target(d.directory, ids[0], ids[1])] = d
-        if targets:
-            found = await _repair.rebuild(self._wal, list(targets), self._collections, self._cfg.read_batch_bytes)
-            for target, d in targets.items():
-                b = found.get(target)
-                if b is None:
-                    lost.append((d, f"its messages {target.first_id}..{target.last_id} were not found whole in "
-                                    "the WAL"))
-                    continue
-                path = await self._commit_buffer(b)
-                if b.last_key > self._flushed.get(b.directory, _NOTHING):
-                    self._flushed[b.directory] = b.last_key
-                log.warning("damaged parquet file rewritten from the WAL", pchannel=self._wal.pchannel,
-                            file=d.rel, rows=b.rows, bytes=path.stat().st_size)
-        for d, why in lost:
-            self._lost += 1
-            line = (f"Parquet file {d.rel} was damaged ({d.reason[:200]}) and moved to "
-                    f"{layout.QUARANTINE_DIR}/; it cannot be rewritten: {why}, so its rows are missing "
-                    "from the Parquet output")
-            self.problems.append(line)
-            log.error("damaged parquet file lost", pchannel=self._wal.pchannel, file=d.rel, reason=why)
-
-
-_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-_FULL_RETRY_MAX_SECONDS = 5.0
-
-
-def _disk_full(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS
-
-
-def _commit_under(root: Path, directory: str, name: str, write: Callable[[BinaryIO], None],
-                  staging: Path | None) -> Path:
-    """``commit_file`` into ``root/directory``, a directory derived from collection and partition
-    names read back from the log: checked to lie inside ``root`` before anything is written."""
-    return commit_file(inside(root, directory), name, write, staging=staging)
-
-
-def _write_bytes(data: bytes, f: BinaryIO) -> None:
-    f.write(data)
 
 
 def _key(m: Message, ts: int) -> layout.DeliveryKey:
@@ -885,18 +588,4 @@ def _key(m: Message, ts: int) -> layout.DeliveryKey:
     return ts, mid
 
 
-_NOTHING: layout.DeliveryKey = (-1, -1)
-_Handler = Callable[[Flusher, Message, int], Awaitable[None]]
-_HANDLERS: dict[MessageType, _Handler] = {
-    _MT.CREATE_COLLECTION: Flusher._on_create_collection,
-    _MT.DROP_COLLECTION: Flusher._on_drop_collection,
-    _MT.INSERT: Flusher._on_insert,
-    _MT.DELETE: Flusher._on_delete,
-    _MT.UPSERT: Flusher._on_upsert,
-    _MT.FLUSH: Flusher._on_flush,
-    _MT.MANUAL_FLUSH: Flusher._on_manual_flush,
-}
-
-_WANTED = frozenset({*_HANDLERS, _MT.COMMIT_TXN})
-
-__all__ = ["CHECKPOINT_META", "Flusher", "FlusherConfig", "FlusherState", "FlusherStats"]
+__all__ = ["Flusher", "FlusherState", "FlusherStats"]

@@ -2,8 +2,8 @@
 
 ``serve`` runs the node (gRPC on port 19530, data under ./data, no configuration needed).  ``demo``
 runs a durable append/read round trip in a data directory without a server, ``inspect`` lists the
-pchannels of a data directory, and ``verify`` and ``salvage`` check and repair a stopped node's data
-directory (``streamingnode.offline.verify``, ``streamingnode.offline.salvage``).  ``produce``, ``consume``,
+pchannels of a data directory, and ``verify``, ``salvage`` and ``compact`` check, repair and compact a
+stopped node's data directory (``streamingnode.offline.verify``, ``.salvage``, ``.compact``).  ``produce``, ``consume``,
 ``channels``, ``groups`` and ``flush`` are clients of a running node (``--addr``, default
 $STREAMINGNODE_ADDR or localhost:19530); see ``streamingnode.cli``.
 """
@@ -154,10 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     comp.add_argument("--parquet-dir", help="root of the Parquet files (default <data dir>/parquet)")
     comp.add_argument("--pchannel", help="only this pchannel")
     comp.add_argument("--collection", help="only this collection")
-    comp.add_argument("--target-bytes", type=int, default=128 << 20, help="size of a compacted file (default 128 MiB)")
-    comp.add_argument("--min-files", type=int, default=2, help="small files a partition needs (default 2)")
-    comp.add_argument("--horizon-seconds", type=float, default=3600.0,
-                      help="as-of reads of the last this many seconds stay exact (default 3600)")
+    # The node's defaults (compaction_*): one home, flusher.compaction_config (standard library only).
+    from flusher.compaction_config import DEFAULT_COMPACTION  # noqa: PLC0415
+
+    comp.add_argument("--target-bytes", type=int, default=DEFAULT_COMPACTION.target_bytes,
+                      help=f"size of a compacted file (default {DEFAULT_COMPACTION.target_bytes})")
+    comp.add_argument("--min-files", type=int, default=DEFAULT_COMPACTION.min_files,
+                      help=f"small files a partition needs (default {DEFAULT_COMPACTION.min_files}, as the node's)")
+    comp.add_argument("--horizon-seconds", type=float, default=DEFAULT_COMPACTION.horizon_seconds,
+                      help="as-of reads of the last this many seconds stay exact "
+                           f"(default {DEFAULT_COMPACTION.horizon_seconds:g})")
     salvage = sub.add_parser("salvage", help="offline: cut a pchannel at its first damaged block (only with "
                              "--truncate-at-corruption; without it, report what would be cut)")
     salvage.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS,
@@ -185,11 +191,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return verify_cmd.run(_data_dir(args), args.pchannel, args.parquet_dir)
     if args.command == "compact":
-        from flusher.compact import run_offline  # noqa: PLC0415
+        from streamingnode.offline import compact as compact_cmd  # noqa: PLC0415
 
-        return run_offline(_data_dir(args), args.parquet_dir, args.pchannel, args.collection,
-                           target_bytes=args.target_bytes, min_files=args.min_files,
-                           horizon_seconds=args.horizon_seconds)
+        return compact_cmd.run(_data_dir(args), args.parquet_dir, args.pchannel, args.collection,
+                               target_bytes=args.target_bytes, min_files=args.min_files,
+                               horizon_seconds=args.horizon_seconds)
     if args.command == "salvage":
         from streamingnode.offline import salvage as salvage_cmd  # noqa: PLC0415
 

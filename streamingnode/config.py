@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-# wal.errors is standard library only (wal loads its other modules on first use).
+# All standard library only (wal and flusher load their other modules on first use).
+from flusher.compaction_config import DEFAULT_COMPACTION, CompactionConfig
 from streamingnode.wire.defaults import NODE_ADDR, NODE_PORT
 from streamingnode.wire.host_port import split_host_port
 from wal.clock import TICK_INTERVAL
@@ -35,7 +36,6 @@ from wal.errors import InvalidArgumentError
 from wal.txn_keepalive import check_keepalive
 
 if TYPE_CHECKING:
-    from flusher.compact import CompactionConfig
     from wal.backend import Durability
 
 ENV_PREFIX = "STREAMINGNODE_"
@@ -154,13 +154,13 @@ class NodeConfig:
     compaction_interval_seconds: float = 300.0
     """How often each flusher compacts its small Parquet files (flusher/README.md "Compaction"); 0: never
     in the background (``streamingnode compact`` still does, offline)."""
-    compaction_target_bytes: int = 128 << 20
+    compaction_target_bytes: int = DEFAULT_COMPACTION.target_bytes
     """Size of a compacted file; files under half of it are small."""
-    compaction_min_files: int = 8
+    compaction_min_files: int = DEFAULT_COMPACTION.min_files
     """A partition is compacted once it holds this many small files (or a file with many deleted rows)."""
-    compaction_horizon_seconds: float = 3600.0
+    compaction_horizon_seconds: float = DEFAULT_COMPACTION.horizon_seconds
     """As-of reads of the last this many seconds stay exact; earlier ones fail (AsOfBeforeHorizonError)."""
-    compaction_grace_seconds: float = 60.0
+    compaction_grace_seconds: float = DEFAULT_COMPACTION.grace_seconds
     """How long a compaction's input files stay for readers that listed them before the switch."""
     compaction_io_bytes_per_second: int = 64 << 20
     """Read plus write rate of the node's background compaction (64 MiB/s), so it never takes the
@@ -383,8 +383,6 @@ def settings() -> list[Setting]:
 
 def compaction_config(cfg: NodeConfig) -> CompactionConfig:
     """The flushers' compaction settings from the node's (``compaction_*``)."""
-    from flusher.compact import CompactionConfig  # noqa: PLC0415  (pyarrow: only where a flusher runs)
-
     return CompactionConfig(target_bytes=cfg.compaction_target_bytes, min_files=cfg.compaction_min_files,
                             horizon_seconds=cfg.compaction_horizon_seconds, grace_seconds=cfg.compaction_grace_seconds,
                             io_bytes_per_second=cfg.compaction_io_bytes_per_second)

@@ -349,6 +349,12 @@ def all_of_type(messages: Iterable[Message], message_type: MessageType) -> bool:
     return True
 
 
+def of_types(messages: Iterable[Message], types: frozenset[MessageType]) -> list[Message]:
+    """The messages of ``messages`` whose type is in ``types``, in order (a reader that acts on a few
+    types picks them in one pass, without a property call per message)."""
+    return [m for m in messages if m._type in types]
+
+
 def all_on_vchannel(messages: Iterable[Message], vchannel: str) -> bool:
     """Whether every message of ``messages`` is on ``vchannel``."""
     for m in messages:  # noqa: SIM110  (a loop, not all() of a generator: see above)
@@ -446,6 +452,7 @@ __all__ = [
     "encode_message_id",
     "first_property",
     "new_time_tick",
+    "of_types",
     "payload_bytes",
     "stamp_sequence",
     "stamp_times",

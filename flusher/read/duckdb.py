@@ -21,30 +21,28 @@ import os
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from flusher.read.spark import (
+from flusher.read.plan import (
     ID_COLUMN,
+    NO_DELETE_ID,
+    NO_ROW_ID,
     PARTITION_COLUMN,
     SEGMENT_COLUMN,
+    SEGMENT_DIR_COLUMN,
     TS_COLUMN,
     CollectionLayoutError,
     CollectionNotFoundError,
-    _collection_path,
-    _file_set,
-    _local_dir,
-    _resolve_primary_key,
+    collection_path,
+    file_set,
+    local_dir,
+    resolve_primary_key,
 )
-from flusher.read.spark import as_of as timetick_of
+from flusher.read.plan import as_of as timetick_of
 
 if TYPE_CHECKING:
     import duckdb
 
 __all__ = ["read_collection_duckdb"]
 
-_SEGMENT_DIR_COLUMN = "segment"
-# The row rule for files written before `_id` existed (as the other readers): such a row sorts after, and such a
-# delete before, every statement at its _ts.
-_NO_ROW_ID = (1 << 63) - 1
-_NO_DELETE_ID = -1
 
 
 # The SQL below is built from text (S608 is silenced where it is): every name goes through `_ident`, every path
@@ -75,14 +73,14 @@ def read_collection_duckdb(
     compaction horizon) as the other readers do.
     """
     bound = None if as_of is None else timetick_of(as_of)
-    collection = _collection_path(root, name)
-    local = _local_dir(collection)
+    collection = collection_path(root, name)
+    local = local_dir(collection)
     if local is None:
         raise ValueError(f"read_collection_duckdb reads a local root (a path or a file:// URI), not "
                          f"{collection!r:.200}")
     if not os.path.isdir(local):
         raise CollectionNotFoundError(collection)
-    files = _file_set(collection, bound)
+    files = file_set(collection, bound)
     assert files is not None  # a local root always has a file set
     if not files.data:
         return con.sql(f"SELECT NULL::BIGINT AS {TS_COLUMN}, NULL::BIGINT AS {SEGMENT_COLUMN}, "
@@ -90,14 +88,14 @@ def read_collection_duckdb(
 
     # union_by_name: files from before and after a column was added (_id) read as one table, NULL where absent.
     data = (f"read_parquet({_files(files.data)}, hive_partitioning = true, union_by_name = true, "
-            f"hive_types = {{'{PARTITION_COLUMN}': VARCHAR, '{_SEGMENT_DIR_COLUMN}': BIGINT}})")
+            f"hive_types = {{'{PARTITION_COLUMN}': VARCHAR, '{SEGMENT_DIR_COLUMN}': BIGINT}})")
     found = con.sql(f"SELECT * FROM {data} LIMIT 0").columns  # noqa: S608
-    columns = [c for c in found if c != _SEGMENT_DIR_COLUMN]
+    columns = [c for c in found if c != SEGMENT_DIR_COLUMN]
     for column in (TS_COLUMN, SEGMENT_COLUMN):
         if column not in columns:
             raise CollectionLayoutError(collection, f"data files have no {column!r} column: {columns}")
     # The discovered segment directory is dropped, as the other readers do: _segment holds the same id.
-    rows = f"SELECT * EXCLUDE ({_SEGMENT_DIR_COLUMN}) FROM {data}"  # noqa: S608
+    rows = f"SELECT * EXCLUDE ({SEGMENT_DIR_COLUMN}) FROM {data}"  # noqa: S608
     if bound is not None:
         rows += f" WHERE {TS_COLUMN} <= {bound}"
     if not files.deletes:
@@ -105,9 +103,9 @@ def read_collection_duckdb(
 
     deletes = f"read_parquet({_files(files.deletes)}, hive_partitioning = false, union_by_name = true)"
     delete_columns = con.sql(f"SELECT * FROM {deletes} LIMIT 0").columns  # noqa: S608
-    key = _resolve_primary_key(collection, primary_key, columns, delete_columns)
-    del_id = f"coalesce({ID_COLUMN}, {_NO_DELETE_ID})" if ID_COLUMN in delete_columns else str(_NO_DELETE_ID)
-    row_id = f"coalesce(r.{ID_COLUMN}, {_NO_ROW_ID})" if ID_COLUMN in columns else str(_NO_ROW_ID)
+    key = resolve_primary_key(collection, primary_key, columns, delete_columns)
+    del_id = f"coalesce({ID_COLUMN}, {NO_DELETE_ID})" if ID_COLUMN in delete_columns else str(NO_DELETE_ID)
+    row_id = f"coalesce(r.{ID_COLUMN}, {NO_ROW_ID})" if ID_COLUMN in columns else str(NO_ROW_ID)
     # A row is gone iff some delete of its key (as of the bound) is later than it in (_ts, _id) order.
     query = f"""
         WITH r AS ({rows}),

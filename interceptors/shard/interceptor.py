@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from interceptors.base import AppendNext
 from interceptors.shard.segments import Segment, SegmentInfo, SegmentState, SegmentTable
-from wal import bodies, names
+from wal import bodies, columns, names
 from wal.bodies import DEFAULT_PARTITION, PROP_COLLECTION, PROP_PARTITION, PROP_PRIMARY_KEY, PROP_ROWS
 from wal.clock import LOGICAL_BITS
 from wal.errors import (
@@ -68,12 +68,12 @@ class CollectionInfo:
 @dataclass(frozen=True, slots=True)
 class _Collection:
     info: CollectionInfo
-    rows: bodies.RowCheck
+    rows: columns.RowCheck
 
     @classmethod
     def new(cls, vchannel: str, name: str, schema: pa.Schema, primary_key: str) -> _Collection:
         info = CollectionInfo(vchannel, name, schema, primary_key, frozenset({DEFAULT_PARTITION}))
-        return cls(info, bodies.RowCheck(schema, primary_key, name))
+        return cls(info, columns.RowCheck(schema, primary_key, name))
 
     def with_partitions(self, partitions: frozenset[str]) -> _Collection:
         return replace(self, info=replace(self.info, partitions=partitions))
@@ -253,7 +253,7 @@ class ShardInterceptor:
         name = bodies.validate_name("collection", _prop(m, PROP_COLLECTION))
         schema = bodies.read_schema(m)
         pk = _prop(m, PROP_PRIMARY_KEY)
-        bodies.validate_schema(schema, pk, collection=name)
+        columns.validate_schema(schema, pk, collection=name)
         c = self._lookup(plan, m.vchannel, name)
         if c is not None and not c.info.dropped:
             raise CollectionExistError(f"collection {name!r} already exists on vchannel {m.vchannel!r}",
@@ -262,7 +262,7 @@ class ShardInterceptor:
         # several vchannels (its shards), or created again after a drop, adds to that table.  So it must
         # keep the table's schema and key, or readers would find files that cannot be read together.
         for other in self._same_name(plan, name):
-            if other.primary_key != pk or not bodies.same_columns(other.schema, schema):
+            if other.primary_key != pk or not columns.same_columns(other.schema, schema):
                 was = "was dropped" if other.dropped else "exists"
                 raise SchemaMismatchError(
                     f"collection {name!r} {was} on vchannel {other.vchannel!r} with another schema or primary key; "

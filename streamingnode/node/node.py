@@ -39,7 +39,8 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 
 from flusher import incarnation
 from flusher.commit import inside
-from flusher.flusher import Flusher, FlusherConfig
+from flusher.config import FlusherConfig
+from flusher.flusher import Flusher
 from interceptors.recovery.streaming_wal import ChainConfig, open_streaming_wal
 from streamingnode.config import NodeConfig, compaction_config
 from streamingnode.node.channel import Channel, Failure, Owner

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from flusher.flusher import CHECKPOINT_META
+from flusher.checkpoint import CHECKPOINT_META
 from interceptors.recovery.snapshot import SNAPSHOT_META
 from streamingnode.node.groups import META_KEY as GROUPS_META
 from streamingnode.offline.verify import (

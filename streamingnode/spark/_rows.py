@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flusher._buffers import _to_parquet, parquet_field
-from wal import bodies, clock
+from wal import bodies, clock, columns
 from wal.message import Message, MessageType
 
 BATCH_ROWS = 8192
@@ -70,7 +70,7 @@ def _plain(chunk: list[tuple[Message, int]], schema: pa.Schema) -> pa.RecordBatc
 def _spark_ready(t: pa.DataType) -> pa.DataType:
     """The Arrow type a collection column is given to Spark as (Spark has no fixed-size lists,
     unsigned ints, float16 or extension types)."""
-    if bodies.is_json(t):
+    if columns.is_json(t):
         return pa.string()
     if pa.types.is_large_string(t):
         return pa.string()

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from flusher import layout
-from flusher.compact import KILL_ENV, STEPS, CompactionConfig, compact_collection, recover
+from flusher.compact import CompactionConfig, compact_collection
+from flusher.compaction_record import KILL_ENV, STEPS, recover
 from tests.unit.test_compact import _write, visible
 
 _CHILD = """

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 
 from flusher import layout
-from flusher.compact import KILL_ENV, STEPS
+from flusher.compaction_record import KILL_ENV, STEPS
 from flusher.read.spark import read_collection_arrow
 from streamingnode.client import AsyncClient
 from tests.crash.evidence import stderr_on_failure

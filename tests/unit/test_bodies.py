@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wal import bodies
+from wal import bodies, columns
 from wal.errors import CodecError, InvalidArgumentError, SchemaMismatchError
 from wal.message import Message, MessageType
 
@@ -50,8 +50,8 @@ def test_create_collection_round_trips_every_supported_type() -> None:
     assert msg.properties == {bodies.PROP_COLLECTION: "c", bodies.PROP_PRIMARY_KEY: "id"}
     schema = bodies.read_schema(msg)
     assert schema.equals(ALL_TYPES)
-    assert bodies.is_vector(schema.field("vec").type) and schema.field("vec").type.list_size == 16
-    assert bodies.is_json(schema.field("j").type)
+    assert columns.is_vector(schema.field("vec").type) and schema.field("vec").type.list_size == 16
+    assert columns.is_json(schema.field("j").type)
 
 
 @pytest.mark.parametrize("column", ALL_TYPES.names)
@@ -144,7 +144,7 @@ def test_invalid_names_are_refused(name: str) -> None:
 
 
 def test_row_check_explains_mismatches() -> None:
-    check = bodies.RowCheck(ALL_TYPES, "id", "c")
+    check = columns.RowCheck(ALL_TYPES, "id", "c")
     good = all_types_batch()
     assert check.check_insert(good) == 3
     cases = [
@@ -170,13 +170,13 @@ def test_row_check_explains_mismatches() -> None:
 
 
 def test_row_check_delete_keys() -> None:
-    check = bodies.RowCheck(ALL_TYPES, "id", "c")
+    check = columns.RowCheck(ALL_TYPES, "id", "c")
     check.check_delete(pa.array([1, 2]))
     with pytest.raises(SchemaMismatchError, match="type string"):
         check.check_delete(pa.array(["a"]))
     with pytest.raises(SchemaMismatchError, match="nulls"):
         check.check_delete(pa.array([1, None]))
-    strings = bodies.RowCheck(pa.schema([pa.field("k", pa.large_string(), nullable=False)]), "k")
+    strings = columns.RowCheck(pa.schema([pa.field("k", pa.large_string(), nullable=False)]), "k")
     strings.check_delete(pa.array(["a"]))  # string and large_string keys are interchangeable
 
 
@@ -215,14 +215,14 @@ def test_garbage_payloads_raise_codec_error_only(data: st.DataObject) -> None:
     with contextlib.suppress(CodecError):  # decoding may succeed by chance; anything else fails the test
         parsed = parse(msg)
         # What decodes must be safe to check: the shard step raises only its own errors on it.
-        check = bodies.RowCheck(ALL_TYPES, "id", "c")
+        check = columns.RowCheck(ALL_TYPES, "id", "c")
         with contextlib.suppress(SchemaMismatchError, InvalidArgumentError):
             if isinstance(parsed, pa.RecordBatch):
                 check.check_insert(parsed)
             elif isinstance(parsed, pa.Array):
                 check.check_delete(parsed)
             else:
-                bodies.validate_schema(parsed, "id", collection="c")
+                columns.validate_schema(parsed, "id", collection="c")
 
 
 @pytest.mark.parametrize("raw", ["", "-1", "x", "1.5", "٣", None])

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from flusher import layout
-from flusher.compact import CompactionConfig, compact_collection, recover
+from flusher.compact import CompactionConfig, compact_collection
+from flusher.compaction_record import recover
 from flusher.read.spark import read_collection_arrow
 from tests.unit.test_compact import _tuples, _write, visible
 from wal.clock import compose

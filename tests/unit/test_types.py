@@ -24,6 +24,7 @@ from streamingnode.server import ServerThread
 from tests import typed_rows
 from tests.integration.conftest import node_config
 from wal import bodies
+from wal import columns as wal_columns
 from wal.errors import CodecError, InvalidArgumentError, SchemaMismatchError
 from wal.message import Message, MessageType
 
@@ -91,15 +92,15 @@ def test_refused_types_name_the_field_and_list_what_is_accepted(field: pa.Field,
     text = str(caught.value)
     assert text.startswith("field 'x' of collection 'c' has unsupported type "), text
     assert why in text, text
-    assert text.endswith(f"accepted: {bodies.ACCEPTED_TYPES}"), text
+    assert text.endswith(f"accepted: {wal_columns.ACCEPTED_TYPES}"), text
     assert caught.value.fields.get("field") == "x"
-    assert not bodies.is_supported(field.type) or field.metadata
+    assert not wal_columns.is_supported(field.type) or field.metadata
 
 
 def test_the_accepted_list_names_every_kind() -> None:
     for word in ("int8", "int16", "date32", "timestamp[s|ms|us]", "decimal128", "list<scalar>", "struct",
                  "float16", "bfloat16", "fixed_size_binary(dim/8)", "map<uint32, float32>", "json"):
-        assert word in bodies.ACCEPTED_TYPES, word
+        assert word in wal_columns.ACCEPTED_TYPES, word
 
 
 def test_primary_keys_stay_int64_or_string() -> None:
@@ -140,14 +141,14 @@ def _values(**columns: list[Any]) -> pa.RecordBatch:
     ({"st": [{"when": -62135596800000001, "n": 1}]}, "'st' field 'when' holds -62135596800000001 \\(microseconds"),
 ])
 def test_inserted_values_are_checked(columns: dict[str, list[Any]], match: str) -> None:
-    check = bodies.RowCheck(VALUES, "id", "c")
+    check = wal_columns.RowCheck(VALUES, "id", "c")
     with pytest.raises(SchemaMismatchError, match=match):
         check.check_insert(_values(**columns))
 
 
 def test_edge_values_and_nulls_pass_the_checks() -> None:
-    bodies.validate_schema(VALUES, "id", collection="c")
-    check = bodies.RowCheck(VALUES, "id", "c")
+    wal_columns.validate_schema(VALUES, "id", collection="c")
+    check = wal_columns.RowCheck(VALUES, "id", "c")
     edges = _values(
         sp=[[], None, [(0, 0.0), (1, -1.5), (2**32 - 2, 3.0e38)]],
         t=[-62135596800, None, 253402300799], d=[-719162, 2932896, None],
@@ -158,7 +159,7 @@ def test_edge_values_and_nulls_pass_the_checks() -> None:
     # A sliced batch is checked on its own rows: the bad first row is outside the slice.
     sliced = _values(sp=[[(3, 1.0), (1, 1.0)], [(1, 1.0), (3, 1.0)]]).slice(1)
     assert check.check_insert(sliced) == 1
-    assert bodies.RowCheck(typed_rows.SCHEMA, "pk", "c").check_insert(typed_rows.batch(typed_rows.EXPECTED)) == 3
+    assert wal_columns.RowCheck(typed_rows.SCHEMA, "pk", "c").check_insert(typed_rows.batch(typed_rows.EXPECTED)) == 3
 
 
 VECTORS = _schema(pa.field("vec", pa.list_(pa.float32(), 2)), pa.field("h", pa.list_(pa.float16(), 2)),
@@ -193,12 +194,12 @@ def test_a_vector_holding_a_nan_or_an_infinity_is_refused_naming_column_and_row(
     from streamingnode.wire.codes import to_grpc_status  # noqa: PLC0415
 
     with pytest.raises(SchemaMismatchError, match=match + " holds a NaN or infinite value \\(collection 'c'\\)") as e:
-        bodies.RowCheck(VECTORS, "id", "c").check_insert(batch())
+        wal_columns.RowCheck(VECTORS, "id", "c").check_insert(batch())
     assert to_grpc_status(e.value).code.name == "INVALID_ARGUMENT"
 
 
 def test_finite_vectors_and_null_ones_pass() -> None:
-    check = bodies.RowCheck(VECTORS, "id", "c")
+    check = wal_columns.RowCheck(VECTORS, "id", "c")
     big = 3.0e38
     assert check.check_insert(_vectors([[big, -big], None, [0.0, -0.0]])) == 3
     assert check.check_insert(_vectors([[big, big], [big, big]])) == 2  # large, finite: their sum too (in double)
@@ -212,14 +213,14 @@ def test_finite_vectors_and_null_ones_pass() -> None:
 
 def test_nested_fields_may_be_declared_stricter_than_the_schema() -> None:
     schema = _schema(pa.field("l", pa.list_(pa.int32())), pa.field("s", pa.struct([("a", pa.int8())])))
-    check = bodies.RowCheck(schema, "id", "c")
+    check = wal_columns.RowCheck(schema, "id", "c")
     strict = _schema(pa.field("l", pa.list_(pa.field("element", pa.int32(), nullable=False))),
                      pa.field("s", pa.struct([pa.field("a", pa.int8(), nullable=False)])))
     rows = pa.record_batch([pa.array([1]), pa.array([[1]], strict.field("l").type),
                             pa.array([{"a": 1}], strict.field("s").type)], schema=strict)
     assert check.check_insert(rows) == 1
     with pytest.raises(SchemaMismatchError, match="'l' has type"):  # the other way round would lie
-        bodies.RowCheck(strict, "id", "c").check_insert(pa.record_batch(
+        wal_columns.RowCheck(strict, "id", "c").check_insert(pa.record_batch(
             [pa.array([1]), pa.array([[1]], pa.list_(pa.int32())), pa.array([{"a": 1}], schema.field("s").type)],
             schema=schema))
 
