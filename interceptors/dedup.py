@@ -62,7 +62,7 @@ from wal.errors import (
     OutOfRangeError,
     ProducerFencedError,
 )
-from wal.message import AppendResult, Message, MessageType
+from wal.message import AppendResult, Message, MessageType, content_fields, has_property, written_with
 
 PROP_PRODUCER = "producer_id"
 PROP_SEQUENCE = "producer_seq"
@@ -103,9 +103,10 @@ def content_digest(m: Message) -> int:
     is replayed from storage, without what the chain stamps on row messages (``_ROW_STAMPS``).  Per
     message: a CRC over the payload started from the vchannel's, XOR the type; properties, which most
     messages do not carry, only when there are more than the two stamps."""
-    d = zlib.crc32(m._payload, zlib.crc32(m._vchannel.encode())) ^ m._type
-    if len(m._properties) > len(_STAMPS):
-        d = _properties_digest(m._properties, d, m._type)
+    props, vchannel, payload, message_type = content_fields((m,))[0]
+    d = zlib.crc32(payload, zlib.crc32(vchannel.encode())) ^ message_type
+    if len(props) > len(_STAMPS):
+        d = _properties_digest(props, d, message_type)
     return d
 
 
@@ -287,11 +288,7 @@ class DedupInterceptor:
 
     # --- the chain -----------------------------------------------------------------------------------
     async def do_append(self, batch: list[Message], append_next: AppendNext) -> list[AppendResult]:
-        for m in batch:  # a plain loop, not any() over a generator: this runs for every message
-            props = m._properties
-            if props and PROP_PRODUCER in props:
-                break
-        else:
+        if not has_property(batch, PROP_PRODUCER):
             return await append_next(batch)  # no idempotent producer in this batch
         claim = PRODUCER_CLAIM.get()
         if claim is not None:
@@ -316,9 +313,9 @@ class DedupInterceptor:
         last_pid: str | None = None
         p = _NOBODY
         seqs: list[int] = []
-        for i, m in enumerate(batch):
-            # The producer stamp and sequence, read inline (per message: no call per message)
-            props = m._properties
+        # The fields read in one pass (wal.message.content_fields), then the producer stamp and sequence
+        # read inline (per message: no call per message).
+        for i, (props, vchannel, payload, mtype) in enumerate(content_fields(batch)):
             pid = props.get(PROP_PRODUCER) if props else None
             if pid is None:
                 fresh.append(i)
@@ -338,14 +335,14 @@ class DedupInterceptor:
                 seqs = sequences.setdefault(pid, [])
             seqs.append(seq)
             # content_digest, inlined with the vchannel's CRC cached: this runs for every message.
-            vc = vcrcs.get(m._vchannel)
+            vc = vcrcs.get(vchannel)
             if vc is None:
                 if len(vcrcs) >= _VCHANNEL_CRCS:
                     vcrcs.clear()
-                vc = vcrcs[m._vchannel] = crc(m._vchannel.encode())
-            digest = crc(m._payload, vc) ^ m._type
-            if len(m._properties) > len(_STAMPS):
-                digest = _properties_digest(m._properties, digest, m._type)
+                vc = vcrcs[vchannel] = crc(vchannel.encode())
+            digest = crc(payload, vc) ^ mtype
+            if len(props) > len(_STAMPS):
+                digest = _properties_digest(props, digest, mtype)
             stored = p.results.get(seq)
             if stored is not None:
                 was = stored[1]
@@ -444,11 +441,9 @@ class DedupInterceptor:
         last_pid: str | None = None
         p = _NOBODY
         nbytes = 0
-        for m in batch:
-            props = m._properties
-            pid = props.get(PROP_PRODUCER) if props else None
-            if pid is None or m._id is None:
-                continue
+        # The written messages with a producer stamp, their results and sizes read in one pass.
+        for props, result, size, m in written_with(batch, PROP_PRODUCER):
+            pid = props[PROP_PRODUCER]
             raw = props.get(PROP_SEQUENCE)
             try:
                 seq = int(raw) if raw is not None else -1
@@ -460,14 +455,13 @@ class DedupInterceptor:
                 p = self._producer(pid)
                 last_pid = pid
                 self._unsettled.add(pid)
-            txn = m._txn
             results = p.results
-            results[seq] = (AppendResult(m._id, m._timetick, txn.txn_id if txn else None), m)
+            results[seq] = (result, m)
             if seq > p.max_seq:  # noqa: PLR1730  (no call of max() per message)
                 p.max_seq = seq
             if len(results) > window:
                 results.popitem(last=False)
-            nbytes += len(m._payload)
+            nbytes += size
         self._unsettled_bytes += nbytes
         if self._unsettled_bytes > _UNSETTLED_BYTES:
             self._settle_all()

@@ -36,8 +36,9 @@ class AppendChain(Protocol):
     async def __call__(self, batch: list[Message]) -> list[AppendResult]: ...
 
 
-AppendObserver = Callable[[list[Message], float, BaseException | None], None]
-"""Told of every batch that entered the chain: the batch, seconds until it ended, and its error."""
+AppendObserver = Callable[[list[Message], float, BaseException | None, int | None], None]
+"""Told of every batch that entered the chain: the batch, seconds until it ended, its error, and its
+summed payload lengths when the caller gave them to ``start_append`` (None: the observer sums them)."""
 
 
 class WALAdaptor:
@@ -101,7 +102,7 @@ class WALAdaptor:
         return await asyncio.shield(inner)
 
     def start_append(
-        self, messages: Sequence[Message], *, deadline: float | None = None
+        self, messages: Sequence[Message], *, deadline: float | None = None, nbytes: int | None = None
     ) -> asyncio.Future[list[AppendResult]] | None:
         """Hand ``messages`` to the chain at once and return the chain's own future of their results,
         or None while the chain is not ready yet (use ``append_batch``, which waits).
@@ -110,6 +111,9 @@ class WALAdaptor:
         no shield of the adaptor's own around the chain.  Refusals (closing, fenced, bad messages)
         raise here.  The future must never be cancelled (the batch would be cut in half): await it
         through ``asyncio.shield``, or only once it is done.
+
+        ``nbytes``: the summed payload lengths of ``messages`` (``payload_bytes``) when the caller has
+        already summed them; handed to the observer, so that a batch's payload is summed once.
         """
         err = self._refusal()
         if err is not None:
@@ -145,7 +149,7 @@ class WALAdaptor:
             t0 = time.perf_counter()
             inner.add_done_callback(
                 lambda f: observer(batch, time.perf_counter() - t0,
-                                   asyncio.CancelledError() if f.cancelled() else f.exception()))
+                                   asyncio.CancelledError() if f.cancelled() else f.exception(), nbytes))
         return inner
 
     def _batch_done(self, fut: asyncio.Future[list[AppendResult]]) -> None:

@@ -13,7 +13,7 @@ Message ids are plain ``int`` offsets, totally ordered per pchannel and dense (e
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -424,6 +424,55 @@ def stamp_times(messages: Iterable[Message], first: int, last_confirmed: Message
     return ts
 
 
+# --- the readers of a batch: dedup and the snapshot's shadow replay, once per message -------------------
+def has_property(messages: Iterable[Message], key: str) -> bool:
+    """Whether a message of ``messages`` carries the property ``key`` (most carry none: one truth test
+    each)."""
+    for m in messages:
+        props = m._properties
+        if props and key in props:
+            return True
+    return False
+
+
+def content_fields(messages: Iterable[Message]) -> list[tuple[dict[str, str], str, bytes, MessageType]]:
+    """``(properties, vchannel, payload, type)`` of each message, in order: what its writer chose and a
+    resend must repeat (the parts a content digest covers), read in one pass.  The properties are
+    the message's own dict, not a copy: read them, do not change them."""
+    return [(m._properties, m._vchannel, m._payload, m._type) for m in messages]
+
+
+def written_with(messages: Iterable[Message], key: str) -> list[tuple[dict[str, str], AppendResult, int, Message]]:
+    """For each written message (one with an id) that carries the property ``key``, in order: its
+    properties (its own dict: read only), the ``AppendResult`` its append answered (id, timetick,
+    txn id), its payload length, and the message itself.  A replay's one pass over stored messages
+    (producer stamps, say)."""
+    out: list[tuple[dict[str, str], AppendResult, int, Message]] = []
+    for m in messages:
+        props = m._properties
+        if props and key in props and m._id is not None:
+            txn = m._txn
+            out.append((props, AppendResult(m._id, m._timetick, txn.txn_id if txn else None), len(m._payload), m))
+    return out
+
+
+def replay_picks(
+    messages: Iterable[Message], first: MessageID, types: Container[MessageType], skip: MessageType | None,
+    tick: MessageType,
+) -> list[tuple[int, Message, bool]]:
+    """The messages a replay must act on, each as ``(id - first, message, its type is tick)``: those
+    that carry properties, are in a transaction, or have a type in ``types``.  ``skip`` is a type known
+    not to be in ``types``, tested first (by identity) as the cheap exit for the common kind.  Every
+    message must have an id (stored messages do)."""
+    return [(m._id - first, m, m._type is tick) for m in messages  # type: ignore[operator]
+            if m._properties or m._txn is not None or (m._type is not skip and m._type in types)]
+
+
+def payloads(messages: Iterable[Message]) -> list[bytes]:
+    """The payloads of ``messages``, in order."""
+    return [m._payload for m in messages]
+
+
 def new_time_tick(ts: int, *, last_confirmed: MessageID | None = None, persist: bool = True) -> Message:
     """A TimeTick barrier at ``ts`` on every vchannel of the pchannel."""
     msg = Message(MessageType.TIME_TICK, BROADCAST_VCHANNEL, timetick=ts, not_persisted=not persist)
@@ -446,14 +495,19 @@ __all__ = [
     "all_on_vchannel",
     "any_transactional",
     "bind_txn",
+    "content_fields",
     "decode_message_id",
     "decoded_message",
     "decoded_messages",
     "encode_message_id",
     "first_property",
+    "has_property",
     "new_time_tick",
     "of_types",
     "payload_bytes",
+    "payloads",
+    "replay_picks",
     "stamp_sequence",
     "stamp_times",
+    "written_with",
 ]

@@ -47,7 +47,7 @@ import structlog
 from interceptors.base import Interceptor, RecoverableInterceptor, SnapshotInterceptor, plain_skipping_types
 from interceptors.txn import TxnManager
 from wal.errors import CorruptedError
-from wal.message import Message, MessageID, MessageType
+from wal.message import Message, MessageID, MessageType, payloads, replay_picks
 from wal.wal import WAL
 
 log = structlog.get_logger(__name__)
@@ -262,9 +262,9 @@ class ShadowReplay:
         clear point.  Offers the GIL to the loop every ``_YIELD_SECONDS``.
 
         Every appended message passes here once more, so the pass over single messages is one test
-        that reads slots only: it picks the messages some step acts on and the TimeTicks
-        (``_steps_act_on``; a plain DATA record fails it at its first three slot reads), and the
-        steps replay only those, ``_PART`` at a time.  Ids are consecutive in the tail and in a
+        (``wal.message.replay_picks``, a pass that reads slots only): it picks the messages some step
+        acts on and the TimeTicks (``_steps_act_on``; a plain DATA record fails it at its first three
+        slot reads), and the steps replay only those, ``_PART`` at a time.  Ids are consecutive in the tail and in a
         decoded block, so ``stop`` cuts by position; the payload bytes are summed in C
         (``sum(map(len, ...))``), per run between two TimeTicks."""
         acts_on = self._acts_on
@@ -273,32 +273,29 @@ class ShadowReplay:
         end = 0
         for lo in range(0, len(messages), _SCAN):
             chunk = messages[lo:lo + _SCAN]
-            first, last = chunk[0]._id, chunk[-1]._id
+            first, last = chunk[0].message_id, chunk[-1].message_id
             if first is not None and last is not None and last - first == len(chunk) - 1:
                 done = last >= stop
                 if done:
                     chunk = chunk[:max(0, stop - first)]
                 if not chunk:
                     break
-                # A message's place in the chunk is its id - first: no enumerate (a tuple a message).
-                picked = [m for m in chunk
-                          if m._properties or m._txn is not None or (m._type is not plain and m._type in acts_on)]
-                places = [m._id - first for m in picked]  # type: ignore[operator]
+                # A message's place in the chunk is its id - first: no enumerate.
+                picks = replay_picks(chunk, first, acts_on, plain, _TIME_TICK)
             else:  # not consecutive (not expected): by id, message by message
-                kept = [m for m in chunk if m._id is not None and m._id < stop]
-                done = any(m._id is not None and m._id >= stop for m in chunk)
+                kept = [m for m in chunk if m.message_id is not None and m.message_id < stop]
+                done = any(m.message_id is not None and m.message_id >= stop for m in chunk)
                 chunk = kept
                 if not chunk:
                     break
-                places = [i for i, m in enumerate(chunk)
-                          if m._properties or m._txn is not None or (m._type is not plain and m._type in acts_on)]
-                picked = [chunk[i] for i in places]
-            payloads = [m._payload for m in chunk]
+                picks = [(i, m, m.message_type is _TIME_TICK) for i, m in enumerate(chunk)
+                         if m.properties or m.txn is not None or m.message_type in acts_on]
+            sizes = payloads(chunk)
             nbytes = self.payload_bytes
-            summed = 0  # payloads[:summed] are in nbytes
+            summed = 0  # sizes[:summed] are in nbytes
             run: list[Message] = []
-            for m, i in zip(picked, places, strict=True):
-                if m._type is not _TIME_TICK:
+            for i, m, tick in picks:
+                if not tick:
                     run.append(m)
                     if len(run) >= _PART:
                         self._apply_part(run)
@@ -308,16 +305,16 @@ class ShadowReplay:
                     run.append(m)
                 self._apply_part(run)
                 run = []
-                self._txns.expire(m._timetick)
-                self.position = m._id + 1  # type: ignore[operator]
-                nbytes += sum(map(len, payloads[summed:i + 1]))
+                self._txns.expire(m.timetick)
+                self.position = m.message_id + 1  # type: ignore[operator]
+                nbytes += sum(map(len, sizes[summed:i + 1]))
                 summed = i + 1
                 self.payload_bytes = nbytes
                 if self._clear(clear_from):
                     return True
             self._apply_part(run)
-            self.payload_bytes = nbytes + sum(map(len, payloads[summed:]))
-            end = chunk[-1]._id + 1  # type: ignore[operator]
+            self.payload_bytes = nbytes + sum(map(len, sizes[summed:]))
+            end = chunk[-1].message_id + 1  # type: ignore[operator]
             self._offer_gil()
             if done:
                 break

@@ -151,13 +151,15 @@ class StreamingWAL:
             await self._roll_back_too_large(exc)
             raise
 
-    def start_append(self, messages: list[Message]) -> asyncio.Future[list[AppendResult]] | None:
+    def start_append(self, messages: list[Message], *, nbytes: int | None = None
+                     ) -> asyncio.Future[list[AppendResult]] | None:
         """``WALAdaptor.start_append`` for a batch without transactions (None otherwise, or while
         recovering: use ``append_batch``, which rolls back a transaction grown too large before
-        answering).  Refusals raise here; await the future through ``asyncio.shield``."""
+        answering).  Refusals raise here; await the future through ``asyncio.shield``.  ``nbytes``:
+        the batch's summed payload lengths, when the caller has them (see ``WALAdaptor.start_append``)."""
         if any_transactional(messages):
             return None
-        return self.adaptor.start_append(messages)
+        return self.adaptor.start_append(messages, nbytes=nbytes)
 
     async def _roll_back_too_large(self, exc: TxnTooLargeError) -> None:
         """The txn step failed a transaction that grew over its bound: write its RollbackTxn before the

@@ -302,7 +302,7 @@ class ConsumerGroups:
 
     # --- high-water and lag ----------------------------------------------------------------------
     def observe_append(self, batch: list[Message], seconds: float, error: BaseException | None) -> None:
-        """An append batch ended (the signature of ``WALAdaptor.observer``): note each vchannel's
+        """An append batch ended (told by the channel's ``WALAdaptor.observer``): note each vchannel's
         newest message.  Timestamps and ids rise within a batch, so a batch of one vchannel (the
         usual case) costs one comparison per message and one update."""
         if error is not None or not batch:

@@ -75,8 +75,10 @@ class ChannelMetrics:
         self.consume_bytes = node.consume_bytes.labels(pchannel)
         self.consume_packs = node.consume_packs.labels(pchannel)
 
-    def observe_append(self, batch: list[Message], seconds: float, error: BaseException | None) -> None:
-        """One batch through the chain (all-or-nothing, so one outcome for all of it)."""
+    def observe_append(self, batch: list[Message], seconds: float, error: BaseException | None,
+                       nbytes: int | None = None) -> None:
+        """One batch through the chain (all-or-nothing, so one outcome for all of it).  ``nbytes``: its
+        summed payload lengths when the caller already has them (the produce stream does)."""
         status = "ok" if error is None else _status(error)
         latency = self._latency.get(status)
         if latency is None:
@@ -84,7 +86,7 @@ class ChannelMetrics:
         latency.observe(seconds)
         first = batch[0].message_type
         if all_of_type(batch, first):  # the usual case: one type, no per-type dict
-            self._count(first, status, len(batch), payload_bytes(batch))
+            self._count(first, status, len(batch), payload_bytes(batch) if nbytes is None else nbytes)
             return
         counts: dict[MessageType, list[int]] = {}
         for m in batch:  # a batch of mixed types (DDL beside data): rare, and public reads suffice
@@ -94,8 +96,8 @@ class ChannelMetrics:
                 c = counts[t] = [0, 0]
             c[0] += 1
             c[1] += len(m.payload)
-        for t, (n, nbytes) in counts.items():
-            self._count(t, status, n, nbytes)
+        for t, (n, size) in counts.items():
+            self._count(t, status, n, size)
 
     def _count(self, t: MessageType, status: str, n: int, nbytes: int) -> None:
         key = (t, status)
@@ -250,9 +252,9 @@ class NodeMetrics:
         stream = channel.stream
         groups = channel.groups
 
-        def observe(batch: list[Message], seconds: float, error: BaseException | None) -> None:
+        def observe(batch: list[Message], seconds: float, error: BaseException | None, nbytes: int | None) -> None:
             groups.observe_append(batch, seconds, error)  # each vchannel's newest message: group lag
-            cm.observe_append(batch, seconds, error)
+            cm.observe_append(batch, seconds, error, nbytes)
 
         stream.adaptor.observer = observe
 

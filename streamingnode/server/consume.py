@@ -62,7 +62,7 @@ from wal.errors import (
     OutOfRangeError,
     StreamingError,
 )
-from wal.message import Position
+from wal.message import Position, payload_bytes
 from wal.names import VCHANNEL
 from wal.options import ReadOption
 from wal.resume import resume_after
@@ -498,7 +498,7 @@ def _merge(
         return pack, None
     msgs = pack.messages
     n = len(msgs)
-    size = sum(map(len, [m._payload for m in msgs])) + MESSAGE_OVERHEAD * n
+    size = payload_bytes(msgs) + MESSAGE_OVERHEAD * n
     if n >= limit or size >= max_bytes or pack.end_position == until or (until is None and _cut(pack)):
         return pack, None
     joined: list[MsgPack] = []
@@ -508,7 +508,7 @@ def _merge(
         if nxt is None:
             break
         k = len(nxt.messages)
-        more = sum(map(len, [m._payload for m in nxt.messages])) + MESSAGE_OVERHEAD * k
+        more = payload_bytes(nxt.messages) + MESSAGE_OVERHEAD * k
         if n + k > limit or size + more > max_bytes:
             following = nxt
             break

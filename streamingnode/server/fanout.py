@@ -86,8 +86,8 @@ class PackCheck(NamedTuple):
 
 def pack_check(pack: MsgPack) -> PackCheck:
     msgs = pack.messages
-    first = msgs[0]._id if msgs else None
-    last = msgs[-1]._id if msgs else None
+    first = msgs[0].message_id if msgs else None
+    last = msgs[-1].message_id if msgs else None
     return PackCheck(pack.begin_ts, pack.end_ts, pack.end_position, len(msgs), first, last)
 
 

@@ -203,13 +203,14 @@ class ProduceStream:
                                    len(batch.messages) or len(batch.columns.payloads))
             else:
                 # Weighed as the commit weighs them, so that the bound is in commits' bytes.
-                nbytes = payload_bytes(messages) + COMMIT_OVERHEAD * len(messages)
+                payload = payload_bytes(messages)  # summed once: the metrics observer is handed it
+                nbytes = payload + COMMIT_OVERHEAD * len(messages)
                 lean = None
                 if tracing is None:
                     # The lean path: the chain's own future, no task of ours around it (one task and
                     # two loop turns fewer per batch).  None for transactions and while recovering.
                     try:
-                        lean = channel.stream.start_append(messages)
+                        lean = channel.stream.start_append(messages, nbytes=payload)
                     except Exception as exc:  # noqa: BLE001  (refused before the chain: answered in band)
                         lean = loop.create_future()
                         lean.set_exception(exc)

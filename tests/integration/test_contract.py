@@ -134,7 +134,7 @@ def _hold_until_refused(monkeypatch: pytest.MonkeyPatch, server_thread: ServerTh
             await asyncio.to_thread(gate.wait, 10)
         return await append(messages, **kwargs)
 
-    def start(messages):  # type: ignore[no-untyped-def]
+    def start(messages, **_kwargs):  # type: ignore[no-untyped-def]
         if messages[0].payload == done_at_once:
             fut = asyncio.get_running_loop().create_future()
             fut.set_result([AppendResult(1 << 40, 1, None)])

@@ -26,7 +26,7 @@ from tests.integration.conftest import node_config
 from tests.waiting import until
 from wal import AppendResult, Message, WALManager
 from wal.adaptor import WALAdaptor
-from wal.message import TxnContext
+from wal.message import TxnContext, payload_bytes
 
 
 async def _open(manager: WALManager) -> StreamingWAL:
@@ -70,13 +70,31 @@ async def _gated(manager: WALManager) -> tuple[WALAdaptor, _GatedChain]:
 async def test_a_lone_batch_goes_to_the_chain_directly_and_is_observed_once(manager: WALManager) -> None:
     swal = await _open(manager)
     observed: list[tuple[int, BaseException | None]] = []
-    swal.adaptor.observer = lambda batch, _seconds, error: observed.append((len(batch), error))
+    swal.adaptor.observer = lambda batch, _seconds, error, _nbytes: observed.append((len(batch), error))
     fut = swal.start_append([data("v", b"lone")])
     assert fut is not None, "a ready chain and no transaction: the lean path"
     (result,) = await asyncio.shield(fut)
     assert [m.payload for m in await swal.wal.read_stored(result.message_id)] == [b"lone"]
     await until(lambda: len(observed) == 1, "the batch observed")
     assert observed == [(1, None)]  # the metrics' observer: once per batch, as on the awaiting path
+    await swal.aclose()
+
+
+async def test_the_callers_payload_sum_reaches_the_observer(manager: WALManager) -> None:
+    # The produce stream sums a batch's payload once and hands the sum on: the metrics observer
+    # counts bytes from it instead of summing the batch again (None: the observer sums itself).
+    swal = await _open(manager)
+    observed: list[int | None] = []
+    swal.adaptor.observer = lambda _batch, _seconds, _error, nbytes: observed.append(nbytes)
+    batch = [data("v", b"abc"), data("v", b"defg")]
+    fut = swal.start_append(batch, nbytes=payload_bytes(batch))
+    assert fut is not None
+    await asyncio.shield(fut)
+    fut = swal.start_append([data("v", b"x")])
+    assert fut is not None
+    await asyncio.shield(fut)
+    await until(lambda: len(observed) == 2, "both batches observed")
+    assert observed == [7, None]
     await swal.aclose()
 
 

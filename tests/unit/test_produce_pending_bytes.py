@@ -47,7 +47,7 @@ class _Channel:
         self.started: list[tuple[list[Message], asyncio.Future[list[AppendResult]]]] = []
         self.stream = SimpleNamespace(pchannel="p", term=1, txns={}, start_append=self._start)
 
-    def _start(self, messages: list[Message]) -> asyncio.Future[list[AppendResult]]:
+    def _start(self, messages: list[Message], *, nbytes: int | None = None) -> asyncio.Future[list[AppendResult]]:
         fut: asyncio.Future[list[AppendResult]] = asyncio.get_running_loop().create_future()
         self.started.append((messages, fut))
         return fut
