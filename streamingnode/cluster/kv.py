@@ -1,6 +1,5 @@
 """The JetStream KV plumbing cluster mode stands on: opening a bucket, reading a whole bucket in one
-sweep (``read_all``), the KV-safe encoding of names into keys (``wal.kv_key``, re-exported), and the
-wall clock its records carry.
+sweep (``read_all``), and the wall clock its records carry (names become keys through ``wal.kv_key``).
 """
 
 from __future__ import annotations
@@ -11,8 +10,6 @@ from typing import Any
 
 from nats.js.errors import BucketNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
-
-from wal.kv_key import decode_key, encode_key
 
 
 def now_ms() -> int:
@@ -60,4 +57,4 @@ async def read_all(kv: KeyValue, within: float) -> dict[str, KeyValue.Entry]:
     return out
 
 
-__all__ = ["bucket", "decode_key", "encode_key", "now_ms", "read_all"]
+__all__ = ["bucket", "now_ms", "read_all"]

@@ -25,7 +25,8 @@ import structlog
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from streamingnode.cluster.kv import decode_key, encode_key, now_ms, read_all
+from streamingnode.cluster.kv import now_ms, read_all
+from wal.kv_key import decode_key, encode_key
 
 log = structlog.get_logger(__name__)
 

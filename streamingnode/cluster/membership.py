@@ -9,7 +9,8 @@ import json
 import structlog
 from nats.js.kv import KeyValue
 
-from streamingnode.cluster.kv import encode_key, now_ms, read_all
+from streamingnode.cluster.kv import now_ms, read_all
+from wal.kv_key import encode_key
 
 log = structlog.get_logger(__name__)
 
