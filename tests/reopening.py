@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from interceptors.recovery.streaming_wal import ChainConfig, StreamingWAL, open_streaming_wal
+from streamingnode.node.retention import RetentionConfig
 from wal import WALManager
 
 FAST = ChainConfig(tick_interval=0.01, segment_max_rows=10)
@@ -47,3 +48,8 @@ class Opened:
     async def reopen(self) -> StreamingWAL:
         await self.close()
         return await self.open()
+
+
+BY_HAND = RetentionConfig(retention_seconds=-1, check_seconds=3600, snapshot_every_messages=0,
+                          snapshot_every_seconds=0)
+"""No truncation, no periodic task: snapshots are taken by hand (``snapshot(force=True)``)."""

@@ -26,15 +26,12 @@ from interceptors.recovery.snapshot import (
     stored_snapshots,
 )
 from streamingnode.node.retention import ChannelRetention, RetentionConfig
-from tests.reopening import SCHEMA, Opened
+from tests.reopening import BY_HAND, SCHEMA, Opened
 from tests.waiting import persisted_tick
 from wal import Message, MessageType, WALManager, bodies
 from wal.wal import WAL
 
 T = TypeVar("T")
-
-BY_HAND = RetentionConfig(retention_seconds=-1, check_seconds=3600, snapshot_every_messages=0,
-                          snapshot_every_seconds=0)
 
 
 @pytest.fixture

@@ -22,13 +22,9 @@ from interceptors.recovery.snapshot import (
 )
 from interceptors.recovery.streaming_wal import StreamingWAL, default_interceptors
 from streamingnode.node.retention import ChannelRetention, RetentionConfig
-from tests.reopening import SCHEMA, Opened, rows
+from tests.reopening import BY_HAND, SCHEMA, Opened, rows
 from tests.waiting import persisted_tick
 from wal import AppendResult, Message, MessageType, bodies
-
-BY_HAND = RetentionConfig(retention_seconds=-1, check_seconds=3600, snapshot_every_messages=0,
-                          snapshot_every_seconds=0)
-"""No truncation, no periodic task: snapshots are taken by hand (``snapshot(force=True)``)."""
 
 
 @pytest.fixture
