@@ -293,6 +293,12 @@ class WAL:
     # A Scanner reorders and filters; a replay that rebuilds state (interceptors.recovery.snapshot) wants
     # every message in id order and chooses where each step runs: the read in the WAL's reader pool, the
     # decode in a worker thread.  These three methods are that seam.
+    @property
+    def cached_from(self) -> MessageID:
+        """The lowest id still held in memory (the tail): ``read_cached`` answers from here to
+        ``next_id``.  A replay that wants to take messages as they are keeps its position above it."""
+        return self._tail.base
+
     def read_cached(self, from_id: MessageID, limit: int) -> list[Message] | None:
         """Up to ``limit`` acknowledged messages from ``from_id`` still held in memory (the WAL's tail),
         in id order, without I/O: a new list of the stored (immutable) messages; ``[]`` when none is

@@ -21,9 +21,10 @@ from interceptors.recovery.snapshot import (
     stored_snapshots,
 )
 from interceptors.recovery.streaming_wal import StreamingWAL, default_interceptors
-from streamingnode.node.retention import ChannelRetention, RetentionConfig
+from streamingnode.node import retention as retention_module
+from streamingnode.node.retention import ChannelRetention, RetentionConfig, next_snapshot_poll
 from tests.reopening import BY_HAND, SCHEMA, Opened, rows
-from tests.waiting import persisted_tick
+from tests.waiting import persisted_tick, until
 from wal import AppendResult, Message, MessageType, bodies
 
 
@@ -431,3 +432,47 @@ async def test_the_shadow_replay_skipping_plain_records_ends_in_the_state_of_a_r
             seg.pop("created_wall")  # wall time at export: the clocks' jitter between the two
     assert filtered == every
     assert filtered[0] == head and filtered[2] is not None, "the open transaction is seen"
+
+
+def test_the_periodic_pass_comes_sooner_while_the_log_grows_fast() -> None:
+    """A quiet log waits the whole poll; a fast one waits for half of what the tail holds at the
+    rate it grew, so the next pass finds its messages still in memory; never below the floor."""
+    assert next_snapshot_poll(0.25, 0.25, 0, 1000) == 0.25  # nothing appended
+    assert next_snapshot_poll(0.25, 0.25, 10, 16_000) == 0.25  # slow: the poll already covers it
+    # 25,000 messages in 0.25 s (100k/s) with 16,000 in memory: half of them take 0.08 s.
+    assert next_snapshot_poll(0.25, 0.25, 25_000, 16_000) == pytest.approx(0.08)
+    assert next_snapshot_poll(0.25, 0.25, 10_000_000, 16_000) == retention_module._SNAPSHOT_MIN_POLL_SECONDS
+    assert next_snapshot_poll(0.25, 0.0, 5, 16_000) == 0.25  # no time passed: no rate to go by
+    assert next_snapshot_poll(0.25, 0.25, 5, 0) == 0.25  # nothing in memory (a tail of 0 bytes)
+
+
+async def test_the_periodic_task_shortens_its_wait_while_appends_outrun_the_poll(
+    node: Opened, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The task asks ``next_snapshot_poll`` with what was appended since its last pass and what the
+    tail holds, and waits what it answers: at a fixed quarter second a bulk producer pushed the
+    shadow's messages out of the tail, and every message was read back from storage and decoded a
+    second time."""
+    swal = node.swal
+    assert swal is not None
+    asked: list[tuple[int, int, float]] = []
+
+    def recording(poll: float, elapsed: float, grown: int, held: int) -> float:
+        wait = next_snapshot_poll(poll, elapsed, grown, held)
+        asked.append((grown, held, wait))
+        return wait
+
+    monkeypatch.setattr(retention_module, "next_snapshot_poll", recording)
+    retention = ChannelRetention(swal, None, None, RetentionConfig(
+        retention_seconds=-1, snapshot_every_messages=1_000_000, snapshot_every_seconds=3600))
+    retention.start()
+    try:
+        async def grown_once() -> bool:
+            await data(swal, 20)
+            return any(grown > 0 for grown, _, _ in asked)
+
+        await until(grown_once, "a pass that saw appends")
+        grown, held, _ = next(a for a in asked if a[0] > 0)
+        assert grown > 0 and held > 0  # the log's messages (with its TimeTicks), and the tail's
+    finally:
+        await retention.aclose()
