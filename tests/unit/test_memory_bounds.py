@@ -31,6 +31,7 @@ from wal.backends.rocks import (
     DEFAULT_WRITE_BUFFER_BYTES,
     MAX_WRITE_BUFFERS,
     RocksBackend,
+    l0_compaction_trigger,
 )
 from wal.errors import InvalidArgumentError
 from wal.manager import DEFAULT_TAIL_BUFFER_BYTES
@@ -41,7 +42,7 @@ MiB = 1 << 20
 def _options_file(path: Path) -> dict[str, str]:
     """The newest OPTIONS file RocksDB wrote in ``path``: what it actually runs with."""
     newest = max(path.glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1]))
-    return dict(re.findall(r"^\s*([a-z_]+)=(.*)$", newest.read_text(), flags=re.MULTILINE))
+    return dict(re.findall(r"^\s*([a-z0-9_]+)=(.*)$", newest.read_text(), flags=re.MULTILINE))
 
 
 def test_rocksdb_runs_with_the_write_buffer_and_block_cache_it_was_given(tmp_path: Path) -> None:
@@ -53,6 +54,24 @@ def test_rocksdb_runs_with_the_write_buffer_and_block_cache_it_was_given(tmp_pat
         assert int(options["max_write_buffer_number"]) == MAX_WRITE_BUFFERS == 2
         # Index and filter blocks are counted in the cache, not held beside it by every table reader.
         assert options["cache_index_and_filter_blocks"] == "true"
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize(("write_buffer", "trigger"), [(16 * MiB, 16), (64 * MiB, 4), (3 * MiB, 32), (1 << 30, 4)])
+def test_level_zero_gathers_about_256_mib_before_a_compaction(tmp_path: Path, write_buffer: int, trigger: int) -> None:
+    """Small memtables with RocksDB's default trigger (4 files) rewrote level 1 every 64 MiB
+    written, a microsecond of compaction per bulk message; the trigger now scales with the memtable
+    so that level 0 gathers about 256 MiB (between 4 and 32 files), and RocksDB runs with it."""
+    assert l0_compaction_trigger(write_buffer) == trigger
+    if write_buffer > 64 * MiB:
+        return  # not opened: a memtable that large is no test of the trigger
+    backend = RocksBackend(tmp_path / "db", write_buffer_bytes=write_buffer)
+    try:
+        options = _options_file(tmp_path / "db")
+        assert int(options["level0_file_num_compaction_trigger"]) == trigger
+        assert int(options["level0_slowdown_writes_trigger"]) == trigger + 16
+        assert int(options["level0_stop_writes_trigger"]) == trigger + 32
     finally:
         backend.close()
 

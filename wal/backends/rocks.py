@@ -33,6 +33,7 @@ from wal.backends._rocks_engine import (
     MAX_WRITE_BUFFERS,
     MIN_WRITE_BUFFER_BYTES,
     SyncMethod,
+    l0_compaction_trigger,
 )
 from wal.backends._rocks_journal import JournalWriter
 from wal.backends.rocks_layout import (
@@ -312,4 +313,5 @@ __all__ = [
     "MIN_WRITE_BUFFER_BYTES",
     "RocksBackend",
     "SyncMethod",
+    "l0_compaction_trigger",
 ]
