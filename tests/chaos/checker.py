@@ -1,28 +1,19 @@
 """The independent checker of a chaos run: reads what the clients saw and what the log holds, and says
 whether the node kept its promises.
 
-It imports nothing of the node, the WAL, the SDK or the harness: only the run directory's files, in the
-format of ``tests/chaos/README.md`` (``history.jsonl``, ``reads/<node>/<pchannel>.jsonl``, ``run.json``).
-Outcomes follow Jepsen: ``ok`` is done, ``fail`` certainly not done, ``info`` (and an invoke the history
-never completed) unknown.
+It imports nothing of the node, the WAL, the SDK or the harness, only the run directory's files
+(``history.jsonl``, ``reads/<node>/<pchannel>.jsonl``, ``run.json``: the chaos history format).  Outcomes
+follow Jepsen: ``ok`` is done, ``fail`` certainly not done, ``info`` (or no completion) unknown.  Each
+check is one function returning its violations:
 
-What is checked, each by one function returning its violations:
-
-- ``sends``: an acknowledged send is in the log exactly once (at the id its ack named), an unknown one at
-  most once, a failed one never; the log holds nothing that no invoke produced, and each message where
-  its invoke put it.
-- ``order``: per producer and vchannel, acknowledged messages lie in the log in the order they were sent
-  and acknowledged.
-- ``txns``: a committed transaction is whole (every id, once), a rolled-back or failed one absent, an
-  unknown one all or nothing; what is visible is delivered whole: its messages are adjacent in the
-  delivery of its vchannel (DESIGN.md, the read path).  Order inside a transaction is not promised.
-- ``group-positions``: a group's committed position on a vchannel never goes behind one acknowledged
-  before (positions are message ids, totally ordered per pchannel), and a resumed group starts from no
-  earlier position than the last it had acknowledged.
-- ``group-resume``: a resumed group never skips: every acknowledged message in the delivery between the
-  position it resumed from and the furthest message it then received was among those it received.
-- ``terms``: in message id order (storage order) a pchannel's log never has a lower WAL term after a
-  higher one: a lower one is a write by an owner whose lease had ended.
+- ``sends``: an acknowledged send is stored exactly once (at the id its ack named), an unknown one at
+  most once, a failed one never; nothing is stored that no invoke produced, or elsewhere than it said.
+- ``order``: per producer and vchannel, acknowledged messages are stored in acknowledgement order.
+- ``txns``: committed ones whole, rolled-back and failed ones absent, unknown ones all or nothing; a
+  visible one is delivered whole (DESIGN.md, the read path).  Order inside a transaction is not promised.
+- ``group-positions``: a group's position never goes behind one acknowledged before (message id order).
+- ``group-resume``: a resumed group skips no acknowledged message.
+- ``terms``: in message id order a pchannel's WAL term never goes down (else a stale owner wrote).
 - ``agreement``: after heal, every node's read of a pchannel is the same sequence.
 
 ``python -m tests.chaos.checker RUN_DIR`` prints a summary and every violation with the history lines
@@ -42,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-OPERATIONS = ("send", "txn", "group_commit", "group_resume")
 OUTCOMES = ("ok", "fail", "info", "pending")
 """``pending``: invoked, and the history ended before it completed (an unknown outcome, like ``info``)."""
 
@@ -84,10 +74,6 @@ class Operation:
     @property
     def ok(self) -> bool:
         return self.outcome == "ok"
-
-    @property
-    def unknown(self) -> bool:
-        return self.outcome in ("info", "pending")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,6 +118,16 @@ class Entry:
     line: int
 
 
+@dataclass(frozen=True)
+class Delivery:
+    """What a reader of one vchannel (with broadcasts) receives, in order, indexed by chaos and message id."""
+
+    entries: list[Entry]
+    at: dict[str, int]
+    """chaos id -> index of its first delivery."""
+    by_message_id: dict[int, int]
+
+
 @dataclass
 class Run:
     """A parsed run: the operations by kind, and every node's read of every pchannel."""
@@ -148,6 +144,7 @@ class Run:
     origins: dict[str, Send | Txn] = field(default_factory=dict)
     """chaos id -> the operation that produced it."""
     history_lines: int = 0
+    _views: dict[tuple[str, str], Delivery] = field(default_factory=dict, repr=False)
 
     def log(self, pchannel: str) -> list[Entry]:
         """The reference read of a pchannel: the first node (in run.json's order) that has one.
@@ -155,18 +152,11 @@ class Run:
         The other nodes are compared with it by ``check_agreement``; every other check reads this one.
         """
         by_node = self.reads.get(pchannel, {})
-        for node in self.meta["nodes"]:
-            if node in by_node:
-                return by_node[node]
-        return []
-
-    def origin(self, chaos_id: str) -> Send | Txn | None:
-        """The send or transaction that produced a message, None for a message nobody produced."""
-        return self.origins.get(chaos_id)
+        return next((by_node[node] for node in self.meta["nodes"] if node in by_node), [])
 
     def lines_of(self, *chaos_ids: str) -> tuple[int, ...]:
         """The history lines of the operations that produced these messages (none for a phantom)."""
-        return tuple(n for cid in chaos_ids if (op := self.origin(cid)) is not None for n in op.lines)
+        return tuple(n for cid in chaos_ids if (op := self.origins.get(cid)) is not None for n in op.lines)
 
     def occurrences(self) -> dict[str, list[tuple[str, Entry]]]:
         """Every chaos id -> where it lies in the reference logs: (pchannel, entry)."""
@@ -176,11 +166,23 @@ class Run:
                 out[e.id].append((pchannel, e))
         return out
 
+    def delivery(self, pchannel: str, vchannel: str) -> Delivery:
+        """The reference log as a reader of this vchannel receives it (built once per vchannel)."""
+        view = self._views.get((pchannel, vchannel))
+        if view is None:
+            entries = [e for e in self.log(pchannel) if e.vchannel in (vchannel, "")]
+            at: dict[str, int] = {}
+            by_message_id: dict[int, int] = {}
+            for n, e in enumerate(entries):
+                at.setdefault(e.id, n)
+                by_message_id.setdefault(e.message_id, n)
+            view = self._views[(pchannel, vchannel)] = Delivery(entries, at, by_message_id)
+        return view
+
     def acknowledged(self) -> set[str]:
         """Ids whose writing the node acknowledged: ok sends and ok committed transactions."""
-        acked = {s.id for s in self.sends.values() if s.ok}
-        acked.update(i for t in self.txns.values() if t.ok and t.decision == "commit" for i in t.ids)
-        return acked
+        committed = (i for t in self.txns.values() if t.ok and t.decision == "commit" for i in t.ids)
+        return {s.id for s in self.sends.values() if s.ok}.union(committed)
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -324,7 +326,7 @@ def _add_operation(run: Run, f: str, value: dict[str, Any], outcome: str, invoke
 
 def load_run(run_dir: Path) -> Run:
     """Read a run directory; MalformedRunError names the file and line that cannot be read."""
-    meta = _read_json(run_dir / "run.json", run_dir)
+    meta = _read_jsonl(run_dir / "run.json", run_dir, whole=True)[0]
     history = _read_jsonl(run_dir / "history.jsonl", run_dir)
     reads_dir = run_dir / "reads"
     if not reads_dir.is_dir():
@@ -336,25 +338,19 @@ def load_run(run_dir: Path) -> Run:
     return parse_run(meta, history, reads)
 
 
-def _read_json(path: Path, root: Path) -> object:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise MalformedRunError(str(path.relative_to(root)), None, str(e)) from e
-
-
-def _read_jsonl(path: Path, root: Path) -> list[object]:
+def _read_jsonl(path: Path, root: Path, *, whole: bool = False) -> list[object]:
+    """One JSON value per line (or the whole file as one, ``whole``); errors name the file and line."""
     name = str(path.relative_to(root))
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise MalformedRunError(name, None, str(e)) from e
     out: list[object] = []
-    for n, line in enumerate(text.splitlines()):
+    for n, line in enumerate([text] if whole else text.splitlines()):
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError as e:
-            raise MalformedRunError(name, n + 1, f"not JSON: {e}") from e
+            raise MalformedRunError(name, None if whole else n + 1, f"not JSON: {e}") from e
     return out
 
 
@@ -380,7 +376,7 @@ def check_sends(run: Run) -> list[Violation]:
                 out.append(Violation("sends", f"send {s.id!r} was acknowledged at message id {s.acked_at} "
                                      f"but is stored at {e.message_id}", s.lines))
     for cid, found in where.items():
-        if run.origin(cid) is None:
+        if cid not in run.origins:
             spots = ", ".join(f"{p} line {e.line}" for p, e in found)
             out.append(Violation("sends", f"message {cid!r} in the log ({spots}) was produced by no invoke", ()))
     return out
@@ -393,14 +389,13 @@ def check_order(run: Run) -> list[Violation]:
     about the log, so only pairs whose invoke and ack orders agree are compared.
     """
     out: list[Violation] = []
-    index = {p: {e.id: n for n, e in reversed(list(enumerate(run.log(p))))} for p in run.meta["pchannels"]}
     streams: dict[tuple[str, str, str], list[Send]] = defaultdict(list)
     for s in run.sends.values():
-        if s.ok and s.id in index.get(s.pchannel, {}):
+        if s.ok and s.id in run.delivery(s.pchannel, s.vchannel).at:
             streams[(s.producer, s.pchannel, s.vchannel)].append(s)
     for (producer, pchannel, vchannel), sends in streams.items():
         sends.sort(key=lambda s: s.invoke)
-        at = index[pchannel]
+        at = run.delivery(pchannel, vchannel).at
         for a, b in itertools.pairwise(sends):
             if a.done is not None and b.done is not None and a.done < b.done and at[b.id] < at[a.id]:
                 out.append(Violation("order", f"producer {producer!r} on {pchannel}/{vchannel}: {a.id!r} was "
@@ -430,12 +425,16 @@ def check_txns(run: Run) -> list[Violation]:
                 out.append(Violation("txns", f"{label}: {e.id!r} is stored in {p}/{e.vchannel} with txn {e.txn}",
                                      t.lines))
         if found and not missing:
-            spots = [n for n, e in enumerate(x for x in run.log(t.pchannel) if x.vchannel == t.vchannel)
-                     if e.id in present]
-            if spots[-1] - spots[0] + 1 != len(spots):
+            view = run.delivery(t.pchannel, t.vchannel)
+            spots = sorted(view.at[i] for i in present if i in view.at)
+            if spots and spots[-1] - spots[0] + 1 != len(spots):
                 out.append(Violation("txns", f"{label} is not delivered whole: other messages of "
                                      f"{t.pchannel}/{t.vchannel} lie between its messages", t.lines))
     return out
+
+
+def _higher(a: GroupCommit, b: GroupCommit) -> GroupCommit:
+    return b if b.position >= a.position else a
 
 
 def check_group_positions(run: Run) -> list[Violation]:
@@ -448,9 +447,7 @@ def check_group_positions(run: Run) -> list[Violation]:
     best: dict[tuple[str, str, str], tuple[list[int], list[GroupCommit]]] = {}
     for key, commits in done.items():
         commits.sort(key=lambda c: c.done or 0)
-        highest: list[GroupCommit] = []
-        for c in commits:
-            highest.append(c if not highest or c.position >= highest[-1].position else highest[-1])
+        highest: list[GroupCommit] = list(itertools.accumulate(commits, _higher))
         best[key] = ([c.done or 0 for c in commits], highest)
 
     def before(key: tuple[str, str, str], line: int) -> GroupCommit | None:
@@ -476,20 +473,20 @@ def check_group_resumes(run: Run) -> list[Violation]:
     out: list[Violation] = []
     acked = run.acknowledged()
     for r in run.resumes:
-        delivery = [e for e in run.log(r.pchannel) if e.vchannel in (r.vchannel, "")]
-        at = {e.id: n for n, e in reversed(list(enumerate(delivery)))}
+        view = run.delivery(r.pchannel, r.vchannel)
         label = f"group {r.group!r} resumed on {r.pchannel}/{r.vchannel} from {r.position}"
-        strays = [i for i in r.first_ids if i not in at]
+        strays = [i for i in r.first_ids if i not in view.at]
         if strays:
             out.append(Violation("group-resume", f"{label} received {strays}, which its vchannel's log does not "
                                  "hold", r.lines + run.lines_of(*strays)))
-        received = [at[i] for i in r.first_ids if i in at]
+        received = [view.at[i] for i in r.first_ids if i in view.at]
         if not received:
             continue
-        # The message at the position may come again (at-least-once); what follows it must all come.
-        starts = [n for n, e in enumerate(delivery) if e.message_id == r.position]
-        start = -1 if r.position is None else (starts[0] if starts else min(received))
-        skipped = [e.id for e in delivery[start + 1:max(received) + 1] if e.id in acked and e.id not in r.first_ids]
+        # The message at the position may come again (at-least-once); what follows it must all come.  A
+        # position that names no message of the vchannel leaves only the span of what was received.
+        start = -1 if r.position is None else view.by_message_id.get(r.position, min(received))
+        given = set(r.first_ids)
+        skipped = [e.id for e in view.entries[start + 1:max(received) + 1] if e.id in acked and e.id not in given]
         if skipped:
             out.append(Violation("group-resume", f"{label} skipped acknowledged {skipped}",
                                  r.lines + run.lines_of(*skipped)))
@@ -509,7 +506,7 @@ def check_terms(run: Run) -> list[Violation]:
     return out
 
 
-def _entry_key(e: Entry) -> tuple[object, ...]:
+def _key(e: Entry) -> tuple[object, ...]:
     return (e.vchannel, e.id, e.txn, e.term, e.message_id, e.timetick)
 
 
@@ -525,13 +522,12 @@ def check_agreement(run: Run) -> list[Violation]:
                 out.append(Violation("agreement", f"{pchannel}: node {node} has no read", ()))
                 continue
             other = by_node[node]
-            key = _entry_key
-            n = next((n for n, (a, b) in enumerate(zip(reference, other, strict=False)) if key(a) != key(b)),
+            n = next((n for n, (a, b) in enumerate(zip(reference, other, strict=False)) if _key(a) != _key(b)),
                      min(len(reference), len(other)))
             if n == len(reference) == len(other):
                 continue
-            mine = key(reference[n]) if n < len(reference) else "the end"
-            theirs = key(other[n]) if n < len(other) else "the end"
+            mine = _key(reference[n]) if n < len(reference) else "the end"
+            theirs = _key(other[n]) if n < len(other) else "the end"
             ids = [x[n].id for x in (reference, other) if n < len(x)]
             out.append(Violation("agreement", f"{pchannel}: node {node} differs from node {first} at line {n}: "
                                  f"{theirs} against {mine}", run.lines_of(*ids)))
@@ -561,13 +557,18 @@ def summary(run: Run, violations: Sequence[Violation]) -> str:
     m = run.meta
     out = [f"run: seed {m['seed']}, {run.history_lines} history lines, nodes {', '.join(m['nodes'])}, "
            f"pchannels {', '.join(m['pchannels'])}", "operations:"]
-    kinds = sorted({f for f, _ in run.outcomes}, key=lambda f: (f not in OPERATIONS, f))
-    for f in kinds:
+    for f in sorted({f for f, _ in run.outcomes}):
         out.append(f"  {f:<14}" + "  ".join(f"{o} {run.outcomes[(f, o)]}" for o in OUTCOMES))
     faults = ", ".join(f"{k} {n}" for k, n in sorted(run.faults.items())) or "none"
     out.append(f"faults started: {faults}")
     per = ", ".join(f"{p} {len(run.log(p))}" for p in m["pchannels"])
     out.append(f"messages read: {sum(len(run.log(p)) for p in m['pchannels'])} ({per})")
+    stored = run.occurrences()
+    unknown = [i for i, op in run.origins.items() if op.outcome in ("info", "pending")
+               and not (isinstance(op, Txn) and op.decision == "rollback")]
+    landed = sum(1 for i in unknown if i in stored)
+    out.append(f"messages acknowledged: {len(run.acknowledged())}; of unknown outcome: {len(unknown)} "
+               f"({landed} stored, {len(unknown) - landed} not)")
     counts = Counter(v.check for v in violations)
     out.append("checks:")
     out.extend(f"  {name:<16}{counts[name]} violation(s)" for name in CHECKS)
