@@ -11,7 +11,8 @@ check is one function returning its violations:
 - ``order``: per producer and vchannel, acknowledged messages are stored in acknowledgement order.
 - ``txns``: committed ones whole, rolled-back and failed ones absent, unknown ones all or nothing; a
   visible one is delivered whole (DESIGN.md, the read path).  Order inside a transaction is not promised.
-- ``group-positions``: a group's position never goes behind one acknowledged before (message id order).
+- ``group-positions``: after an acknowledged commit a group's position is never behind it, and a resumed
+  group receives nothing again from before it.
 - ``group-resume``: a resumed group skips no acknowledged message.
 - ``terms``: in message id order a pchannel's WAL term never goes down (else a stale owner wrote).
 - ``agreement``: after heal, every node's read of a pchannel is the same sequence.
@@ -433,38 +434,53 @@ def check_txns(run: Run) -> list[Violation]:
     return out
 
 
-def _higher(a: GroupCommit, b: GroupCommit) -> GroupCommit:
-    return b if b.position >= a.position else a
+def _behind(view: Delivery, earlier: int, later: int | None) -> bool:
+    """Whether position ``later`` is behind ``earlier`` (None, no position, is behind every position).
+
+    Two positions that name delivered messages are ordered by delivery, two that name none by message id
+    (the node's order); one of each is not compared: a consumer's last message and the node's resume id
+    (the smallest id not yet delivered) are different kinds, and an open transaction puts the second
+    below the first in id order.  Delivery order is not id order either: a transaction's bodies keep
+    the ids they were written at and are delivered at its commit.
+    """
+    if later is None:
+        return True
+    a, b = view.by_message_id.get(earlier), view.by_message_id.get(later)
+    if a is not None and b is not None:
+        return b < a
+    return a is None and b is None and later < earlier
 
 
 def check_group_positions(run: Run) -> list[Violation]:
-    """No acknowledged commit, and no resume, is behind a commit acknowledged before it was invoked."""
+    """After an acknowledged commit the group's position is never behind it, and a resumed group
+    receives again nothing delivered before the message that commit named.
+
+    Each commit and resume is compared with the latest commit acknowledged before it was invoked.
+    """
     out: list[Violation] = []
-    done: dict[tuple[str, str, str], list[GroupCommit]] = defaultdict(list)
-    for c in run.commits:
-        if c.ok:
-            done[(c.group, c.pchannel, c.vchannel)].append(c)
-    best: dict[tuple[str, str, str], tuple[list[int], list[GroupCommit]]] = {}
-    for key, commits in done.items():
-        commits.sort(key=lambda c: c.done or 0)
-        highest: list[GroupCommit] = list(itertools.accumulate(commits, _higher))
-        best[key] = ([c.done or 0 for c in commits], highest)
-
-    def before(key: tuple[str, str, str], line: int) -> GroupCommit | None:
-        ends, highest = best.get(key, ([], []))
-        n = bisect.bisect_left(ends, line)
-        return highest[n - 1] if n else None
-
+    acked: dict[tuple[str, str, str], list[GroupCommit]] = defaultdict(list)
+    for c in sorted((c for c in run.commits if c.ok), key=lambda c: c.done or 0):
+        acked[(c.group, c.pchannel, c.vchannel)].append(c)
+    ends = {key: [c.done or 0 for c in commits] for key, commits in acked.items()}
     ops: list[GroupCommit | GroupResume] = [*run.commits, *run.resumes]
     for op in ops:
-        if not op.ok:
-            continue
         key = (op.group, op.pchannel, op.vchannel)
-        prior = before(key, op.invoke)
-        if prior is not None and (op.position is None or op.position < prior.position):
+        n = bisect.bisect_left(ends.get(key, []), op.invoke)
+        if not op.ok or n == 0:
+            continue
+        prior, view = acked[key][n - 1], run.delivery(op.pchannel, op.vchannel)
+        where = f"group {op.group!r} on {op.pchannel}/{op.vchannel}"
+        if _behind(view, prior.position, op.position):
             what = "committed" if isinstance(op, GroupCommit) else "resumed from"
-            out.append(Violation("group-positions", f"group {op.group!r} on {op.pchannel}/{op.vchannel} {what} "
-                                 f"{op.position} after {prior.position} was acknowledged", prior.lines + op.lines))
+            out.append(Violation("group-positions", f"{where} {what} {op.position} after {prior.position} was "
+                                 "acknowledged", prior.lines + op.lines))
+        covered = view.by_message_id.get(prior.position)
+        if isinstance(op, GroupResume) and covered is not None:
+            again = [i for i in op.first_ids if view.at.get(i, covered) < covered]
+            if again:
+                out.append(Violation("group-positions", f"{where} resumed and received {again} again, delivered "
+                                     f"before {prior.position} that an acknowledged commit covered",
+                                     prior.lines + op.lines + run.lines_of(*again)))
     return out
 
 

@@ -221,6 +221,29 @@ def test_a_group_resuming_before_its_acknowledged_position_is_caught() -> None:
     assert set(found) == {"group-positions", "group-resume"}
 
 
+def test_a_group_committing_a_lower_id_delivered_later_is_valid() -> None:
+    """t1.1 (id 5) is delivered after a3 (id 6): a consumer's last message may go down in id order."""
+    b = Base()
+    b.commit("c3", "6", "ok")
+    b.commit("c4", "5", "ok")
+    assert b.found() == {}
+
+
+def test_a_resume_at_a_position_naming_no_message_is_not_compared_by_id() -> None:
+    """The node's position is the smallest id not yet delivered, often a BeginTxn's or a time tick's:
+    below the consumer's last message in id order when a transaction is open, and not behind it."""
+    b = Base()
+    b.history[-1]["value"]["position"] = "0"
+    assert b.found() == {}
+
+
+def test_a_resumed_group_receiving_again_what_a_commit_covered_is_caught() -> None:
+    b = Base()
+    b.history[-1]["value"]["first_ids"] = ["a1", "a2", "a3", "t1.0"]
+    resume = (b.at["resume"], b.at["resume"] + 1)
+    assert b.found() == {"group-positions": [(b.at["a1"], b.at["a1!"], b.at["c2"], b.at["c2!"], *resume)]}
+
+
 def test_a_resumed_group_skipping_a_message_is_caught() -> None:
     b = Base()
     b.history[-1]["value"]["first_ids"] = ["t1.0", "t1.1"]  # a3 follows a2 and was never received
