@@ -172,12 +172,9 @@ class Run:
         view = self._views.get((pchannel, vchannel))
         if view is None:
             entries = [e for e in self.log(pchannel) if e.vchannel in (vchannel, "")]
-            at: dict[str, int] = {}
-            by_message_id: dict[int, int] = {}
-            for n, e in enumerate(entries):
-                at.setdefault(e.id, n)
-                by_message_id.setdefault(e.message_id, n)
-            view = self._views[(pchannel, vchannel)] = Delivery(entries, at, by_message_id)
+            first = list(reversed(list(enumerate(entries))))  # so the first delivery of an id wins
+            view = Delivery(entries, {e.id: n for n, e in first}, {e.message_id: n for n, e in first})
+            self._views[(pchannel, vchannel)] = view
         return view
 
     def acknowledged(self) -> set[str]:
@@ -240,15 +237,14 @@ def parse_run(meta: object, history: Sequence[object], reads: Mapping[str, Mappi
     return run
 
 
-def _parse_entry(record: object, source: str, n: int) -> Entry:
-    if not isinstance(record, dict) or any(k not in record for k in _ENTRY_KEYS):
+def _parse_entry(r: object, source: str, n: int) -> Entry:
+    if not isinstance(r, dict) or any(k not in r for k in _ENTRY_KEYS):
         raise MalformedRunError(source, n + 1, f"a read line is an object with {', '.join(_ENTRY_KEYS)}")
-    r = record
     if not isinstance(r["vchannel"], str) or not isinstance(r["id"], str) or not isinstance(r["txn"], str | None):
         raise MalformedRunError(source, n + 1, "vchannel and id must be strings, txn a string or null")
-    for k in ("term", "timetick"):
-        if not isinstance(r[k], int) or isinstance(r[k], bool):
-            raise MalformedRunError(source, n + 1, f"{k!r} must be an integer, got {r[k]!r}")
+    if any(not isinstance(r[k], int) or isinstance(r[k], bool) for k in ("term", "timetick")):
+        raise MalformedRunError(source, n + 1, f"term and timetick must be integers, got {r['term']!r}, "
+                                f"{r['timetick']!r}")
     mid = _message_id(r["message_id"], source, n + 1, "message_id")
     return Entry(r["vchannel"], r["id"], r["txn"], r["term"], mid, r["timetick"], n)
 
@@ -385,10 +381,7 @@ def check_sends(run: Run) -> list[Violation]:
 
 def check_order(run: Run) -> list[Violation]:
     """Per producer and vchannel, acknowledged messages lie in the log in send and acknowledgement order.
-
-    Sends of one producer are invoked in order; a pair whose acks came in the other order says nothing
-    about the log, so only pairs whose invoke and ack orders agree are compared.
-    """
+    Only pairs whose invoke and ack orders agree are compared: the others say nothing of the log."""
     out: list[Violation] = []
     streams: dict[tuple[str, str, str], list[Send]] = defaultdict(list)
     for s in run.sends.values():
@@ -435,14 +428,10 @@ def check_txns(run: Run) -> list[Violation]:
 
 
 def _behind(view: Delivery, earlier: int, later: int | None) -> bool:
-    """Whether position ``later`` is behind ``earlier`` (None, no position, is behind every position).
-
-    Two positions that name delivered messages are ordered by delivery, two that name none by message id
-    (the node's order); one of each is not compared: a consumer's last message and the node's resume id
-    (the smallest id not yet delivered) are different kinds, and an open transaction puts the second
-    below the first in id order.  Delivery order is not id order either: a transaction's bodies keep
-    the ids they were written at and are delivered at its commit.
-    """
+    """Whether position ``later`` (None: no position) is behind ``earlier``.  Positions naming delivered
+    messages compare in delivery order (a transaction's bodies keep their early ids), two naming none by
+    id (the node's order); one of each is not compared: a consumer's last message and the node's position
+    (the smallest id not yet delivered: an open transaction's BeginTxn) are different kinds."""
     if later is None:
         return True
     a, b = view.by_message_id.get(earlier), view.by_message_id.get(later)
@@ -452,11 +441,8 @@ def _behind(view: Delivery, earlier: int, later: int | None) -> bool:
 
 
 def check_group_positions(run: Run) -> list[Violation]:
-    """After an acknowledged commit the group's position is never behind it, and a resumed group
-    receives again nothing delivered before the message that commit named.
-
-    Each commit and resume is compared with the latest commit acknowledged before it was invoked.
-    """
+    """No commit or resume is behind the latest commit acknowledged before it was invoked, and a resumed
+    group receives again nothing delivered before the message that commit named."""
     out: list[Violation] = []
     acked: dict[tuple[str, str, str], list[GroupCommit]] = defaultdict(list)
     for c in sorted((c for c in run.commits if c.ok), key=lambda c: c.done or 0):
