@@ -138,6 +138,15 @@ def test_an_unknown_send_stored_once_is_valid() -> None:
     assert b.found() == {}
 
 
+def test_a_send_the_history_never_completed_is_unknown() -> None:
+    b = Base()
+    b.at["b5"] = b.line("b.2", "invoke", "send", {"pchannel": "p0", "vchannel": "v1", "producer": "b", "id": "b5"})
+    b.everywhere(lambda log: log.append(b.entry("b4", id="b5", message_id="10", timetick=200)))
+    assert b.found() == {}
+    b.everywhere(lambda log: log.append(b.entry("b4", id="b5", message_id="11", timetick=201)))
+    assert b.found() == {"sends": [(b.at["b5"],)]}
+
+
 def test_a_failed_send_that_is_present_is_caught() -> None:
     b = Base()
     b.everywhere(lambda log: log.append(b.entry("b4", id="b2", message_id="10", timetick=200)))
@@ -267,6 +276,12 @@ def test_a_node_whose_read_is_short_is_caught() -> None:
     b = Base()
     b.reads["n2"]["p0"].pop()
     assert b.found() == {"agreement": [(b.at["b4"], b.at["b4!"])]}
+
+
+def test_a_node_without_a_read_is_caught() -> None:
+    b = Base()
+    del b.reads["n1"]
+    assert b.found() == {"agreement": [()]}
 
 
 def test_every_check_is_exercised_by_a_doctored_run() -> None:
