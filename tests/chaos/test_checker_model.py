@@ -2,11 +2,13 @@
 
 ``Walk`` plays producers, transactions and consumer groups against a model node, one seeded random step
 at a time, and writes the history and the final reads in the run directory format, the way the harness
-does.  Operations overlap (each process has one in flight, many processes run), unknown outcomes land
-now, later or never, owners are replaced (the term goes up), transaction bodies take their ids when
-written and are delivered whole at the commit (so delivery order is not id order), a group's commit behind
-its position is refused.  Whatever the walk does, the checker must find nothing (no false positive); after
-one mutation of the log it must find exactly the kind of fault planted (no false negative).
+does.  Operations overlap (each process has one in flight, several may feed one producer), unknown
+outcomes land now, later or never, owners are replaced (the term goes up), transaction bodies take their
+ids when written and are delivered whole at the commit (so delivery order is not id order), a group's
+commit behind its position is refused, and positions are recorded as the last message consumed or as the
+node's position (the smallest id not yet delivered).  Whatever the walk does, the checker must find
+nothing (no false positive); after one mutation of the log or of a resume it must report the kind of
+fault planted (no false negative).
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ class Walk:
         self.term = dict.fromkeys(self.pchannels, 1)
         self.tick = 0
         self.fresh = itertools.count()
-        self.producers = {f"prod{k}": (rng.choice(self.pchannels), f"prod{k}.0") for k in range(rng.randint(1, 3))}
+        # A producer may be fed by several processes at once, as the harness's senders share one.
+        self.producers = {f"prod{k}": (rng.choice(self.pchannels), [f"prod{k}.{n}" for n in range(rng.randint(1, 3))])
+                          for k in range(rng.randint(1, 3))}
         self.groups = [_Group(f"g{k}", rng.choice(self.pchannels), rng.choice(self.vchannels), f"g{k}.0")
                        for k in range(rng.randint(0, 2))]
         self.in_flight: dict[str, _Pending] = {}
@@ -124,7 +128,8 @@ class Walk:
 
     def send(self) -> None:
         producer = self.rng.choice(list(self.producers))
-        pchannel, process = self.producers[producer]
+        pchannel, processes = self.producers[producer]
+        process = self.rng.choice(processes)
         if process not in self.in_flight:
             value = {"pchannel": pchannel, "vchannel": self.rng.choice(self.vchannels), "producer": producer,
                      "id": f"m{next(self.fresh)}"}
@@ -237,10 +242,10 @@ class Walk:
 
     def retire(self, process: str) -> None:
         """After an unknown outcome a process is never reused: its actor takes a fresh name."""
-        fresh = f"{process.split('.', maxsplit=1)[0]}.{next(self.fresh)}"
-        for name, (pchannel, p) in self.producers.items():
-            if p == process:
-                self.producers[name] = (pchannel, fresh)
+        fresh = f"{process.split('.', maxsplit=1)[0]}.r{next(self.fresh)}"
+        for _, processes in self.producers.values():
+            if process in processes:
+                processes[processes.index(process)] = fresh
         for g in self.groups:
             if g.process == process:
                 g.process = fresh
@@ -264,15 +269,16 @@ def _walked(seed: int) -> str:
 Reads = dict[str, dict[str, list[Record]]]
 
 
-def _acked_sends(history: list[Record]) -> dict[str, tuple[int, Record]]:
-    """Acknowledged send id -> (ok line, invoke value)."""
+def _acked_sends(history: list[Record]) -> dict[str, tuple[int, int, Record]]:
+    """Acknowledged send id -> (invoke line, ok line, invoke value)."""
     invoked: dict[str, Record] = {}
-    out: dict[str, tuple[int, Record]] = {}
+    out: dict[str, tuple[int, int, Record]] = {}
     for r in history:
         if r["f"] == "send" and r["type"] == "invoke":
-            invoked[r["process"]] = r["value"]
+            invoked[r["process"]] = r
         elif r["f"] == "send" and r["type"] == "ok":
-            out[invoked[r["process"]]["id"]] = (r["i"], invoked[r["process"]])
+            invoke = invoked[r["process"]]
+            out[invoke["value"]["id"]] = (invoke["i"], r["i"], invoke["value"])
     return out
 
 
@@ -286,7 +292,7 @@ def drop_ack(rng: random.Random, history: list[Record], reads: Reads) -> str | N
     if not acked:
         return None
     chaos_id = rng.choice(sorted(acked))
-    _everywhere(reads, acked[chaos_id][1]["pchannel"], lambda log: log.remove(next(e for e in log
+    _everywhere(reads, acked[chaos_id][2]["pchannel"], lambda log: log.remove(next(e for e in log
                                                                                     if e["id"] == chaos_id)))
     return "sends"
 
@@ -302,20 +308,21 @@ def duplicate(rng: random.Random, history: list[Record], reads: Reads) -> str | 
         copy = next(e for e in log if e["id"] == chaos_id)
         log.append({**copy, "message_id": str(int(last["message_id"]) + 1), "term": last["term"]})
 
-    _everywhere(reads, acked[chaos_id][1]["pchannel"], again)
+    _everywhere(reads, acked[chaos_id][2]["pchannel"], again)
     return "sends"
 
 
 def reorder(rng: random.Random, history: list[Record], reads: Reads) -> str | None:
-    """Swap two messages one producer had acknowledged one after the other on one vchannel."""
-    streams: dict[tuple[str, str], list[tuple[int, str]]] = {}
-    for chaos_id, (line, v) in _acked_sends(history).items():
-        streams.setdefault((v["producer"], v["vchannel"]), []).append((line, chaos_id))
-    pairs = [(a[1], b[1]) for s in streams.values() for a, b in itertools.pairwise(sorted(s))]
+    """Swap two messages one producer sent one after the other on one vchannel, and acknowledged in order."""
+    acked = _acked_sends(history)
+    streams: dict[tuple[str, str], list[tuple[int, int, str]]] = {}
+    for chaos_id, (invoke, ok, v) in acked.items():
+        streams.setdefault((v["producer"], v["vchannel"]), []).append((invoke, ok, chaos_id))
+    pairs = [(a[2], b[2]) for s in streams.values() for a, b in itertools.pairwise(sorted(s)) if a[1] < b[1]]
     if not pairs:
         return None
     first, second = rng.choice(pairs)
-    pchannel = _acked_sends(history)[first][1]["pchannel"]
+    pchannel = acked[first][2]["pchannel"]
 
     def swap(log: list[Record]) -> None:
         a, b = (next(n for n, e in enumerate(log) if e["id"] == x) for x in (first, second))
