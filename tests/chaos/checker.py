@@ -148,12 +148,10 @@ class Run:
     _views: dict[tuple[str, str], Delivery] = field(default_factory=dict, repr=False)
 
     def log(self, pchannel: str) -> list[Entry]:
-        """The reference read of a pchannel: the first node (in run.json's order) that has one.
-
-        The other nodes are compared with it by ``check_agreement``; every other check reads this one.
-        """
+        """The reference read of a pchannel, which every check but ``agreement`` reads: the longest (the
+        first in run.json's order among equals), so a read cut short shows as a disagreement, not a loss."""
         by_node = self.reads.get(pchannel, {})
-        return next((by_node[node] for node in self.meta["nodes"] if node in by_node), [])
+        return max((by_node[node] for node in self.meta["nodes"] if node in by_node), key=len, default=[])
 
     def lines_of(self, *chaos_ids: str) -> tuple[int, ...]:
         """The history lines of the operations that produced these messages (none for a phantom)."""
@@ -518,7 +516,7 @@ def check_agreement(run: Run) -> list[Violation]:
     for pchannel in run.meta["pchannels"]:
         reference = run.log(pchannel)
         by_node = run.reads.get(pchannel, {})
-        first = next(n for n in run.meta["nodes"] if n in by_node)
+        first = next(n for n in run.meta["nodes"] if by_node.get(n) is reference)
         for node in run.meta["nodes"]:
             if node not in by_node:
                 out.append(Violation("agreement", f"{pchannel}: node {node} has no read", ()))

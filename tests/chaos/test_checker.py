@@ -278,6 +278,12 @@ def test_a_node_whose_read_is_short_is_caught() -> None:
     assert b.found() == {"agreement": [(b.at["b4"], b.at["b4!"])]}
 
 
+def test_a_read_cut_short_on_the_first_node_is_a_disagreement_not_a_loss() -> None:
+    b = Base()
+    b.reads["n1"]["p0"].pop()
+    assert b.found() == {"agreement": [(b.at["b4"], b.at["b4!"])]}
+
+
 def test_a_node_without_a_read_is_caught() -> None:
     b = Base()
     del b.reads["n1"]
