@@ -35,7 +35,7 @@ import itertools
 from typing import TYPE_CHECKING
 
 import structlog
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_delay, wait_fixed
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_delay, wait_fixed
 
 from flusher import incarnation
 from flusher.commit import inside
@@ -185,7 +185,7 @@ class Node:
         """The first ownership pass, tried again while NATS does not answer in time (an election, a busy
         host): the background passes ride out such a hiccup, and a node must not exit for one at start.
         Past ``FIRST_PASS_SECONDS`` (or on any other error) the start fails with the cause."""
-        import nats.errors  # noqa: PLC0415  (nats-py: cluster mode only)
+        from streamingnode.cluster.connection import transient  # noqa: PLC0415  (nats-py: cluster mode only)
 
         assert self.ownership is not None
 
@@ -194,8 +194,9 @@ class Node:
                         error=repr(rs.outcome.exception() if rs.outcome is not None else None))
 
         retrying = AsyncRetrying(
-            # nats-py's TimeoutError is one of the builtin's.
-            retry=retry_if_exception_type((TimeoutError, nats.errors.NoRespondersError)),
+            # Every error of a NATS cluster still forming or electing (nats-py's TimeoutError is one of
+            # the builtin's; "no responders" reaches JetStream callers as NoStreamResponseError).
+            retry=retry_if_exception(transient),
             stop=stop_after_delay(FIRST_PASS_SECONDS), wait=wait_fixed(FIRST_PASS_RETRY_SECONDS),
             before_sleep=again, reraise=True)
         async for attempt in retrying:
@@ -234,16 +235,21 @@ class Node:
             return channel.stream.term
 
     async def _lose(self, name: str, reason: str) -> None:
-        """The lease of ``name`` is gone (``reason``): stop serving it, appends in flight first."""
+        """The lease of ``name`` is gone (``reason``): stop serving it, appends in flight first, then
+        its flusher and retention, so that nothing of this node writes for it any more (on the shared
+        log the new owner's fencing would refuse it; on a local log nothing else would)."""
+        channel = self._channels.pop(name, None)  # new calls are refused from here on
         await self._closed(name)
-        channel = self._channels.pop(name, None)
         if channel is None:
             return
-        self.metrics.close_channel(name)
         try:
             await channel.aclose()
         except Exception as exc:  # noqa: BLE001  (it is no longer ours either way)
             log.warning("closing a pchannel whose lease went failed", pchannel=name, reason=reason, error=repr(exc))
+        finally:
+            # Counted once it is closed: the open-pchannels gauge and this counter say what is true.
+            self.metrics.close_channel(name)
+        self.metrics.closed_on_lease_loss(name, reason)
 
     def lease(self, name: str) -> Lease | None:
         """Cluster mode: the last lease read of pchannel ``name`` (None on a single node or unknown)."""
@@ -255,7 +261,13 @@ class Node:
             # No node knows of it (every known pchannel's lease is read on each pass).
             return ChannelNotExistError(f"pchannel {name!r} does not exist", channel=name)
         if lease is not None and lease.node == self.config.node_id and lease.held():
-            return UnavailableError(f"pchannel {name!r} is being opened on this node", channel=name)
+            if self.ownership is not None and self.ownership.is_opening(name):
+                return UnavailableError(f"pchannel {name!r} is being opened on this node", channel=name)
+            # The record still names this node, but its lease ran out on this node's clock before a
+            # renewal reached NATS (or it is being handed off): whoever takes it next serves it.
+            return NotOwnerError(f"pchannel {name!r} is not served here: this node's lease on it ran out or is "
+                                 f"being handed off (term {lease.term}); ask again for its owner", channel=name,
+                                 owner="", term=lease.term)
         owner = lease.address if lease is not None and lease.held() else ""
         term = lease.term if lease is not None else 0
         where = f"node {owner!r} owns it" if owner else "no node owns it at the moment"
@@ -380,9 +392,9 @@ class Node:
         if failure is not None:
             raise failure.refusal(name)
         found = self._channels.get(name)
+        if self.ownership is not None and (found is None or not self.ownership.serves(name)):
+            raise self._not_owner(name)
         if found is None:
-            if self.ownership is not None:
-                raise self._not_owner(name)
             if not self.ready.is_set():
                 raise UnavailableError(f"the node is still opening its channels; {name!r} is not open yet",
                                        channel=name)
