@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import nats
+import nats.errors
+import nats.js.errors
 import structlog
 from nats.js.kv import KeyValue
 
@@ -17,6 +19,30 @@ log = structlog.get_logger(__name__)
 
 CONNECT_SECONDS = 15.0
 """How long a starting node tries to reach NATS before it gives up (a wrong address, NATS down)."""
+
+
+_TRANSIENT_API_CODES = frozenset({
+    10008,  # JetStream system temporarily unavailable (no meta leader yet)
+    10005,  # insufficient resources: the peers an R3 stream or bucket needs have not all joined yet
+    10023,  # insufficient resources
+    10074,  # no suitable peers for placement
+})
+
+
+def transient(exc: BaseException) -> bool:
+    """A NATS error that a cluster forming, electing or restarting answers for a while, and that the
+    same request gets past once it settles: no answer in time (nats-py turns the server's "no
+    responders" into ``NoStreamResponseError`` for JetStream calls), the connection being re-made, a
+    refused TCP connection, JetStream answering 503 or "temporarily unavailable", a placement that
+    lacks the peers not yet joined.  Anything else (a bad request, a wrong address for good) is not."""
+    if isinstance(exc, (TimeoutError, ConnectionRefusedError, nats.errors.NoRespondersError,
+                        nats.errors.ConnectionReconnectingError, nats.errors.StaleConnectionError,
+                        nats.errors.NoServersError, nats.js.errors.NoStreamResponseError,
+                        nats.js.errors.ServiceUnavailableError)):
+        return True
+    if isinstance(exc, nats.js.errors.APIError):
+        return exc.code == 503 or exc.err_code in _TRANSIENT_API_CODES
+    return False
 
 
 @dataclass(slots=True)
@@ -60,4 +86,4 @@ class ClusterClient:
         await self.nc.close()
 
 
-__all__ = ["CONNECT_SECONDS", "ClusterClient"]
+__all__ = ["CONNECT_SECONDS", "ClusterClient", "transient"]
