@@ -570,6 +570,11 @@ class _StateCollector(Collector):
         yield expiry
         yield GaugeMetricFamily(f"{ns}_cluster_nodes", "Cluster mode: live nodes this node sees (itself included).",
                                 value=len(ownership.view.live))
+        skew = ownership.membership.clock_skew
+        if skew is not None:
+            yield GaugeMetricFamily(f"{ns}_clock_skew_seconds", "Cluster mode: how far this node's wall clock is "
+                                    "ahead of the NATS server's (negative: behind), from its last heartbeat.",
+                                    value=skew)
 
     def _storage(self) -> Iterator[Metric]:
         storage = self._m.storage
