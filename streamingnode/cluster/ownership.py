@@ -5,6 +5,11 @@ over the live node ids (``preferred``). A preferred node takes a free or expired
 channel (``on_take``); a holder that is no longer preferred (a node joined) closes the channel
 (``on_lose``) and releases the lease, so the preferred node takes it at its next step; a holder whose
 renewal finds another owner, or whose lease ran out before a renewal succeeded, stops serving at once.
+Closes (drains) run as tasks beside the loop, never inside a pass: a hand-off's lease is renewed until
+its drain ends and released at the next pass, so the renewals of every other lease never wait behind
+drains.  The lease's end on this node's own clock (``Held.valid``, the TTL less ``CLOCK_RATE_MARGIN``
+from the renewal's sending) is checked by every call (``serves``) and by a watch of its own, so a
+pass stuck on an unanswering NATS does not keep an expired lease served.
 
 It stands on ``Membership`` (``streamingnode.cluster.membership``: the live nodes) and ``Leases``
 (``streamingnode.cluster.leases``: a pchannel's lease, by compare-and-set, and the clock assumption
