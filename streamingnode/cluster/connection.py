@@ -37,7 +37,8 @@ def transient(exc: BaseException) -> bool:
     lacks the peers not yet joined.  Anything else (a bad request, a wrong address for good) is not."""
     if isinstance(exc, (TimeoutError, ConnectionRefusedError, nats.errors.NoRespondersError,
                         nats.errors.ConnectionReconnectingError, nats.errors.StaleConnectionError,
-                        nats.errors.NoServersError, nats.js.errors.NoStreamResponseError,
+                        nats.errors.NoServersError, nats.errors.OutboundBufferLimitError,
+                        nats.js.errors.NoStreamResponseError,
                         nats.js.errors.ServiceUnavailableError)):
         return True
     if isinstance(exc, nats.js.errors.APIError):
@@ -66,8 +67,12 @@ class ClusterClient:
             # nats-py retries an unreachable first connect for ever when reconnects are unlimited: bound it,
             # so a node pointed at the wrong servers says so instead of hanging before it serves.
             async with asyncio.timeout(CONNECT_SECONDS):
+                # pending_size=0: no buffering while the connection is being re-made, so a heartbeat or
+                # renewal then fails at once (a renewal sent late is worth nothing; the lease runs out
+                # on this node's clock meanwhile), and a close while NATS is unreachable has nothing
+                # to flush into a dead socket (nats-py's close fails half way on that).
                 nc = await nats.connect(servers=servers, connect_timeout=2, max_reconnect_attempts=-1,
-                                        reconnect_time_wait=0.2, error_cb=quiet)
+                                        reconnect_time_wait=0.2, error_cb=quiet, pending_size=0)
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             raise UnavailableError(f"cannot reach the NATS servers {urls[:200]!r} (cluster_nats): {exc!r}",
                                    field="cluster_nats") from None
@@ -83,7 +88,12 @@ class ClusterClient:
         return cls(nc, nodes, leases)
 
     async def aclose(self) -> None:
-        await self.nc.close()
+        try:
+            await self.nc.close()
+        except Exception as exc:  # noqa: BLE001  (NATS gone: what it could not flush is lost either way)
+            # Closing flushes what the client still holds; with the servers unreachable that fails, and
+            # the node's shutdown (its pchannels, its log) must go on all the same.
+            log.warning("closing the NATS connection failed", error=repr(exc))
 
 
 __all__ = ["CONNECT_SECONDS", "ClusterClient", "transient"]

@@ -189,3 +189,15 @@ async def test_a_lease_taken_by_another_node_closes_the_pchannel_its_flusher_and
         assert await _produce_once(srv.address, "p0", b"after") == ErrorCode.NOT_OWNER.name
     finally:
         srv.stop()
+
+
+async def test_a_node_stopped_while_nats_is_down_closes_its_pchannels_and_its_log(
+    nats_own: NatsCluster, tmp_path: Path,
+) -> None:
+    srv = ServerThread(_config(tmp_path / "a", nats_own.url, flusher=False)).start()
+    node = srv.node
+    assert await _produce_once(srv.address, "p0", b"before") == "appended"
+    nats_own.kill(0)
+    srv.stop()  # its NATS connection cannot flush what it holds: the stop goes on all the same
+    assert node.channel_names() == []
+    assert node.manager.state.name == "CLOSED"
