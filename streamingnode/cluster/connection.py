@@ -42,7 +42,8 @@ def transient(exc: BaseException) -> bool:
                         nats.js.errors.ServiceUnavailableError)):
         return True
     if isinstance(exc, nats.js.errors.APIError):
-        return exc.code == 503 or exc.err_code in _TRANSIENT_API_CODES
+        # Some subclasses (the KV ones) never set the fields their base declares.
+        return getattr(exc, "code", None) == 503 or getattr(exc, "err_code", None) in _TRANSIENT_API_CODES
     return False
 
 
