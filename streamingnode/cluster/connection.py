@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import nats
+import nats.errors
+import nats.js.errors
 import structlog
 from nats.js.kv import KeyValue
 
@@ -17,6 +19,32 @@ log = structlog.get_logger(__name__)
 
 CONNECT_SECONDS = 15.0
 """How long a starting node tries to reach NATS before it gives up (a wrong address, NATS down)."""
+
+
+_TRANSIENT_API_CODES = frozenset({
+    10008,  # JetStream system temporarily unavailable (no meta leader yet)
+    10005,  # insufficient resources: the peers an R3 stream or bucket needs have not all joined yet
+    10023,  # insufficient resources
+    10074,  # no suitable peers for placement
+})
+
+
+def transient(exc: BaseException) -> bool:
+    """A NATS error that a cluster forming, electing or restarting answers for a while, and that the
+    same request gets past once it settles: no answer in time (nats-py turns the server's "no
+    responders" into ``NoStreamResponseError`` for JetStream calls), the connection being re-made, a
+    refused TCP connection, JetStream answering 503 or "temporarily unavailable", a placement that
+    lacks the peers not yet joined.  Anything else (a bad request, a wrong address for good) is not."""
+    if isinstance(exc, (TimeoutError, ConnectionRefusedError, nats.errors.NoRespondersError,
+                        nats.errors.ConnectionReconnectingError, nats.errors.StaleConnectionError,
+                        nats.errors.NoServersError, nats.errors.OutboundBufferLimitError,
+                        nats.js.errors.NoStreamResponseError,
+                        nats.js.errors.ServiceUnavailableError)):
+        return True
+    if isinstance(exc, nats.js.errors.APIError):
+        # Some subclasses (the KV ones) never set the fields their base declares.
+        return getattr(exc, "code", None) == 503 or getattr(exc, "err_code", None) in _TRANSIENT_API_CODES
+    return False
 
 
 @dataclass(slots=True)
@@ -40,8 +68,12 @@ class ClusterClient:
             # nats-py retries an unreachable first connect for ever when reconnects are unlimited: bound it,
             # so a node pointed at the wrong servers says so instead of hanging before it serves.
             async with asyncio.timeout(CONNECT_SECONDS):
+                # pending_size=0: no buffering while the connection is being re-made, so a heartbeat or
+                # renewal then fails at once (a renewal sent late is worth nothing; the lease runs out
+                # on this node's clock meanwhile), and a close while NATS is unreachable has nothing
+                # to flush into a dead socket (nats-py's close fails half way on that).
                 nc = await nats.connect(servers=servers, connect_timeout=2, max_reconnect_attempts=-1,
-                                        reconnect_time_wait=0.2, error_cb=quiet)
+                                        reconnect_time_wait=0.2, error_cb=quiet, pending_size=0)
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             raise UnavailableError(f"cannot reach the NATS servers {urls[:200]!r} (cluster_nats): {exc!r}",
                                    field="cluster_nats") from None
@@ -57,7 +89,12 @@ class ClusterClient:
         return cls(nc, nodes, leases)
 
     async def aclose(self) -> None:
-        await self.nc.close()
+        try:
+            await self.nc.close()
+        except Exception as exc:  # noqa: BLE001  (NATS gone: what it could not flush is lost either way)
+            # Closing flushes what the client still holds; with the servers unreachable that fails, and
+            # the node's shutdown (its pchannels, its log) must go on all the same.
+            log.warning("closing the NATS connection failed", error=repr(exc))
 
 
-__all__ = ["CONNECT_SECONDS", "ClusterClient"]
+__all__ = ["CONNECT_SECONDS", "ClusterClient", "transient"]

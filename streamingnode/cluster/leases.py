@@ -6,13 +6,14 @@ renewal after the holder opened the pchannel (a lease is taken before the open),
 CreateChannels waits for.
 
 Clocks.  ``expires_ms`` is the holder's wall clock plus the TTL, and a contender compares it with its
-own wall clock.  This assumes the nodes' clocks agree to well within a third of the TTL (NTP keeps
-them within milliseconds; the default TTL is 10 s).  The holder itself never relies on wall time:
-it stops serving once TTL has passed on its monotonic clock since it *sent* its last successful
-renewal, which is never later than the moment a contender may see the lease as expired unless the
-clocks are skewed by more than that margin.  Should the assumption break, two nodes may both believe
-they own a pchannel for a moment; with a shared WAL the fenced appends (the WAL term) decide which
-one's writes count, so a skew costs availability, never data.
+own wall clock.  This assumes the nodes' clocks agree to within ``CLOCK_RATE_MARGIN`` (5 %) of the TTL
+(NTP keeps them within milliseconds; the default TTL is 10 s).  The holder itself never relies on wall time:
+it stops serving once the TTL less ``CLOCK_RATE_MARGIN`` (5 %) has passed on its monotonic clock since
+it *sent* its last successful renewal, which is never later than the moment a contender may see the
+lease as expired unless the clocks are skewed by more than that margin (``membership`` measures each
+node's skew against the NATS server and warns beyond half of it).  Should the assumption break, two
+nodes may both believe they own a pchannel for a moment; with a shared WAL the fenced appends (the
+WAL term) decide which one's writes count, so a skew costs availability, never data.
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ over the live node ids (``preferred``). A preferred node takes a free or expired
 channel (``on_take``); a holder that is no longer preferred (a node joined) closes the channel
 (``on_lose``) and releases the lease, so the preferred node takes it at its next step; a holder whose
 renewal finds another owner, or whose lease ran out before a renewal succeeded, stops serving at once.
+Closes (drains) run as tasks beside the loop, never inside a pass: a hand-off's lease is renewed until
+its drain ends and released at the next pass, so the renewals of every other lease never wait behind
+drains.  The lease's end on this node's own clock (``Held.valid``, the TTL less ``CLOCK_RATE_MARGIN``
+from the renewal's sending) is checked by every call (``serves``) and by a watch of its own, so a
+pass stuck on an unanswering NATS does not keep an expired lease served.
 
 It stands on ``Membership`` (``streamingnode.cluster.membership``: the live nodes) and ``Leases``
 (``streamingnode.cluster.leases``: a pchannel's lease, by compare-and-set, and the clock assumption
@@ -46,6 +51,11 @@ BACKOFF_MAX = 60.0
 """Seconds: the longest wait before a node tries again to open a pchannel whose opens keep failing."""
 CONCURRENT_WRITES = 64
 """Lease writes (renewals, takes) one pass has in flight at once: pipelined, not one round trip each."""
+CLOCK_RATE_MARGIN = 0.05
+"""The share of the TTL the holder gives up to clock rates: it serves a lease for ``TTL * (1 -
+CLOCK_RATE_MARGIN)`` on its monotonic clock from the moment it sent the renewal, so that a holder whose
+clock runs up to 5 % slow against a contender's (real oscillators are off by parts per million; NTP
+slews at most 0.05 %) still stops before the contender may see the lease as expired."""
 
 
 def _score(node: str, pchannel: str) -> int:
@@ -81,15 +91,24 @@ OnLose = Callable[[str, str], Awaitable[None]]
 class Held:
     lease: Lease
     valid_until: float
-    """Monotonic time after which this node must not serve it without a renewal."""
+    """Monotonic time from which this node must not serve it without a renewal (the renewal's send time
+    plus the TTL less ``CLOCK_RATE_MARGIN``)."""
     serving_term: int = 0
     opening: asyncio.Task[int | None] | None = None
     """The open (``on_take``) of the pchannel, running beside the loop; None once the loop saw it end."""
     lost: str = ""
     """Why the lease went while the open still ran (the pchannel is closed as soon as it ends)."""
+    draining: asyncio.Task[None] | None = None
+    """The hand-off's drain (``on_lose``), running beside the loop, which renews the lease meanwhile and
+    releases it at the first pass after the drain ended."""
 
     def is_opening(self) -> bool:
         return self.opening is not None and not self.opening.done()
+
+    def valid(self, now: float) -> bool:
+        """Still this node's to serve at monotonic time ``now``: the one check of the lease by the
+        holder's own clock (the loop's expiry, the watch and every call go through it)."""
+        return now < self.valid_until
 
 
 @dataclass(slots=True)
@@ -132,6 +151,10 @@ class Ownership:
         """Pchannels whose last open here failed: how often in a row, why, and when to try again."""
         self._orphans: dict[str, Held] = {}
         """Opens still running whose lease went meanwhile: closed when they end, not taken again before."""
+        self._closing: dict[str, asyncio.Task[None]] = {}
+        """Pchannels whose lease went (lost, expired, destroyed) and whose close (``on_lose``) still runs,
+        beside the loop: not taken again before it ends."""
+        self._watch: asyncio.Task[None] | None = None
         self.view = OwnershipView()
         self._task: asyncio.Task[None] | None = None
         self._pass_lock = asyncio.Lock()
@@ -145,6 +168,22 @@ class Ownership:
     @property
     def interval(self) -> float:
         return self.ttl / 3
+
+    @property
+    def serve_for(self) -> float:
+        """Seconds a renewal lets this node serve, on its monotonic clock, counted from its sending."""
+        return self.ttl * (1 - CLOCK_RATE_MARGIN)
+
+    def serves(self, name: str) -> bool:
+        """This node may serve ``name`` now: it holds the lease, by its own clock, and is not handing
+        it off.  Checked on every call, so a holder cut off from NATS refuses calls from the moment
+        its lease runs out on its clock, whatever the loop is waiting on."""
+        held = self.held.get(name)
+        return held is not None and held.draining is None and held.valid(time.monotonic())
+
+    def is_opening(self, name: str) -> bool:
+        held = self.held.get(name)
+        return held is not None and held.is_opening()
 
     def _changed(self, name: str, reason: str) -> None:
         log.info("pchannel ownership changed", pchannel=name, reason=reason, node=self.node_id)
@@ -188,7 +227,7 @@ class Ownership:
         seen = await self.leases.read_all()
         for name in [n for n in self.held if n not in listed]:
             # Destroyed by another node (shared log): stop serving it; its lease record went with it.
-            await self._lost(name, "released")
+            self._lost(name, "released")
         self.view.leases = {name: seen.get(name, Lease(name)) for name in listed}
         for name, held in list(self.held.items()):
             if held.opening is not None and held.opening.done():
@@ -225,20 +264,28 @@ class Ownership:
         if mine is not None:
             if seen.revision > mine.lease.revision or seen.revision == 0:
                 if seen.node != self.node_id or seen.term != mine.lease.term:
-                    await self._lost(name, "lost")
+                    self._lost(name, "lost")
                     return ""
                 mine.lease = seen  # our own write whose answer we missed: same owner and term
-            if best is not None and best != self.node_id and not mine.is_opening():
-                # A node joined that hashing prefers: drain, then release so it can take at once.
-                await self._drop(name, "released")
+            if mine.draining is not None:
+                if not mine.draining.done():
+                    return "renew"  # kept while the drain runs: nobody else serves it half-drained
+                # Drained: give the lease back (here, in the pass, as every lease write of this node).
+                self.held.pop(name, None)
                 released = await self.leases.release(mine.lease)
                 if released is not None:
                     self.view.leases[name] = released
                 return ""
+            if best is not None and best != self.node_id and not mine.is_opening():
+                # A node joined that hashing prefers: drain beside the loop (a drain must never hold up
+                # the renewals of the leases this node keeps), then release so it can take at once.
+                mine.draining = self._spawn_close(name, "released")
+                return "renew"
             return "renew"
         if seen.held() and seen.node != self.node_id and seen.serving:
             self.backoff.pop(name, None)  # another node serves it: this node's failed opens are moot
-        if best != self.node_id or (seen.held() and seen.node != self.node_id) or name in self._orphans:
+        if (best != self.node_id or (seen.held() and seen.node != self.node_id) or name in self._orphans
+                or name in self._closing):
             return ""
         backoff = self.backoff.get(name)
         if backoff is not None and time.monotonic() < backoff.retry_at:
@@ -250,13 +297,14 @@ class Ownership:
         if held is None:
             return
         sent = time.monotonic()
-        renewed = await self.leases.renew(held.lease, held.serving_term, serving=not held.is_opening())
+        renewed = await self.leases.renew(held.lease, held.serving_term,
+                                          serving=not held.is_opening() and held.draining is None)
         if self.held.get(name) is not held:
             return
         if renewed is None:
-            await self._lost(name, "lost")
+            self._lost(name, "lost")
             return
-        held.lease, held.valid_until = renewed, sent + self.ttl
+        held.lease, held.valid_until = renewed, sent + self.serve_for
         self.view.leases[name] = renewed
 
     async def _take(self, name: str) -> None:
@@ -265,7 +313,7 @@ class Ownership:
         if taken is None:
             return
         self.view.leases[name] = taken
-        held = self.held[name] = Held(taken, sent + self.ttl, taken.term)
+        held = self.held[name] = Held(taken, sent + self.serve_for, taken.term)
         held.opening = asyncio.get_running_loop().create_task(self._open(name, held), name=f"open {name}")
 
     async def _open(self, name: str, held: Held) -> int | None:
@@ -309,28 +357,61 @@ class Ownership:
         # Open now: the next renewal (this pass) says serving and reports the WAL's term, the fencing term.
         held.serving_term = task.result() or held.serving_term
 
-    async def _lost(self, name: str, reason: str) -> None:
-        """The lease of ``name`` is no longer this node's: stop serving it (after its open, if running)."""
+    def _lost(self, name: str, reason: str) -> None:
+        """The lease of ``name`` is no longer this node's: stop serving it (after its open, if running).
+        The close runs beside the loop; ``serves`` says no from now on."""
         held = self.held.get(name)
         if held is not None and held.is_opening():
             del self.held[name]
             held.lost = reason
             self._orphans[name] = held
             return
-        await self._drop(name, reason)
+        self._drop(name, reason)
 
-    async def _drop(self, name: str, reason: str) -> None:
-        self.held.pop(name, None)
+    def _drop(self, name: str, reason: str) -> None:
+        held = self.held.pop(name, None)
+        if held is not None and held.draining is not None:
+            # Already draining (a hand-off) when the lease went: that close goes on, not a second one.
+            self._closing[name] = held.draining
+            held.draining.add_done_callback(lambda t: self._closed(name, t))
+            return
+        self._closing[name] = self._spawn_close(name, reason)
+        self._closing[name].add_done_callback(lambda t: self._closed(name, t))
+
+    def _spawn_close(self, name: str, reason: str) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(self._close(name, reason), name=f"close {name}")
+
+    async def _close(self, name: str, reason: str) -> None:
+        """Stop serving ``name`` (``on_lose``: drain and close), beside the loop."""
         try:
             await self._on_lose(name, reason)
+        except Exception as exc:  # noqa: BLE001  (it is no longer this node's either way)
+            log.warning("closing a pchannel whose lease went failed", pchannel=name, reason=reason, error=repr(exc))
         finally:
             self._changed(name, reason)
+            self._wake.set()  # a hand-off's lease goes back at the next pass, at once
+
+    def _closed(self, name: str, task: asyncio.Task[None]) -> None:
+        if self._closing.get(name) is task:
+            del self._closing[name]
+        self._wake.set()
+
+    async def closes(self) -> None:
+        """Wait for every close (and hand-off drain) running beside the loop."""
+        running = [*self._closing.values(), *(h.draining for h in self.held.values() if h.draining is not None)]
+        if running:
+            await asyncio.wait(running)
 
     async def forget(self, name: str) -> None:
         """``name`` is being destroyed: stop serving it if held here, and remove its lease record."""
         async with self._pass_lock:  # not in the middle of a pass that may be renewing it
             if name in self.held:
-                await self._lost(name, "released")
+                self._lost(name, "released")
+            closing = self._closing.get(name)
+        if closing is not None:
+            # Drained outside the pass lock: the other leases' renewals go on meanwhile.
+            await asyncio.wait([closing])
+        async with self._pass_lock:
             await self.leases.remove(name)
             self.view.leases.pop(name, None)
             self.backoff.pop(name, None)
@@ -345,12 +426,22 @@ class Ownership:
         """Stop serving every lease whose TTL ran out on this node's clock without a renewal."""
         now = time.monotonic()
         for name, held in list(self.held.items()):
-            if now >= held.valid_until:
-                await self._lost(name, "expired")
+            if not held.valid(now):
+                self._lost(name, "expired")
+
+    async def _watch_expiry(self) -> None:
+        """Expire leases on this node's clock the moment they run out, whatever the loop waits on (a
+        pass stuck on an unanswering NATS holds the pass lock for up to a request timeout or more)."""
+        while not self._stopping:
+            await self.expire_overdue()
+            now = time.monotonic()
+            deadlines = [h.valid_until - now for h in self.held.values()]
+            await asyncio.sleep(max(min([self.interval, *deadlines]), 0.0))
 
     # --- the loop --------------------------------------------------------------------------------
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="ownership")
+        self._watch = asyncio.get_running_loop().create_task(self._watch_expiry(), name="lease expiry")
 
     async def _run(self) -> None:
         while not self._stopping:
@@ -378,6 +469,9 @@ class Ownership:
             # Waits for the loop's end; a cancel of stop() itself is never swallowed here.
             await cancel_and_wait(self._task)
             self._task = None
+        if self._watch is not None:
+            await cancel_and_wait(self._watch)
+            self._watch = None
         try:
             await self.membership.leave()
         except Exception as exc:  # noqa: BLE001  (NATS gone: the heartbeat ages out instead)
@@ -390,15 +484,19 @@ class Ownership:
                 task.cancel()
             await asyncio.wait(opening)
         self._orphans.clear()
+        leases = {name: held.lease for name, held in self.held.items()}
         for name, held in list(self.held.items()):
             if held.opening is not None and (held.opening.cancelled() or held.opening.result() is None):
                 self.held.pop(name, None)
             else:
-                await self._drop(name, "released")
+                self._drop(name, "released")
+        await self.closes()  # every pchannel closed before its lease goes back
+        for name, lease in leases.items():
             try:
-                await self.leases.release(held.lease)
+                await self.leases.release(lease)
             except Exception as exc:  # noqa: BLE001  (the lease then expires by itself)
                 log.warning("could not release the lease", pchannel=name, error=repr(exc))
 
 
-__all__ = ["BACKOFF_MAX", "REASONS", "Backoff", "Held", "Ownership", "OwnershipView", "placement", "preferred"]
+__all__ = ["BACKOFF_MAX", "CLOCK_RATE_MARGIN", "REASONS", "Backoff", "Held", "Ownership", "OwnershipView", "placement",
+           "preferred"]

@@ -32,10 +32,11 @@ import asyncio
 import contextlib
 import contextvars
 import itertools
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import structlog
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_delay, wait_fixed
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_delay, wait_fixed
 
 from flusher import incarnation
 from flusher.commit import inside
@@ -70,10 +71,38 @@ if TYPE_CHECKING:
     from streamingnode.cluster.ownership import Ownership
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 FIRST_PASS_SECONDS = 60.0
-"""How long a node in cluster mode keeps trying its first ownership pass while NATS does not answer."""
+"""How long a node in cluster mode keeps trying each step of its start (the shared log's connection,
+the configured pchannels, the first ownership pass) while NATS does not answer."""
 FIRST_PASS_RETRY_SECONDS = 0.5
+
+
+def _forming(exc: BaseException) -> bool:
+    """What a NATS cluster that is forming or electing answers for a while: a transient NATS error, or
+    the shared log's UNAVAILABLE (how the JetStream WAL reports the same)."""
+    from streamingnode.cluster.connection import transient  # noqa: PLC0415  (nats-py: cluster mode only)
+
+    return transient(exc) or isinstance(exc, UnavailableError)
+
+
+async def _while_nats_forms(what: str, attempt: Callable[[], Awaitable[T]],
+                            retriable: Callable[[BaseException], bool] = _forming) -> T:
+    """``attempt()``, tried again while it fails with an error a NATS cluster forming or electing
+    answers (a node started beside a fresh cluster, a busy host) for up to ``FIRST_PASS_SECONDS``;
+    past that, or on any other error, the cause is raised."""
+
+    def again(rs: RetryCallState) -> None:
+        log.warning(f"{what}: NATS not ready; trying again",
+                    error=repr(rs.outcome.exception() if rs.outcome is not None else None))
+
+    retrying = AsyncRetrying(retry=retry_if_exception(retriable), stop=stop_after_delay(FIRST_PASS_SECONDS),
+                             wait=wait_fixed(FIRST_PASS_RETRY_SECONDS), before_sleep=again, reraise=True)
+    async for tried in retrying:
+        with tried:
+            return await attempt()
+    raise AssertionError("unreachable: tenacity either returns or re-raises")  # pragma: no cover
 
 # Each channel costs a clock task and buffers; a request for millions of them is a mistake, not a plan.
 MAX_CREATE = 1024
@@ -116,8 +145,8 @@ class Node:
         if config.shared_log:
             from wal.backends.jetstream import JetStreamBackend  # noqa: PLC0415  (nats-py: cluster extra)
 
-            backend = await asyncio.to_thread(JetStreamBackend, config.cluster_nats, prefix=config.cluster_prefix,
-                                              replicas=config.nats_replicas)
+            backend = await _while_nats_forms("opening the shared log", lambda: asyncio.to_thread(
+                JetStreamBackend, config.cluster_nats, prefix=config.cluster_prefix, replicas=config.nats_replicas))
             manager = await WALManager.start(backend, durability=config.wal_durability,
                                              tail_buffer_bytes=config.tail_buffer_bytes)
         else:
@@ -134,7 +163,7 @@ class Node:
         the ownership loop), then report ready; the loop goes on in the background."""
         if self.config.cluster_nats:
             if self.config.shared_log:
-                await self._create_configured()
+                await _while_nats_forms("creating the configured pchannels", self._create_configured)
             await self._join_cluster()
             self.ready.set()
             self.storage = self.metrics.storage = start_monitor(self)
@@ -171,8 +200,13 @@ class Node:
         from streamingnode.cluster.ownership import Ownership  # noqa: PLC0415  (nats-py)
 
         cfg = self.config
-        self.cluster = await ClusterClient.connect(cfg.cluster_nats, cfg.cluster_prefix, cfg.lease_seconds,
-                                                   replicas=cfg.nats_replicas if cfg.shared_log else 1)
+        from streamingnode.cluster.connection import transient  # noqa: PLC0415  (nats-py)
+
+        # Its own bound (CONNECT_SECONDS) for servers that never answer; the buckets' errors of a
+        # cluster still forming are tried again.
+        replicas = cfg.nats_replicas if cfg.shared_log else 1
+        self.cluster = await _while_nats_forms("opening the cluster buckets", lambda: ClusterClient.connect(
+            cfg.cluster_nats, cfg.cluster_prefix, cfg.lease_seconds, replicas=replicas), transient)
         membership = Membership(self.cluster.nodes, cfg.node_id, self.advertise, cfg.lease_seconds)
         leases = Leases(self.cluster.leases, cfg.node_id, self.advertise, cfg.lease_seconds)
         self.ownership = Ownership(membership, leases, self._cluster_names, self._take, self._lose,
@@ -183,24 +217,11 @@ class Node:
 
     async def _first_pass(self) -> None:
         """The first ownership pass, tried again while NATS does not answer in time (an election, a busy
-        host): the background passes ride out such a hiccup, and a node must not exit for one at start.
-        Past ``FIRST_PASS_SECONDS`` (or on any other error) the start fails with the cause."""
-        import nats.errors  # noqa: PLC0415  (nats-py: cluster mode only)
-
+        host, a cluster still forming): the background passes ride out such a hiccup, and a node must
+        not exit for one at start.  Past ``FIRST_PASS_SECONDS`` (or on any other error) the start fails
+        with the cause."""
         assert self.ownership is not None
-
-        def again(rs: RetryCallState) -> None:
-            log.warning("first ownership pass got no answer from NATS in time; trying again",
-                        error=repr(rs.outcome.exception() if rs.outcome is not None else None))
-
-        retrying = AsyncRetrying(
-            # nats-py's TimeoutError is one of the builtin's.
-            retry=retry_if_exception_type((TimeoutError, nats.errors.NoRespondersError)),
-            stop=stop_after_delay(FIRST_PASS_SECONDS), wait=wait_fixed(FIRST_PASS_RETRY_SECONDS),
-            before_sleep=again, reraise=True)
-        async for attempt in retrying:
-            with attempt:
-                await self.ownership.step()
+        await _while_nats_forms("first ownership pass", self.ownership.step)
 
     async def _create_configured(self) -> None:
         """Shared log: create the configured pchannels it lacks (every node may try; one wins)."""
@@ -234,16 +255,21 @@ class Node:
             return channel.stream.term
 
     async def _lose(self, name: str, reason: str) -> None:
-        """The lease of ``name`` is gone (``reason``): stop serving it, appends in flight first."""
+        """The lease of ``name`` is gone (``reason``): stop serving it, appends in flight first, then
+        its flusher and retention, so that nothing of this node writes for it any more (on the shared
+        log the new owner's fencing would refuse it; on a local log nothing else would)."""
+        channel = self._channels.pop(name, None)  # new calls are refused from here on
         await self._closed(name)
-        channel = self._channels.pop(name, None)
         if channel is None:
             return
-        self.metrics.close_channel(name)
         try:
             await channel.aclose()
         except Exception as exc:  # noqa: BLE001  (it is no longer ours either way)
             log.warning("closing a pchannel whose lease went failed", pchannel=name, reason=reason, error=repr(exc))
+        finally:
+            # Counted once it is closed: the open-pchannels gauge and this counter say what is true.
+            self.metrics.close_channel(name)
+        self.metrics.closed_on_lease_loss(name, reason)
 
     def lease(self, name: str) -> Lease | None:
         """Cluster mode: the last lease read of pchannel ``name`` (None on a single node or unknown)."""
@@ -255,7 +281,13 @@ class Node:
             # No node knows of it (every known pchannel's lease is read on each pass).
             return ChannelNotExistError(f"pchannel {name!r} does not exist", channel=name)
         if lease is not None and lease.node == self.config.node_id and lease.held():
-            return UnavailableError(f"pchannel {name!r} is being opened on this node", channel=name)
+            if self.ownership is not None and self.ownership.is_opening(name):
+                return UnavailableError(f"pchannel {name!r} is being opened on this node", channel=name)
+            # The record still names this node, but its lease ran out on this node's clock before a
+            # renewal reached NATS (or it is being handed off): whoever takes it next serves it.
+            return NotOwnerError(f"pchannel {name!r} is not served here: this node's lease on it ran out or is "
+                                 f"being handed off (term {lease.term}); ask again for its owner", channel=name,
+                                 owner="", term=lease.term)
         owner = lease.address if lease is not None and lease.held() else ""
         term = lease.term if lease is not None else 0
         where = f"node {owner!r} owns it" if owner else "no node owns it at the moment"
@@ -380,9 +412,9 @@ class Node:
         if failure is not None:
             raise failure.refusal(name)
         found = self._channels.get(name)
+        if self.ownership is not None and (found is None or not self.ownership.serves(name)):
+            raise self._not_owner(name)
         if found is None:
-            if self.ownership is not None:
-                raise self._not_owner(name)
             if not self.ready.is_set():
                 raise UnavailableError(f"the node is still opening its channels; {name!r} is not open yet",
                                        channel=name)

@@ -228,6 +228,10 @@ class NodeMetrics:
             "ownership_changes", "Cluster mode: this node's ownership of a pchannel changed, by reason (taken: "
             "it took the lease; released: it handed the pchannel off; expired: its lease ran out before a "
             "renewal; lost: a renewal found another owner).", ["pchannel", "reason"], namespace=ns, registry=r)
+        self.closed_on_loss = Counter(
+            "pchannels_closed_on_lease_loss", "Cluster mode: pchannels this node closed (appends, flusher and "
+            "retention stopped) because its lease went, by reason (released: handed off; expired: it ran out on "
+            "this node's clock; lost: another node took it).", ["pchannel", "reason"], namespace=ns, registry=r)
         self.cluster: Ownership | None = None
         """Set by the node in cluster mode: its lease loop (the owned, lease and nodes series)."""
         r.register(_StateCollector(self))
@@ -240,6 +244,9 @@ class NodeMetrics:
 
     def ownership_changed(self, pchannel: str, reason: str) -> None:
         self.ownership_changes.labels(pchannel, reason).inc()
+
+    def closed_on_lease_loss(self, pchannel: str, reason: str) -> None:
+        self.closed_on_loss.labels(pchannel, reason).inc()
 
     # --- channels --------------------------------------------------------------------------------
     def open_channel(self, name: str, channel: Channel) -> ChannelMetrics:
@@ -563,6 +570,11 @@ class _StateCollector(Collector):
         yield expiry
         yield GaugeMetricFamily(f"{ns}_cluster_nodes", "Cluster mode: live nodes this node sees (itself included).",
                                 value=len(ownership.view.live))
+        skew = ownership.membership.clock_skew
+        if skew is not None:
+            yield GaugeMetricFamily(f"{ns}_clock_skew_seconds", "Cluster mode: how far this node's wall clock is "
+                                    "ahead of the NATS server's (negative: behind), from its last heartbeat.",
+                                    value=skew)
 
     def _storage(self) -> Iterator[Metric]:
         storage = self._m.storage

@@ -69,12 +69,14 @@ def api_refusal(exc: nats.js.errors.APIError, what: str, path: str | None) -> St
     between states (``_TRANSIENT_STATUS``, ``_TRANSIENT_ERR_CODES``); UNRECOVERABLE for the rest --
     limits, permissions, a configuration that does not match, a bad request -- which no retry cures,
     so neither the node nor its clients retry them forever (``fields``: ``nats_code``, ``err_code``)."""
-    if exc.code in _TRANSIENT_STATUS or exc.err_code in _TRANSIENT_ERR_CODES:
+    # The KV errors (KeyNotFoundError and its kin) never set the fields their base declares.
+    code, err_code = getattr(exc, "code", None), getattr(exc, "err_code", None)
+    if code in _TRANSIENT_STATUS or err_code in _TRANSIENT_ERR_CODES:
         return UnavailableError(f"{what}: NATS at {path} refused for now: {exc}", path=path,
-                                nats_code=exc.code, err_code=exc.err_code)
+                                nats_code=code, err_code=err_code)
     return UnrecoverableError(
-        f"{what}: NATS at {path} refused (code {exc.code}, err_code {exc.err_code}), which retrying cannot "
-        f"change: {exc}", path=path, nats_code=exc.code, err_code=exc.err_code)
+        f"{what}: NATS at {path} refused (code {code}, err_code {err_code}), which retrying cannot "
+        f"change: {exc}", path=path, nats_code=code, err_code=err_code)
 
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")

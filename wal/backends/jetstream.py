@@ -190,6 +190,14 @@ class JetStreamBackend(StreamAppends):
         except nats.js.errors.KeyWrongLastSequenceError as exc:  # another node created it meanwhile
             await self._js.delete_stream(self._stream(key))
             raise ChannelExistError(f"pchannel {name!r} already exists", channel=name) from exc
+        except nats.js.errors.KeyNotFoundError as exc:
+            # nats-py's create, refused as out of sequence, reads the key back (to tell a deleted key
+            # from a live one); a read that finds nothing, as when another node creates the same
+            # pchannel at the same moment on a cluster still settling, leaves the outcome open: this
+            # node's stream goes, and the caller asks again (UNAVAILABLE), to find the record or win.
+            await self._js.delete_stream(self._stream(key))
+            raise UnavailableError(f"creating pchannel {name!r} raced with another creator of it; try again",
+                                   channel=name, path=self.path) from exc
         return ChannelInfo(name, key, 0, 0, 0, 0, dict(properties))
 
     async def _next_key(self) -> int:
