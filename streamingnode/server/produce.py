@@ -169,6 +169,11 @@ class ProduceStream:
         loop = asyncio.get_running_loop()
         seen = self.unanswered
         tracing = self.node.tracing  # decided once per node: off means not one extra call per batch
+        # Cluster mode: the lease is checked per batch, not only at the open, so that a stream opened
+        # while the node held it is refused from the moment the lease may have run out on this node's
+        # clock, not only once the pchannel's close (which runs beside the ownership loop) gets to it.
+        ownership = self.node.ownership
+        pchannel = channel.stream.pchannel
         while self.failed is None:
             await self.slots.acquire()  # backpressure: stop reading while too many batches are pending
             await self.room.wait()  # ... or while they hold produce_max_in_flight_bytes
@@ -194,6 +199,8 @@ class ProduceStream:
             chained = False
             nbytes = 0
             try:
+                if ownership is not None and not ownership.serves(pchannel):
+                    self.node.channel(pchannel)  # raises why it is no longer served here (NOT_OWNER)
                 messages = self._messages(channel, batch, producer_id)
             except StreamingError as exc:
                 fut = loop.create_future()

@@ -14,6 +14,7 @@ node's own lease check stands between a stale holder and an acknowledged append.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -201,3 +202,70 @@ async def test_a_node_stopped_while_nats_is_down_closes_its_pchannels_and_its_lo
     srv.stop()  # its NATS connection cannot flush what it holds: the stop goes on all the same
     assert node.channel_names() == []
     assert node.manager.state.name == "CLOSED"
+
+
+async def test_a_produce_stream_opened_while_the_lease_held_is_refused_once_it_went(
+    nats_r1: NatsCluster, tmp_path: Path,
+) -> None:
+    """The lease is checked per batch, not only when a stream opens: a stream opened while the node
+    held the lease gets NOT_OWNER for a batch sent after the lease went, even while the pchannel's
+    close has not begun (held back here), and nothing of that batch is stored."""
+    srv = ServerThread(_config(tmp_path / "a", nats_r1.url, cluster_prefix="perbatch", flusher=False)).start()
+    release = threading.Event()
+    try:
+        node = srv.node
+        own = node.ownership
+        assert own is not None
+        on_lose = own._on_lose
+
+        async def held_back(name: str, reason: str) -> None:
+            await asyncio.to_thread(release.wait, 60)
+            await on_lose(name, reason)
+        own._on_lose = held_back  # type: ignore[method-assign]
+
+        async with grpc.aio.insecure_channel(srv.address) as channel:
+            call = sgrpc.StreamingNodeStub(channel).Produce()
+            await call.write(spb.ProduceRequest(open=spb.ProduceOpen(pchannel="p0")))
+            assert (await call.read()).WhichOneof("response") == "opened"
+
+            async def send(rid: int, payload: bytes) -> str:
+                await call.write(spb.ProduceRequest(batch=spb.ProduceBatch(request_id=rid, messages=[_data(payload)])))
+                resp = await call.read()
+                assert resp is not grpc.aio.EOF and resp.WhichOneof("response") == "result", resp
+                outcome = resp.result
+                return "appended" if outcome.WhichOneof("outcome") == "appended" else \
+                    pb.ErrorCode.Name(outcome.error.code).removeprefix("ERROR_CODE_")
+
+            assert await send(1, b"before") == "appended"
+            # Another node holds the lease now: written into KV, as after a partition that outlived it.
+            nc = await nats.connect(nats_r1.url)
+            try:
+                kv = await nc.jetstream().key_value("perbatch_leases")
+                entry = await kv.get(encode_key("p0"))
+                mine = Lease.decode("p0", entry.value, entry.revision or 0)
+                theirs = Lease("p0", "b", "127.0.0.1:1", mine.term + 1, mine.expires_ms + 600_000, serving=True)
+                await kv.put(encode_key("p0"), theirs.encode())
+            finally:
+                await nc.close()
+            await until(lambda: not own.serves("p0"), "the node to see the lease gone", timeout=30)
+            served = srv.run(_served(node))
+            assert served.stream.wal.state is WALState.RUNNING  # the close is held back: only the check stands
+            assert await send(2, b"late") == ErrorCode.NOT_OWNER.name
+            call.cancel()
+        stored = srv.run(_stored(served))
+        assert b"before" in stored and b"late" not in stored, stored
+    finally:
+        release.set()
+        srv.stop()
+
+
+async def _served(node: Any) -> Any:
+    return node._channels["p0"]
+
+
+async def _stored(channel: Any) -> list[bytes]:
+    """The DATA payloads in p0's log, as its WAL holds them in memory (the whole of this short log)."""
+    wal = channel.stream.wal
+    cached = wal.read_cached(wal.first_id, 1 << 20)
+    assert cached is not None
+    return [bytes(m.payload) for m in cached if m.message_type is MessageType.DATA]
