@@ -69,15 +69,17 @@ async def fill(addr: str, mib: int) -> None:
         await client.create_channels(["p"])
         data = client.data("p")
         await data.create_collection("d", "coll", SCHEMA, "pk")
-        payload = os.urandom(1024)
+        # Random bytes, different in every message: RocksDB and Parquet compress repeated ones away.
         async with client.producer("p") as producer:
             for _ in range(mib * 9 // 10):
-                await asyncio.gather(*(producer.send("v", payload) for _ in range(1024)))
+                block = os.urandom(MIB)
+                await asyncio.gather(*(producer.send("v", block[i << 10:(i + 1) << 10]) for i in range(1024)))
         pk = 0
         for _ in range(max(mib // 10, 1)):
             n = 1024
-            batch = pa.record_batch([pa.array(range(pk, pk + n), pa.int64()), pa.array([os.urandom(1024)] * n)],
-                                    schema=SCHEMA)
+            block = os.urandom(MIB)
+            batch = pa.record_batch([pa.array(range(pk, pk + n), pa.int64()),
+                                     pa.array([block[i << 10:(i + 1) << 10] for i in range(n)])], schema=SCHEMA)
             pk += n
             await data.insert("d", "coll", batch)
         await data.flush("d", "coll")
@@ -123,18 +125,18 @@ def p(values: list[float], q: float) -> float:
     return values[min(int(len(values) * q), len(values) - 1)]
 
 
-async def measure(addr: str, work: Path, mib: int, window: float) -> dict[str, float]:
+async def measure(addr: str, targets: Path, mib: int, window: float) -> dict[str, float]:
     await wait_ready(addr)
     await fill(addr, mib)
     quiet = await acks(addr, window, None)
     stop = asyncio.Event()
     took: list[float] = []
-    loop_task = asyncio.create_task(backups_until(addr, work / "loop", stop, took))
+    loop_task = asyncio.create_task(backups_until(addr, targets / "loop", stop, took))
     busy = await acks(addr, window, loop_task)
     stop.set()
     await loop_task
-    full = await backup_once(addr, work / "target")
-    incr = await backup_once(addr, work / "target")
+    full = await backup_once(addr, targets / "target")
+    incr = await backup_once(addr, targets / "target")
     return {
         "backup_mib": full.bytes_copied / MIB, "backup_s": full.seconds,
         "backup_mib_s": full.bytes_copied / MIB / full.seconds,
@@ -144,14 +146,14 @@ async def measure(addr: str, work: Path, mib: int, window: float) -> dict[str, f
     }
 
 
-def one_run(work: Path, mib: int, window: float) -> dict[str, float]:
+def one_run(work: Path, mib: int, window: float, targets: Path) -> dict[str, float]:
     data = work / "data"
     addr = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "GRPC_VERBOSITY": "ERROR"}
     node = subprocess.Popen([sys.executable, "-m", "streamingnode", "serve", "--data-dir", str(data), "--listen", addr,
                              "--metrics-listen", "", "--log-level", "warning"], cwd=ROOT, env=env)
     try:
-        out = asyncio.run(measure(addr, work, mib, window))
+        out = asyncio.run(measure(addr, targets, mib, window))
     finally:
         node.send_signal(signal.SIGTERM)
         node.wait(60)
@@ -168,11 +170,13 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=200)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--window", type=float, default=4.0)
+    ap.add_argument("--target-dir", help="where backups go (default: beside the data directory, same volume)")
     args = ap.parse_args()
     runs = []
     for i in range(args.runs):
-        with tempfile.TemporaryDirectory(prefix="bench-backup-") as tmp:
-            r = one_run(Path(tmp), args.mib, args.window)
+        with tempfile.TemporaryDirectory(prefix="bench-backup-") as tmp, \
+                tempfile.TemporaryDirectory(prefix="bench-backup-to-", dir=args.target_dir) as to:
+            r = one_run(Path(tmp), args.mib, args.window, Path(to))
         runs.append(r)
         print(f"run {i + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()), flush=True)
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}

@@ -117,6 +117,11 @@ async def take_backup(
     await asyncio.to_thread(_remove_stale_staging, data_dir)
     staging = data_dir / f"{STAGING_PREFIX}{time.time_ns()}"
     on_progress(Progress("checkpoint"))
+    flush_tables = getattr(manager.backend, "flush_tables", None)
+    if flush_tables is not None:
+        # Off the writer thread: the memtables' bulk reaches table files while appends go on, and the
+        # checkpoint below, which appends wait for, has only the last milliseconds' writes to flush.
+        await asyncio.to_thread(flush_tables)
     created = datetime.now(UTC)
     await manager.backup(staging)
     try:
