@@ -8,7 +8,8 @@ the ack p99 of a producer while it runs against the p99 without it.
    (about a tenth of the bytes).
 2. Latency: one producer sends one 1 KiB message at a time (each awaited; paced at 1 ms between sends)
    for ``--window`` seconds without a backup, then for as long with backups running back to back (each
-   into a new target, so each copies everything).  ack p50/p99 of each window.
+   into a new target, so each copies everything), then with backups paced at ``--rate 64`` MiB/s.
+   ack p50/p99 of each window.
 3. Throughput: a full backup into a new target (MiB/s of what it wrote), then an incremental one into
    the same target (nothing changed: everything reused), then the node is stopped and ``cp -r`` copies its
    data directory (MiB/s).  Repeated ``--runs`` times (the latency windows too); medians.
@@ -38,6 +39,8 @@ from streamingnode.client import AsyncClient  # noqa: E402
 from streamingnode.v1 import streaming_pb2 as spb  # noqa: E402
 
 MIB = 1 << 20
+RATE = 64 * MIB
+"""The paced window's ``--rate`` (bytes/s)."""
 SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("body", pa.binary())])
 
 
@@ -85,11 +88,11 @@ async def fill(addr: str, mib: int) -> None:
         await data.flush("d", "coll")
 
 
-async def backup_once(addr: str, target: Path) -> spb.BackupResult:
+async def backup_once(addr: str, target: Path, rate: int = 0) -> spb.BackupResult:
     async with AsyncClient(addr, timeout=None) as client:
         stub = client.router.stub_at(client.seeds[0])
         result = None
-        async for update in stub.Backup(spb.BackupRequest(to=str(target))):
+        async for update in stub.Backup(spb.BackupRequest(to=str(target), max_bytes_per_second=rate)):
             if update.HasField("result"):
                 result = update.result
         assert result is not None
@@ -111,11 +114,11 @@ async def acks(addr: str, seconds: float, background: asyncio.Task[None] | None)
     return out
 
 
-async def backups_until(addr: str, base: Path, stop: asyncio.Event, took: list[float]) -> None:
+async def backups_until(addr: str, base: Path, stop: asyncio.Event, took: list[float], rate: int = 0) -> None:
     n = 0
     while not stop.is_set():
         n += 1
-        r = await backup_once(addr, base / f"loop{n}")
+        r = await backup_once(addr, base / f"loop{n}", rate)
         took.append(r.seconds)
         shutil.rmtree(base / f"loop{n}", ignore_errors=True)
 
@@ -135,6 +138,11 @@ async def measure(addr: str, targets: Path, mib: int, window: float) -> dict[str
     busy = await acks(addr, window, loop_task)
     stop.set()
     await loop_task
+    stop = asyncio.Event()
+    loop_task = asyncio.create_task(backups_until(addr, targets / "paced", stop, [], RATE))
+    paced = await acks(addr, window, loop_task)
+    stop.set()
+    await loop_task
     full = await backup_once(addr, targets / "target")
     incr = await backup_once(addr, targets / "target")
     return {
@@ -143,6 +151,7 @@ async def measure(addr: str, targets: Path, mib: int, window: float) -> dict[str
         "incr_s": incr.seconds, "incr_copied": incr.files_copied, "incr_reused": incr.files_reused,
         "quiet_p50": p(quiet, 0.5), "quiet_p99": p(quiet, 0.99), "busy_p50": p(busy, 0.5), "busy_p99": p(busy, 0.99),
         "busy_acks": len(busy), "backups_during": len(took),
+        "paced_p50": p(paced, 0.5), "paced_p99": p(paced, 0.99),
     }
 
 
@@ -189,7 +198,8 @@ def main() -> None:
           f"{med['incr_reused']:.0f} reused")
     print(f"  ack p50/p99 without a backup {med['quiet_p50']:.2f}/{med['quiet_p99']:.2f} ms; with backups running "
           f"{med['busy_p50']:.2f}/{med['busy_p99']:.2f} ms (p99 ratio {med['busy_p99'] / med['quiet_p99']:.2f}; "
-          f"{med['backups_during']:.0f} backups during the window)")
+          f"{med['backups_during']:.0f} backups during the window); with paced backups (--rate {RATE // MIB}) "
+          f"{med['paced_p50']:.2f}/{med['paced_p99']:.2f} ms (p99 ratio {med['paced_p99'] / med['quiet_p99']:.2f})")
 
 
 if __name__ == "__main__":

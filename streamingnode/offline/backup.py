@@ -46,6 +46,7 @@ from streamingnode.offline.manifest import (
     ChannelPosition,
     FileEntry,
     Manifest,
+    Pace,
     backups_in,
     copy_hashed,
     file_sha256,
@@ -110,9 +111,10 @@ def check_target(target: str, data_dir: Path, parquet_root: Path | None) -> Path
 
 async def take_backup(
     manager: WALManager, data_dir: Path, parquet_root: Path | None, target: Path, *, pchannels: list[str],
-    on_progress: ProgressFn, node_version: str,
+    on_progress: ProgressFn, node_version: str, bytes_per_second: int = 0,
 ) -> Result:
-    """Back up ``pchannels`` (every one when empty) into ``target``; see the module docstring."""
+    """Back up ``pchannels`` (every one when empty) into ``target``; see the module docstring.
+    ``bytes_per_second``: read at most this fast (0: no limit)."""
     start = time.monotonic()
     await asyncio.to_thread(_remove_stale_staging, data_dir)
     staging = data_dir / f"{STAGING_PREFIX}{time.time_ns()}"
@@ -125,7 +127,8 @@ async def take_backup(
     created = datetime.now(UTC)
     await manager.backup(staging)
     try:
-        job = _Job(staging, parquet_root, target, pchannels, on_progress, node_version, created)
+        job = _Job(staging, parquet_root, target, pchannels, on_progress, node_version, created,
+                   Pace(bytes_per_second))
         manifest, dest = await asyncio.to_thread(_finish, job)
     finally:
         await asyncio.to_thread(shutil.rmtree, staging, True)
@@ -149,6 +152,7 @@ class _Job:
     on_progress: ProgressFn
     node_version: str
     created: datetime
+    pace: Pace
 
 
 def _finish(job: _Job) -> tuple[Manifest, Path]:
@@ -164,11 +168,11 @@ def _finish(job: _Job) -> tuple[Manifest, Path]:
     if parquet_root is not None and parquet_root.is_dir():
         on_progress(Progress("parquet"))
         for pos in positions:
-            for src, rel in _parquet_files(parquet_root, pos):
+            for src, rel in parquet_files(parquet_root, pos):
                 linked = _link_aside(src, staging / _LINKED_PARQUET / pos.pchannel / rel)
                 sources.append((linked, f"{PARQUET_DIR}/{pos.pchannel}/{rel}"))
     previous = _previous(target)
-    dest = _new_backup_dir(target, created)
+    dest = new_backup_dir(target, created)
     total = sum(src.stat().st_size for src, _ in sources)
     prog = Progress("copy", 0, len(sources), 0, total)
     on_progress(prog)
@@ -180,12 +184,12 @@ def _finish(job: _Job) -> tuple[Manifest, Path]:
         if out.parent not in made:
             out.parent.mkdir(parents=True, exist_ok=True)
             made.add(out.parent)
-        entry = _reuse(src, rel, out, previous)
+        entry = _reuse(src, rel, out, previous, job.pace)
         if entry is not None:
             copied["files_reused"] += 1
             copied["bytes_reused"] += entry.size
         else:
-            size, digest = copy_hashed(src, out)
+            size, digest = copy_hashed(src, out, job.pace)
             entry = FileEntry(rel, size, digest)
             copied["files_copied"] += 1
             copied["bytes_copied"] += size
@@ -215,14 +219,16 @@ def _previous(target: Path) -> tuple[Path, dict[str, FileEntry]] | None:
     return None
 
 
-def _reuse(src: Path, rel: str, out: Path, previous: tuple[Path, dict[str, FileEntry]] | None) -> FileEntry | None:
+def _reuse(
+    src: Path, rel: str, out: Path, previous: tuple[Path, dict[str, FileEntry]] | None, pace: Pace,
+) -> FileEntry | None:
     """Hard-link ``rel`` from the previous backup when it holds the same bytes; the entry, or None."""
     if previous is None:
         return None
     old = previous[1].get(rel)
     if old is None or old.size != src.stat().st_size:
         return None
-    size, digest = file_sha256(src)
+    size, digest = file_sha256(src, pace)
     if (size, digest) != (old.size, old.sha256):
         return None
     try:
@@ -232,7 +238,7 @@ def _reuse(src: Path, rel: str, out: Path, previous: tuple[Path, dict[str, FileE
     return FileEntry(rel, size, digest)
 
 
-def _new_backup_dir(target: Path, created: datetime) -> Path:
+def new_backup_dir(target: Path, created: datetime) -> Path:
     target.mkdir(parents=True, exist_ok=True)
     stem = created.strftime("%Y%m%dT%H%M%S.%fZ")
     n = 0
@@ -321,7 +327,7 @@ def _position(db: Any, name: str, record: dict[str, Any]) -> ChannelPosition:
     return pos
 
 
-def _parquet_files(parquet_root: Path, pos: ChannelPosition) -> list[tuple[Path, str]]:
+def parquet_files(parquet_root: Path, pos: ChannelPosition) -> list[tuple[Path, str]]:
     """The files of ``pos``'s pchannel to back up: (path, path relative to its directory)."""
     directory = parquet_root / pos.pchannel
     if not directory.is_dir() or incarnation.read_marker(directory) not in (None, pos.key):
@@ -369,4 +375,5 @@ def _records(directory: Path, collection: str, kept: set[str]) -> list[tuple[Pat
     return out
 
 
-__all__ = ["STAGING_PREFIX", "Progress", "ProgressFn", "Result", "check_target", "read_positions", "take_backup"]
+__all__ = ["STAGING_PREFIX", "Progress", "ProgressFn", "Result", "check_target", "new_backup_dir", "parquet_files",
+           "read_positions", "take_backup"]

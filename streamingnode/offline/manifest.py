@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,12 +98,15 @@ class Manifest:
     table files), and a restore drops them."""
     format_version: int = FORMAT_VERSION
     copied: dict[str, int] = field(default_factory=dict)
+    wal: str = "rocksdb"
+    """The WAL backed up: ``rocksdb`` (a node's database files) or ``jetstream`` (a cluster's streams and
+    key-value buckets, ``streamingnode.offline.cluster_backup``)."""
     """What taking it cost: files and bytes copied, files and bytes reused from the previous backup."""
 
     def to_json(self) -> dict[str, Any]:
         return {"format_version": self.format_version, "node_version": self.node_version, "created": self.created,
                 "pchannels": [p.to_json() for p in self.pchannels], "parquet": self.parquet, "partial": self.partial,
-                "copied": self.copied, "files": [f.to_json() for f in self.files]}
+                "copied": self.copied, "wal": self.wal, "files": [f.to_json() for f in self.files]}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Manifest:
@@ -114,13 +118,34 @@ class Manifest:
                    [ChannelPosition.from_json(p) for p in raw["pchannels"]],
                    [FileEntry(str(f["path"]), int(f["size"]), str(f["sha256"])) for f in raw["files"]],
                    bool(raw.get("parquet", True)), bool(raw.get("partial", False)), version,
-                   {k: int(v) for k, v in (raw.get("copied") or {}).items()})
+                   {k: int(v) for k, v in (raw.get("copied") or {}).items()}, str(raw.get("wal", "rocksdb")))
 
     def channel(self, name: str) -> ChannelPosition | None:
         return next((p for p in self.pchannels if p.pchannel == name), None)
 
 
-def file_sha256(path: str | os.PathLike[str]) -> tuple[int, str]:
+class Pace:
+    """Keeps reading at most ``bytes_per_second`` (0: no limit) by sleeping between chunks: the thread
+    that copies then leaves the CPU and the disk to the node's appends."""
+
+    def __init__(self, bytes_per_second: int = 0) -> None:
+        self.rate = bytes_per_second
+        self._start = time.monotonic()
+        self._done = 0
+
+    def __call__(self, n: int) -> None:
+        if self.rate <= 0:
+            return
+        self._done += n
+        ahead = self._done / self.rate - (time.monotonic() - self._start)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+_UNPACED = Pace()
+
+
+def file_sha256(path: str | os.PathLike[str], pace: Pace = _UNPACED) -> tuple[int, str]:
     """(size, SHA-256 hex) of a file, read in chunks (hashlib lets other threads run meanwhile)."""
     h = hashlib.sha256()
     size = 0
@@ -128,10 +153,11 @@ def file_sha256(path: str | os.PathLike[str]) -> tuple[int, str]:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
             size += len(chunk)
+            pace(len(chunk))
     return size, h.hexdigest()
 
 
-def copy_hashed(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> tuple[int, str]:
+def copy_hashed(src: str | os.PathLike[str], dst: str | os.PathLike[str], pace: Pace = _UNPACED) -> tuple[int, str]:
     """Copy ``src`` to the new file ``dst`` (fsynced), hashing what is copied in the same pass."""
     h = hashlib.sha256()
     size = 0
@@ -140,6 +166,7 @@ def copy_hashed(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> tup
             h.update(chunk)
             fout.write(chunk)
             size += len(chunk)
+            pace(len(chunk))
         fout.flush()
         os.fsync(fout.fileno())
     return size, h.hexdigest()
@@ -230,6 +257,7 @@ __all__ = [
     "ChannelPosition",
     "FileEntry",
     "Manifest",
+    "Pace",
     "backups_in",
     "copy_hashed",
     "damaged_files",

@@ -99,6 +99,9 @@ def restore(source: str, data_dir: str, pchannels: list[str] | None = None, unti
         manifest = read_manifest(backup)
     except BackupFormatError as exc:
         raise RestoreRefusedError(str(exc), path=source) from None
+    if manifest.wal != "rocksdb":
+        raise RestoreRefusedError(f"{backup} is a backup of a cluster ({manifest.wal}): restore it with --nats and "
+                                  "--cluster-prefix", path=str(backup))
     names = list(pchannels) if pchannels else [p.pchannel for p in manifest.pchannels]
     unknown = [n for n in names if manifest.channel(n) is None]
     if unknown:
@@ -449,4 +452,35 @@ def run(source: str, data_dir: str, pchannels: list[str] | None, until: str | No
     return 0
 
 
-__all__ = ["DamagedBackupError", "Outcome", "RestoreRefusedError", "Until", "parse_until", "restore", "run"]
+def run_cluster(source: str, servers: str, prefix: str, replicas: int, parquet_dir: str | None, *,
+                until: str | None = None, pchannels: list[str] | None = None,
+                out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """``restore --nats``: a cluster backup into NATS under ``prefix``; exit codes as ``run``."""
+    import asyncio  # noqa: PLC0415
+
+    from streamingnode.offline.cluster_backup import restore_cluster  # noqa: PLC0415
+
+    if until is not None or pchannels:
+        print("restore: --until and --pchannel are not offered for a cluster backup (docs/operations.md)", file=err)
+        return 2
+    if not prefix:
+        print("restore: --cluster-prefix is required with --nats: a prefix that holds no pchannel", file=err)
+        return 2
+    try:
+        manifest = asyncio.run(restore_cluster(source, servers, prefix, replicas, parquet_dir))
+    except DamagedBackupError as exc:
+        print(f"restore: {exc}", file=err)
+        return 1
+    except (StreamingError, BackupFormatError) as exc:
+        print(f"restore: {exc}", file=err)
+        return 2
+    for p in manifest.pchannels:
+        held = f"ids {p.first_id}..{p.last_id}" if p.last_id is not None else "no messages"
+        print(f"pchannel {p.pchannel!r}: {held}", file=out)
+    print(f"restore: done under cluster prefix {prefix!r}; start the nodes with --cluster-prefix {prefix}"
+          f"{f' --parquet-root {parquet_dir}' if parquet_dir else ''}", file=out, flush=True)
+    return 0
+
+
+__all__ = ["DamagedBackupError", "Outcome", "RestoreRefusedError", "Until", "parse_until", "restore", "run",
+           "run_cluster"]

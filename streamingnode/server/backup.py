@@ -94,7 +94,7 @@ class BackupHandlers:
             # finishes with its manifest instead of leaving a half-written directory behind.
             task: asyncio.Task[Result] = asyncio.ensure_future(take_backup(
                 node.manager, cfg.data_dir, parquet_root, target, pchannels=pchannels, on_progress=on_progress,
-                node_version=node_version()))
+                node_version=node_version(), bytes_per_second=request.max_bytes_per_second))
             try:
                 while not task.done():
                     getter = asyncio.ensure_future(updates.get())

@@ -390,12 +390,14 @@ class FlushResponse(_message.Message):
     def __init__(self, files: _Optional[_Iterable[str]] = ..., flush_timetick: _Optional[int] = ...) -> None: ...
 
 class BackupRequest(_message.Message):
-    __slots__ = ("to", "pchannels")
+    __slots__ = ("to", "pchannels", "max_bytes_per_second")
     TO_FIELD_NUMBER: _ClassVar[int]
     PCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     to: str
     pchannels: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, to: _Optional[str] = ..., pchannels: _Optional[_Iterable[str]] = ...) -> None: ...
+    max_bytes_per_second: int
+    def __init__(self, to: _Optional[str] = ..., pchannels: _Optional[_Iterable[str]] = ..., max_bytes_per_second: _Optional[int] = ...) -> None: ...
 
 class BackupChannelPosition(_message.Message):
     __slots__ = ("pchannel", "first_id", "next_id", "last_timetick", "flusher_checkpoint_id")

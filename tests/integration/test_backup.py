@@ -150,39 +150,45 @@ def restore(source: Path, data_dir: Path, *args: str) -> tuple[int, str, str]:
 
 
 async def read_restored(data_dir: Path) -> tuple[list[tuple[int, bytes]], list[list[bytes]]]:
-    """Serve ``data_dir``, write a marker on 'v' and 't', read both vchannels up to their marker."""
+    """Serve ``data_dir`` and read it (``read_through``)."""
     srv = ServerThread(node_config(data_dir))
     srv.start()
     try:
-        async with AsyncClient(srv.address) as client:
-            async with client.producer(PCH) as producer:
-                await producer.send("v", b"marker")
-                await producer.send("t", b"marker")
-            plain: list[tuple[int, bytes]] = []
-            txns: dict[int, list[bytes]] = {}
-            order: list[int] = []
-            for vchannel in ("v", "t"):
-                async with asyncio.timeout(60), client.consumer(PCH, vchannel) as consumer:
-                    done = False
-                    async for pack in consumer:
-                        for m in pack.messages:
-                            if m.message_type is not MessageType.DATA:
-                                continue
-                            if m.payload == b"marker":
-                                done = True
-                                break
-                            if m.txn is not None:
-                                if m.txn.txn_id not in txns:
-                                    order.append(m.txn.txn_id)
-                                txns.setdefault(m.txn.txn_id, []).append(m.payload)
-                            else:
-                                assert m.message_id is not None
-                                plain.append((m.message_id, m.payload))
-                        if done:
-                            break
-            return plain, [txns[t] for t in order]
+        return await read_through(srv.address)
     finally:
         srv.stop()
+
+
+async def read_through(addr: str) -> tuple[list[tuple[int, bytes]], list[list[bytes]]]:
+    """Write a marker on 'v' and 't', read both vchannels up to their marker: the plain messages (id,
+    payload) and the transactions' bodies, in delivery order."""
+    async with AsyncClient(addr) as client:
+        async with client.producer(PCH) as producer:
+            await producer.send("v", b"marker")
+            await producer.send("t", b"marker")
+        plain: list[tuple[int, bytes]] = []
+        txns: dict[int, list[bytes]] = {}
+        order: list[int] = []
+        for vchannel in ("v", "t"):
+            async with asyncio.timeout(60), client.consumer(PCH, vchannel) as consumer:
+                done = False
+                async for pack in consumer:
+                    for m in pack.messages:
+                        if m.message_type is not MessageType.DATA:
+                            continue
+                        if m.payload == b"marker":
+                            done = True
+                            break
+                        if m.txn is not None:
+                            if m.txn.txn_id not in txns:
+                                order.append(m.txn.txn_id)
+                            txns.setdefault(m.txn.txn_id, []).append(m.payload)
+                        else:
+                            assert m.message_id is not None
+                            plain.append((m.message_id, m.payload))
+                    if done:
+                        break
+        return plain, [txns[t] for t in order]
 
 
 def parquet_pks(root: Path) -> list[int]:
@@ -238,6 +244,7 @@ async def test_backup_under_load_restores_exactly_the_acknowledged_history(
     assert all(h.rows[pk] < pos1["next_id"] for pk in pks), "no row of a message after the cut"
     plain, txns = await read_restored(restored)
     assert (plain, txns) == expected(h, pos1["next_id"])
+    assert 0 < len(plain) < len(h.sent) and txns, "the cut is mid-way through the history"
 
     # The later one (from the target: the newest complete backup), to the later state.
     restored2 = tmp_path / "restored2"
