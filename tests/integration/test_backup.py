@@ -389,3 +389,59 @@ async def test_random_cuts_keep_a_prefix_that_matches_a_plain_model(
         stored_commits = {m.message_id for m in stored if m.message_type is MessageType.COMMIT_TXN}
         assert plain == keep, n
         assert stored_commits == commits, n
+
+
+async def test_backup_refuses_what_it_cannot_do_with_a_precise_error(
+    node: tuple[ServerThread, AsyncClient], tmp_path: Path,
+) -> None:
+    import grpc  # noqa: PLC0415
+
+    from streamingnode.v1 import streaming_pb2 as spb  # noqa: PLC0415
+    from streamingnode.v1 import streaming_pb2_grpc as sgrpc  # noqa: PLC0415
+
+    srv, _ = node
+    data_dir = srv.node.config.data_dir
+    cases = [
+        (spb.BackupRequest(to="relative/dir"), grpc.StatusCode.INVALID_ARGUMENT, "absolute path"),
+        (spb.BackupRequest(to=str(data_dir / "inside")), grpc.StatusCode.INVALID_ARGUMENT, "overlaps"),
+        (spb.BackupRequest(to=str(tmp_path)), grpc.StatusCode.INVALID_ARGUMENT, "overlaps"),
+        (spb.BackupRequest(to=str(tmp_path / "b"), pchannels=["nope"]), grpc.StatusCode.NOT_FOUND, "nope"),
+    ]
+    async with grpc.aio.insecure_channel(srv.address) as channel:
+        stub = sgrpc.StreamingNodeStub(channel)
+        for request, code, text in cases:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in stub.Backup(request):
+                    pass
+            assert err.value.code() == code, (request, err.value)
+            assert text in (err.value.details() or ""), err.value.details()
+    assert not (tmp_path / "b").exists()
+
+
+async def test_a_backup_of_one_pchannel_restores_only_it(
+    node: tuple[ServerThread, AsyncClient], tmp_path: Path,
+) -> None:
+    srv, client = node
+    await client.create_channels(["other"])
+    async with client.producer("other") as producer:
+        await producer.send("v", b"not in the backup")
+    h = History()
+    load = Load(client, h)
+    load.start()
+    await load.run_for(200)
+    await load.aclose()
+    done = await asyncio.to_thread(cli, "backup", "--addr", srv.address, "--to", str(tmp_path / "b"), "--pchannel", PCH)
+    assert done.returncode == 0, done.stderr
+    assert f"pchannel '{PCH}': up to id" in done.stdout and "copied" in done.stdout
+    restored = tmp_path / "restored"
+    code, _, err = restore(tmp_path / "b", restored)
+    assert code == 0, err
+    assert cli("verify", "--data-dir", str(restored)).returncode == 0
+    srv2 = ServerThread(node_config(restored))
+    srv2.start()
+    try:
+        async with AsyncClient(srv2.address) as c2:
+            assert [d.name for d in await c2.describe_channels()] == [PCH]
+    finally:
+        srv2.stop()
+    assert (await read_restored(restored)) == expected(h, 1 << 62)
