@@ -430,9 +430,12 @@ async def test_a_backup_of_one_pchannel_restores_only_it(
     load.start()
     await load.run_for(200)
     await load.aclose()
-    done = await asyncio.to_thread(cli, "backup", "--addr", srv.address, "--to", str(tmp_path / "b"), "--pchannel", PCH)
+    done = await asyncio.to_thread(cli, "backup", "--addr", srv.address, "--to", str(tmp_path / "b"), "--pchannel", PCH,
+                                   "--progress")
     assert done.returncode == 0, done.stderr
     assert f"pchannel '{PCH}': up to id" in done.stdout and "copied" in done.stdout
+    for phase in ("checkpoint", "copy"):
+        assert f"backup: {phase}" in done.stderr, done.stderr
     restored = tmp_path / "restored"
     code, _, err = restore(tmp_path / "b", restored)
     assert code == 0, err
