@@ -8,7 +8,8 @@ the ack p99 of a producer while it runs against the p99 without it.
    (about a tenth of the bytes).
 2. Latency: one producer sends one 1 KiB message at a time (each awaited; paced at 1 ms between sends)
    for ``--window`` seconds without a backup, then for as long with backups running back to back (each
-   into a new target, so each copies everything), then with backups paced at ``--rate 64`` MiB/s.
+   into a new target, so each copies everything) at full speed (``--rate 0``), then paced at 64 MiB/s
+   (the command's default) and at 128 MiB/s.
    ack p50/p99 of each window.
 3. Throughput: a full backup into a new target (MiB/s of what it wrote), then an incremental one into
    the same target (nothing changed: everything reused), then the node is stopped and ``cp -r`` copies its
@@ -39,8 +40,8 @@ from streamingnode.client import AsyncClient  # noqa: E402
 from streamingnode.v1 import streaming_pb2 as spb  # noqa: E402
 
 MIB = 1 << 20
-RATE = 64 * MIB
-"""The paced window's ``--rate`` (bytes/s)."""
+RATES = (64, 128)
+"""The paced windows' ``--rate`` (MiB/s): the command's default, and twice it."""
 SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("body", pa.binary())])
 
 
@@ -89,6 +90,7 @@ async def fill(addr: str, mib: int) -> None:
 
 
 async def backup_once(addr: str, target: Path, rate: int = 0) -> spb.BackupResult:
+    """One backup (``rate``: bytes/s, 0 = unpaced, as the RPC's default)."""
     async with AsyncClient(addr, timeout=None) as client:
         stub = client.router.stub_at(client.seeds[0])
         result = None
@@ -138,11 +140,13 @@ async def measure(addr: str, targets: Path, mib: int, window: float) -> dict[str
     busy = await acks(addr, window, loop_task)
     stop.set()
     await loop_task
-    stop = asyncio.Event()
-    loop_task = asyncio.create_task(backups_until(addr, targets / "paced", stop, [], RATE))
-    paced = await acks(addr, window, loop_task)
-    stop.set()
-    await loop_task
+    paced: dict[int, list[float]] = {}
+    for rate in RATES:
+        stop = asyncio.Event()
+        loop_task = asyncio.create_task(backups_until(addr, targets / f"paced{rate}", stop, [], rate * MIB))
+        paced[rate] = await acks(addr, window, loop_task)
+        stop.set()
+        await loop_task
     full = await backup_once(addr, targets / "target")
     incr = await backup_once(addr, targets / "target")
     return {
@@ -151,7 +155,8 @@ async def measure(addr: str, targets: Path, mib: int, window: float) -> dict[str
         "incr_s": incr.seconds, "incr_copied": incr.files_copied, "incr_reused": incr.files_reused,
         "quiet_p50": p(quiet, 0.5), "quiet_p99": p(quiet, 0.99), "busy_p50": p(busy, 0.5), "busy_p99": p(busy, 0.99),
         "busy_acks": len(busy), "backups_during": len(took),
-        "paced_p50": p(paced, 0.5), "paced_p99": p(paced, 0.99),
+        **{f"paced{r}_p50": p(v, 0.5) for r, v in paced.items()},
+        **{f"paced{r}_p99": p(v, 0.99) for r, v in paced.items()},
     }
 
 
@@ -198,8 +203,10 @@ def main() -> None:
           f"{med['incr_reused']:.0f} reused")
     print(f"  ack p50/p99 without a backup {med['quiet_p50']:.2f}/{med['quiet_p99']:.2f} ms; with backups running "
           f"{med['busy_p50']:.2f}/{med['busy_p99']:.2f} ms (p99 ratio {med['busy_p99'] / med['quiet_p99']:.2f}; "
-          f"{med['backups_during']:.0f} backups during the window); with paced backups (--rate {RATE // MIB}) "
-          f"{med['paced_p50']:.2f}/{med['paced_p99']:.2f} ms (p99 ratio {med['paced_p99'] / med['quiet_p99']:.2f})")
+          f"{med['backups_during']:.0f} backups during the window, --rate 0)")
+    for r in RATES:
+        p50, p99 = med[f"paced{r}_p50"], med[f"paced{r}_p99"]
+        print(f"  with backups paced at --rate {r}: {p50:.2f}/{p99:.2f} ms (p99 ratio {p99 / med['quiet_p99']:.2f})")
 
 
 if __name__ == "__main__":

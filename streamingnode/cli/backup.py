@@ -15,6 +15,10 @@ from typing import Any
 from streamingnode.cli.connection import connect
 from streamingnode.cli.progress import MIB
 
+DEFAULT_RATE_MIB = 64.0
+"""The command's pace: the node's compaction default (``compaction_io_bytes_per_second``), so that a
+backup leaves appends their latency (bench/RESULTS.md, "Backup")."""
+
 
 def add_backup(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
     """Register ``backup`` (with the client commands' connection options ``common``)."""
@@ -29,9 +33,9 @@ def add_backup(sub: argparse._SubParsersAction[argparse.ArgumentParser], common:
     p.add_argument("--to", required=True, metavar="DIR", type=os.path.abspath,
                    help="the target directory (on the node's host)")
     p.add_argument("--pchannel", action="append", metavar="P", help="only this pchannel (repeat for several)")
-    p.add_argument("--rate", type=float, default=0.0, metavar="MIB_PER_S",
-                   help="read at most this many MiB/s on the node (default 0: as fast as the disk goes); lower "
-                        "it to leave more of the disk and CPU to appends")
+    p.add_argument("--rate", type=float, default=DEFAULT_RATE_MIB, metavar="MIB_PER_S",
+                   help=f"read at most this many MiB/s on the node (default {DEFAULT_RATE_MIB:g}, as compaction; 0: as "
+                        "fast as the disk goes, which costs appends latency on a busy node)")
     p.add_argument("--nats", metavar="URLS",
                    help="cluster mode (--wal jetstream): back up from these NATS servers directly (no node is "
                         "asked; the nodes keep serving), with --cluster-prefix and --parquet-root")
