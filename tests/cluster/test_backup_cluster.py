@@ -55,6 +55,10 @@ async def test_a_cluster_backup_restores_under_a_new_prefix_to_the_acknowledged_
                                            str(tmp_path / "backups"), "--json")
             await load.run_for(200)
             await load.aclose()
+            # A node in cluster mode has no data directory to back up: it refuses, naming the way.
+            refused = await asyncio.to_thread(cli, "backup", "--addr", source.address, "--to", str(tmp_path / "x"))
+            assert refused.returncode == 1 and "INVALID_ARGUMENT" in refused.stderr, refused.stderr
+            assert "--wal jetstream" in refused.stderr and not (tmp_path / "x").exists()
     finally:
         source.kill()
     assert done.returncode == 0, done.stderr[-3000:]
