@@ -24,6 +24,7 @@ runs at a time per node (``BACKUP_LOCK``).
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import shutil
@@ -57,7 +58,7 @@ from streamingnode.offline.manifest import (
 from streamingnode.offline.verify import open_read_only
 from wal.backend import ChannelInfo
 from wal.backends.rocks_layout import KEY_ID, MAX_ID, TRUNCATED_META, U32, U64, data_key, tail_state
-from wal.errors import InvalidArgumentError, StreamingError
+from wal.errors import InvalidArgumentError, StorageFullError, StreamingError
 from wal.manager import WALManager
 
 log = structlog.get_logger(__name__)
@@ -99,6 +100,8 @@ def check_target(target: str, data_dir: Path, parquet_root: Path | None) -> Path
         raise InvalidArgumentError(f"backup target {target!r} must be an absolute path on the node's host "
                                    "(the node writes the files)", field="to")
     resolved = Path(os.path.realpath(path))
+    if resolved.exists() and not resolved.is_dir():
+        raise InvalidArgumentError(f"backup target {target} exists and is not a directory", field="to")
     for own in (data_dir, parquet_root):
         if own is None:
             continue
@@ -129,12 +132,24 @@ async def take_backup(
     try:
         job = _Job(staging, parquet_root, target, pchannels, on_progress, node_version, created,
                    Pace(bytes_per_second))
-        manifest, dest = await asyncio.to_thread(_finish, job)
+        try:
+            manifest, dest = await asyncio.to_thread(_finish, job)
+        except OSError as exc:
+            raise _os_error(target, exc) from exc
     finally:
         await asyncio.to_thread(shutil.rmtree, staging, True)
     seconds = time.monotonic() - start
     log.info("backup taken", path=str(dest), seconds=round(seconds, 3), **manifest.copied)
     return Result(dest, manifest, seconds)
+
+
+def _os_error(target: Path, exc: OSError) -> StreamingError:
+    """What the caller hears of a failed write into the target (the half-written backup is removed)."""
+    where = exc.filename or target
+    text = f"backup into {target} failed: {exc.strerror or exc} ({where}); nothing of this backup was kept"
+    if exc.errno == errno.ENOSPC:
+        return StorageFullError(text, path=str(where))
+    return InvalidArgumentError(text, field="to", path=str(where))
 
 
 def _remove_stale_staging(data_dir: Path) -> None:
@@ -157,7 +172,7 @@ class _Job:
 
 def _finish(job: _Job) -> tuple[Manifest, Path]:
     staging, parquet_root, target, pchannels = job.staging, job.parquet_root, job.target, job.pchannels
-    on_progress, node_version, created = job.on_progress, job.node_version, job.created
+    on_progress, created = job.on_progress, job.created
     on_progress(Progress("positions"))
     positions = read_positions(staging, pchannels)
     sources: list[tuple[Path, str]] = []  # (where to read it, path in the backup)
@@ -173,6 +188,17 @@ def _finish(job: _Job) -> tuple[Manifest, Path]:
                 sources.append((linked, f"{PARQUET_DIR}/{pos.pchannel}/{rel}"))
     previous = _previous(target)
     dest = new_backup_dir(target, created)
+    try:
+        return _copy_all(job, sources, previous, dest, positions)
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)  # no manifest yet: nothing in it is usable
+        raise
+
+
+def _copy_all(job: _Job, sources: list[tuple[Path, str]], previous: tuple[Path, dict[str, FileEntry]] | None,
+              dest: Path, positions: list[ChannelPosition]) -> tuple[Manifest, Path]:
+    parquet_root, target, pchannels = job.parquet_root, job.target, job.pchannels
+    on_progress, node_version, created = job.on_progress, job.node_version, job.created
     total = sum(src.stat().st_size for src, _ in sources)
     prog = Progress("copy", 0, len(sources), 0, total)
     on_progress(prog)

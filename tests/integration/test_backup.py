@@ -448,3 +448,28 @@ async def test_a_backup_of_one_pchannel_restores_only_it(
     finally:
         srv2.stop()
     assert (await read_restored(restored)) == expected(h, 1 << 62)
+
+
+async def test_a_backup_that_cannot_write_its_target_says_why_and_leaves_nothing(
+    node: tuple[ServerThread, AsyncClient], tmp_path: Path,
+) -> None:
+    import grpc  # noqa: PLC0415
+
+    from streamingnode.v1 import streaming_pb2 as spb  # noqa: PLC0415
+    from streamingnode.v1 import streaming_pb2_grpc as sgrpc  # noqa: PLC0415
+
+    srv, _ = node
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    async with grpc.aio.insecure_channel(srv.address) as channel:
+        stub = sgrpc.StreamingNodeStub(channel)
+        # A file where the target should be; a file where a directory above it should be (found only
+        # when the node creates the backup's directory, after the checkpoint).
+        for target, text in ((afile, "not a directory"), (afile / "b", "Not a directory")):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in stub.Backup(spb.BackupRequest(to=str(target))):
+                    pass
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
+            assert text in (err.value.details() or ""), err.value.details()
+    assert afile.read_text() == "x"
+    assert not list(srv.node.config.data_dir.glob(".backup-*")), "the checkpoint is removed"
