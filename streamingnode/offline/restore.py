@@ -250,13 +250,14 @@ def _find_cut(db: Any, pos: ChannelPosition, until: Until) -> _Cut | None:
         at = max(until.message_id + 1, pos.first_id)
     else:
         assert until.timetick is not None
-        # The time index: the last persisted tick at or before the bound; every message before its id
-        # is stamped before it, so the search starts there.
+        # The time index: the last persisted tick at or before the bound.  Every message stamped after
+        # that tick lies at or after the tick's resume id (what a read from that time starts at), so
+        # every message before it is stamped at or before the bound: the search starts there.
         it = db.iter()
         try:
             it.seek_for_prev(tick_key(pos.key, until.timetick))
             if it.valid() and bytes(it.key()).startswith(b"T" + U32.pack(pos.key)):
-                start = max(TICK_VALUE.unpack(bytes(it.value()))[0], pos.first_id)
+                start = max(TICK_VALUE.unpack(bytes(it.value()))[1], pos.first_id)
         finally:
             del it
         at = pos.next_id
