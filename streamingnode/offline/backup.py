@@ -114,10 +114,11 @@ def check_target(target: str, data_dir: Path, parquet_root: Path | None) -> Path
 
 async def take_backup(
     manager: WALManager, data_dir: Path, parquet_root: Path | None, target: Path, *, pchannels: list[str],
-    on_progress: ProgressFn, node_version: str, bytes_per_second: int = 0,
+    on_progress: ProgressFn, node_version: str, pace: Pace | None = None,
 ) -> Result:
     """Back up ``pchannels`` (every one when empty) into ``target``; see the module docstring.
-    ``bytes_per_second``: read at most this fast (0: no limit)."""
+    ``pace``: how fast to read (default: no limit); its ``stop()`` abandons the backup (``Stopped``),
+    leaving nothing of it behind."""
     start = time.monotonic()
     await asyncio.to_thread(_remove_stale_staging, data_dir)
     staging = data_dir / f"{STAGING_PREFIX}{time.time_ns()}"
@@ -131,7 +132,7 @@ async def take_backup(
     await manager.backup(staging)
     try:
         job = _Job(staging, parquet_root, target, pchannels, on_progress, node_version, created,
-                   Pace(bytes_per_second))
+                   pace if pace is not None else Pace())
         try:
             manifest, dest = await asyncio.to_thread(_finish, job)
         except OSError as exc:

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,22 +125,33 @@ class Manifest:
         return next((p for p in self.pchannels if p.pchannel == name), None)
 
 
+class Stopped(Exception):
+    """The work was stopped through its ``Pace`` (the caller went away, the node is shutting down)."""
+
+
 class Pace:
     """Keeps reading at most ``bytes_per_second`` (0: no limit) by sleeping between chunks: the thread
-    that copies then leaves the CPU and the disk to the node's appends."""
+    that copies then leaves the CPU and the disk to the node's appends.  ``stop()`` (from any thread)
+    makes the next chunk raise ``Stopped``."""
 
     def __init__(self, bytes_per_second: int = 0) -> None:
         self.rate = bytes_per_second
         self._start = time.monotonic()
         self._done = 0
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
 
     def __call__(self, n: int) -> None:
+        if self._stop.is_set():
+            raise Stopped
         if self.rate <= 0:
             return
         self._done += n
         ahead = self._done / self.rate - (time.monotonic() - self._start)
         if ahead > 0:
-            time.sleep(ahead)
+            self._stop.wait(ahead)
 
 
 _UNPACED = Pace()
@@ -258,6 +270,7 @@ __all__ = [
     "FileEntry",
     "Manifest",
     "Pace",
+    "Stopped",
     "backups_in",
     "copy_hashed",
     "damaged_files",

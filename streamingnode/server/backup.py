@@ -2,8 +2,8 @@
 (``streamingnode.offline.backup`` does the work; this streams its progress to the caller).
 
 The files are written by the node, not streamed to the caller: the target must be a path the node's
-process can write (a mounted backup volume, say).  A caller that goes away mid-way does not stop the
-backup: it finishes and writes its manifest (one more complete backup in the target).
+process can write (a mounted backup volume, say).  A caller that goes away mid-way (or a node that
+shuts down) abandons the backup: the node removes what it wrote of it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import grpc
 
 from streamingnode.node.node import Node
 from streamingnode.offline.backup import Progress, Result, check_target, take_backup
+from streamingnode.offline.manifest import Pace, Stopped
 from streamingnode.server.errors import stream_errors
 from streamingnode.v1 import streaming_pb2 as spb
 from wal import names
@@ -90,11 +91,12 @@ class BackupHandlers:
             loop.call_soon_threadsafe(updates.put_nowait, _progress_pb(p))
 
         async with lock:
-            # A task of its own: a caller going away cancels this handler, not the backup, which
-            # finishes with its manifest instead of leaving a half-written directory behind.
+            # A task of its own, stopped through its pace: a caller that goes away (or a node shutting
+            # down) abandons the backup at the next chunk, and its half-written directory is removed.
+            pace = Pace(request.max_bytes_per_second)
             task: asyncio.Task[Result] = asyncio.ensure_future(take_backup(
                 node.manager, cfg.data_dir, parquet_root, target, pchannels=pchannels, on_progress=on_progress,
-                node_version=node_version(), bytes_per_second=request.max_bytes_per_second))
+                node_version=node_version(), pace=pace))
             try:
                 while not task.done():
                     getter = asyncio.ensure_future(updates.get())
@@ -107,7 +109,9 @@ class BackupHandlers:
                             await getter
                 result = task.result()
             except asyncio.CancelledError:
-                await asyncio.shield(task)
+                pace.stop()
+                with contextlib.suppress(Stopped, StreamingError, OSError):
+                    await asyncio.shield(task)
                 raise
         while not updates.empty():
             await context.write(updates.get_nowait())

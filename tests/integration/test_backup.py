@@ -473,3 +473,34 @@ async def test_a_backup_that_cannot_write_its_target_says_why_and_leaves_nothing
             assert text in (err.value.details() or ""), err.value.details()
     assert afile.read_text() == "x"
     assert not list(srv.node.config.data_dir.glob(".backup-*")), "the checkpoint is removed"
+
+
+async def test_a_caller_that_goes_away_abandons_the_backup_and_nothing_of_it_stays(
+    node: tuple[ServerThread, AsyncClient], tmp_path: Path,
+) -> None:
+    import grpc  # noqa: PLC0415
+
+    from streamingnode.v1 import streaming_pb2 as spb  # noqa: PLC0415
+    from streamingnode.v1 import streaming_pb2_grpc as sgrpc  # noqa: PLC0415
+    from tests.waiting import until  # noqa: PLC0415
+
+    srv, client = node
+    async with client.producer(PCH) as producer:
+        block = random.Random(5).randbytes(1 << 20)
+        await asyncio.gather(*(producer.send("v", block[i << 10:(i + 1) << 10]) for i in range(1024)))
+    target = tmp_path / "b"
+    async with grpc.aio.insecure_channel(srv.address) as channel:
+        call = sgrpc.StreamingNodeStub(channel).Backup(spb.BackupRequest(to=str(target),
+                                                                         max_bytes_per_second=64 << 10))
+        first = await call.read()
+        assert first.phase == "checkpoint"
+        call.cancel()
+    data_dir = srv.node.config.data_dir
+
+    def gone() -> bool:
+        return not list(data_dir.glob(".backup-*")) and not any(p.is_dir() for p in target.glob("*"))
+
+    await until(gone, "the abandoned backup's checkpoint and directory removed")
+    # The node takes the next backup as usual.
+    result = await backup(srv.address, target)
+    assert result["files_copied"] and (Path(str(result["path"])) / "manifest.json").is_file()
