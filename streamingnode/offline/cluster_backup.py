@@ -51,6 +51,7 @@ from streamingnode.offline.manifest import (
     resolve_backup,
     write_manifest,
 )
+from streamingnode.offline.restore import Cut, Until, lower_positions
 from wal.errors import StreamingError
 
 KV_DIR = "kv"
@@ -269,16 +270,36 @@ def _fill_from_meta(pos: ChannelPosition, meta: dict[str, bytes]) -> None:
     pos.snapshot_id = max(ids, default=None)
 
 
-async def restore_cluster(source: str, servers: str, prefix: str, replicas: int, parquet_dir: str | None) -> Manifest:
-    """Restore the cluster backup at ``source`` under ``prefix`` (see the module docstring)."""
+async def restore_cluster(
+    source: str, servers: str, prefix: str, replicas: int, parquet_dir: str | None, *,
+    pchannels: list[str] | None = None, until: Until | None = None,
+) -> tuple[Manifest, dict[str, int]]:
+    """Restore the cluster backup at ``source`` under ``prefix`` (see the module docstring): only
+    ``pchannels`` (default all), and as of ``until``.  Returns the manifest and the cut of each pchannel
+    cut (its first id not restored)."""
     import nats  # noqa: PLC0415
     import nats.js.errors  # noqa: PLC0415
     from nats.js import api  # noqa: PLC0415
 
-    from streamingnode.offline.restore import DamagedBackupError, RestoreRefusedError  # noqa: PLC0415
+    from streamingnode.offline.restore import (  # noqa: PLC0415
+        ChannelOutcome,
+        DamagedBackupError,
+        RestoreRefusedError,
+        copy_parquet,
+    )
+    from wal.kv_key import decode_key  # noqa: PLC0415
 
     backup = resolve_backup(Path(source))
     manifest = read_manifest(backup)
+    names = list(pchannels) if pchannels else [p.pchannel for p in manifest.pchannels]
+    unknown = [n for n in names if manifest.channel(n) is None]
+    if unknown:
+        raise RestoreRefusedError(f"the backup {backup} holds no pchannel {unknown[0]!r}")
+    if until is not None and until.message_id is not None and len(names) != 1:
+        raise RestoreRefusedError("--until with a message id needs exactly one pchannel (--pchannel): ids are per "
+                                  "pchannel")
+    chosen = [p for p in manifest.pchannels if p.pchannel in names]
+    keys = {p.key for p in chosen}
     if manifest.wal != WAL_KIND:
         raise RestoreRefusedError(f"{backup} is a backup of a node with the embedded WAL: restore it with "
                                   "--data-dir, without --nats")
@@ -298,7 +319,7 @@ async def restore_cluster(source: str, servers: str, prefix: str, replicas: int,
         if await _kv_dump(js, channels_bucket):
             raise RestoreRefusedError(f"cluster prefix {prefix!r} holds pchannels already: restore under a new "
                                       "--cluster-prefix")
-        for pos in manifest.pchannels:
+        for pos in chosen:
             try:
                 await js.stream_info(f"SN_{prefix}_{pos.key}")
             except nats.js.errors.NotFoundError:
@@ -313,29 +334,94 @@ async def restore_cluster(source: str, servers: str, prefix: str, replicas: int,
                 # As the backend makes them (wal/backends/_js_connection.py).
                 kvs[bucket] = await js.create_key_value(api.KeyValueConfig(
                     bucket=bucket, history=1, replicas=replicas, storage=api.StorageType.FILE, direct=False))
-        for pos in manifest.pchannels:
+        cuts: dict[int, Cut] = {}
+        for pos in chosen:
             stream = f"SN_{prefix}_{pos.key}"
             subject = f"sn.{prefix}.{pos.key}"
             await js.add_stream(api.StreamConfig(
                 name=stream, subjects=[subject], storage=api.StorageType.FILE, num_replicas=replicas,
                 allow_direct=True, discard=api.DiscardPolicy.OLD))
             path = backup / STREAMS_DIR / f"{pos.key}.blocks"
-            for headers, data in await asyncio.to_thread(_read_stream, path) if path.exists() else []:
+            blocks = await asyncio.to_thread(_read_stream, path) if path.exists() else []
+            if until is not None:
+                blocks, cut = _cut_blocks(blocks, pos, until)
+                if cut is not None:
+                    cuts[pos.key] = cut
+            for headers, data in blocks:
                 await js.publish(subject, data, headers=headers or None)
-        for key, value in _read_kv(backup / KV_DIR / "meta.jsonl").items():
-            await kvs[meta_bucket].put(key, value)
+        for key, stored in _read_kv(backup / KV_DIR / "meta.jsonl").items():
+            value: bytes | None = stored
+            if key.startswith("c."):
+                ch_key = int(key.split(".")[1])
+                if ch_key not in keys:
+                    continue
+                cut = cuts.get(ch_key)
+                if cut is not None and not key.endswith(".-term"):
+                    value = lower_positions(decode_key(key.split(".", 2)[2]), stored, cut)
+            if value is not None:
+                await kvs[meta_bucket].put(key, value)
         # The channel records last: a pchannel exists for the nodes only once its stream and metadata do.
-        for key, value in _read_kv(backup / KV_DIR / "channels.jsonl").items():
-            await kvs[channels_bucket].put(key, value)
+        for key, raw in _read_kv(backup / KV_DIR / "channels.jsonl").items():
+            record = json.loads(raw)
+            if int(record["key"]) not in keys:
+                continue
+            if int(record["key"]) in cuts:
+                record["term"] = int(record["term"]) + 1  # the cut is a term of its own
+            await kvs[channels_bucket].put(key, json.dumps(record).encode())
     finally:
         await nc.close()
     if root is not None:
-        for f in manifest.files:
-            if f.path.startswith(f"{PARQUET_DIR}/"):
-                out = root / f.path[len(PARQUET_DIR) + 1:]
-                out.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(backup / f.path, out)
-    return manifest
+        for pos in chosen:
+            await asyncio.to_thread(copy_parquet, backup, manifest, root,
+                                    ChannelOutcome(pos.pchannel, pos.first_id, pos.next_id), cuts.get(pos.key))
+    return manifest, {p.pchannel: cuts[p.key].at for p in chosen if p.key in cuts}
+
+
+def _cut_blocks(
+    blocks: list[tuple[dict[str, str], bytes]], pos: ChannelPosition, until: Until,
+) -> tuple[list[tuple[dict[str, str], bytes]], Cut | None]:
+    """The blocks of a stream dump up to ``until``: the block holding the cut re-encoded with the
+    messages before it, its time-index headers trimmed; and the cut (None: nothing cut)."""
+    from wal._codec import decode_block, encode_block  # noqa: PLC0415
+    from wal.backends._js_connection import H_FENCE, H_FIRST, H_LAST_TICK, H_TICKS  # noqa: PLC0415
+
+    kept: list[tuple[dict[str, str], bytes]] = []
+    kept_ts = -1
+    last_tick: str | None = None
+    for headers, data in blocks:
+        if headers.get(H_FENCE):
+            kept.append((headers, data))
+            continue
+        first = int(headers[H_FIRST])
+        messages = decode_block(data, first)
+        at = None
+        for m in messages:
+            assert m.message_id is not None
+            past = (m.message_id > until.message_id) if until.message_id is not None else \
+                (until.timetick is not None and m.timetick > until.timetick)
+            if past:
+                at = m.message_id
+                break
+            kept_ts = max(kept_ts, m.timetick)
+        if at is None:
+            kept.append((headers, data))
+            last_tick = headers.get(H_LAST_TICK, last_tick)
+            continue
+        if at > first:
+            h = dict(headers)
+            ticks = [t for t in h.get(H_TICKS, "").split(",") if t and int(t.split(":")[1]) < at]
+            if ticks:
+                h[H_TICKS] = ",".join(ticks)
+                last_tick = ticks[-1]
+            else:
+                h.pop(H_TICKS, None)
+            if last_tick is not None:
+                h[H_LAST_TICK] = last_tick
+            else:
+                h.pop(H_LAST_TICK, None)
+            kept.append((h, encode_block(messages[: at - first])))
+        return kept, Cut(pos.key, at, pos.first_id, (kept_ts, at - 1) if kept_ts >= 0 else (-1, -1))
+    return kept, None
 
 
 __all__ = ["WAL_KIND", "ClusterResult", "backup_cluster", "restore_cluster"]

@@ -123,14 +123,14 @@ def restore(source: str, data_dir: str, pchannels: list[str] | None = None, unti
     try:
         target.mkdir(parents=True, exist_ok=True)
         rebuild = until is not None or set(names) != {p.pchannel for p in manifest.pchannels} or manifest.partial
-        cuts: dict[str, _Cut] = {}
+        cuts: dict[str, Cut] = {}
         if rebuild:
             channels, cuts = _rebuild(backup, manifest, target, names, until)
         else:
             _copy_wal(backup, manifest, target)
             channels = [ChannelOutcome(n, p.first_id, p.next_id) for n in names if (p := manifest.channel(n))]
         for ch in channels:
-            _copy_parquet(backup, manifest, root, ch, cuts.get(ch.pchannel))
+            copy_parquet(backup, manifest, root, ch, cuts.get(ch.pchannel))
         _fsync_tree(target)
         if root != target and root.exists():
             _fsync_tree(root)
@@ -175,7 +175,7 @@ def _fsync_tree(top: Path) -> None:
 
 
 @dataclass(slots=True)
-class _Cut:
+class Cut:
     key: int
     at: int
     first_kept: int
@@ -185,7 +185,7 @@ class _Cut:
 
 def _rebuild(
     backup: Path, manifest: Manifest, target: Path, names: list[str], until: Until | None,
-) -> tuple[list[ChannelOutcome], dict[str, _Cut]]:
+) -> tuple[list[ChannelOutcome], dict[str, Cut]]:
     import rocksdict  # noqa: PLC0415
 
     from streamingnode.offline.verify import open_read_only  # noqa: PLC0415
@@ -197,7 +197,7 @@ def _rebuild(
     src = open_read_only(str(source))
     try:
         keys = {p.key: p for p in manifest.pchannels if p.pchannel in names}
-        cuts: dict[int, _Cut] = {}
+        cuts: dict[int, Cut] = {}
         outcomes: list[ChannelOutcome] = []
         for pos in (p for p in manifest.pchannels if p.pchannel in names):
             out = ChannelOutcome(pos.pchannel, pos.first_id, pos.next_id)
@@ -237,7 +237,7 @@ def _rebuild(
         shutil.rmtree(source, ignore_errors=True)
 
 
-def _find_cut(db: Any, pos: ChannelPosition, until: Until) -> _Cut | None:
+def _find_cut(db: Any, pos: ChannelPosition, until: Until) -> Cut | None:
     """The first id of ``pos``'s pchannel not restored (None: every message is kept)."""
     from wal._codec import decode_block  # noqa: PLC0415
     from wal.backends.rocks_layout import KEY_ID, TICK_VALUE, U32, data_key, tick_key  # noqa: PLC0415
@@ -294,10 +294,10 @@ def _find_cut(db: Any, pos: ChannelPosition, until: Until) -> _Cut | None:
             it.prev()
     finally:
         del it
-    return _Cut(pos.key, at, pos.first_id, (kept_ts, at - 1) if kept_ts >= 0 else (-1, -1))
+    return Cut(pos.key, at, pos.first_id, (kept_ts, at - 1) if kept_ts >= 0 else (-1, -1))
 
 
-def _kept(k: bytes, v: bytes, keys: dict[int, ChannelPosition], cuts: dict[int, _Cut]) -> list[tuple[bytes, bytes]]:
+def _kept(k: bytes, v: bytes, keys: dict[int, ChannelPosition], cuts: dict[int, Cut]) -> list[tuple[bytes, bytes]]:
     """What the new database holds for the key ``k`` of the backup."""
     from wal._codec import decode_block, encode_block  # noqa: PLC0415
     from wal.backends.rocks_layout import DAMAGED, KEY_ID, TICK_VALUE, U32  # noqa: PLC0415
@@ -331,12 +331,12 @@ def _kept(k: bytes, v: bytes, keys: dict[int, ChannelPosition], cuts: dict[int, 
     if kind == b"T":
         return [] if TICK_VALUE.unpack(v)[0] >= cut.at else [(k, v)]
     if kind == b"X":
-        lowered = _lower(k[5:].decode(errors="replace"), v, cut)
+        lowered = lower_positions(k[5:].decode(errors="replace"), v, cut)
         return [] if lowered is None else [(k, lowered)]
     return [(k, v)]
 
 
-def _lower(name: str, raw: bytes, cut: _Cut) -> bytes | None:
+def lower_positions(name: str, raw: bytes, cut: Cut) -> bytes | None:
     """A stored position brought back to the cut (None: drop the value)."""
     from flusher.checkpoint import CHECKPOINT_META  # noqa: PLC0415
     from interceptors.recovery.snapshot import SNAPSHOT_META, RecoverySnapshot  # noqa: PLC0415
@@ -365,7 +365,7 @@ def _lower(name: str, raw: bytes, cut: _Cut) -> bytes | None:
 # --- Parquet -------------------------------------------------------------------------------------
 
 
-def _copy_parquet(backup: Path, manifest: Manifest, root: Path, ch: ChannelOutcome, cut: _Cut | None) -> None:
+def copy_parquet(backup: Path, manifest: Manifest, root: Path, ch: ChannelOutcome, cut: Cut | None) -> None:
     from flusher import layout  # noqa: PLC0415
 
     prefix = f"{PARQUET_DIR}/{ch.pchannel}/"
@@ -459,16 +459,19 @@ def run_cluster(source: str, servers: str, prefix: str, replicas: int, parquet_d
     """``restore --nats``: a cluster backup into NATS under ``prefix``; exit codes as ``run``."""
     import asyncio  # noqa: PLC0415
 
+    from streamingnode.cli.parsing import CliError  # noqa: PLC0415
     from streamingnode.offline.cluster_backup import restore_cluster  # noqa: PLC0415
 
-    if until is not None or pchannels:
-        print("restore: --until and --pchannel are not offered for a cluster backup (docs/operations.md)", file=err)
-        return 2
     if not prefix:
         print("restore: --cluster-prefix is required with --nats: a prefix that holds no pchannel", file=err)
         return 2
     try:
-        manifest = asyncio.run(restore_cluster(source, servers, prefix, replicas, parquet_dir))
+        cut = parse_until(until) if until is not None else None
+        manifest, cuts = asyncio.run(restore_cluster(source, servers, prefix, replicas, parquet_dir,
+                                                     pchannels=pchannels, until=cut))
+    except CliError as exc:
+        print(f"restore: --until: {exc}", file=err)
+        return 2
     except DamagedBackupError as exc:
         print(f"restore: {exc}", file=err)
         return 1
@@ -476,12 +479,16 @@ def run_cluster(source: str, servers: str, prefix: str, replicas: int, parquet_d
         print(f"restore: {exc}", file=err)
         return 2
     for p in manifest.pchannels:
-        held = f"ids {p.first_id}..{p.last_id}" if p.last_id is not None else "no messages"
-        print(f"pchannel {p.pchannel!r}: {held}", file=out)
+        if pchannels and p.pchannel not in pchannels:
+            continue
+        end = cuts.get(p.pchannel, p.next_id)
+        held = f"ids {p.first_id}..{end - 1}" if end > p.first_id else "no messages"
+        cut_text = f"; cut at id {end} (--until {until})" if p.pchannel in cuts else ""
+        print(f"pchannel {p.pchannel!r}: {held}{cut_text}", file=out)
     print(f"restore: done under cluster prefix {prefix!r}; start the nodes with --cluster-prefix {prefix}"
           f"{f' --parquet-root {parquet_dir}' if parquet_dir else ''}", file=out, flush=True)
     return 0
 
 
-__all__ = ["DamagedBackupError", "Outcome", "RestoreRefusedError", "Until", "parse_until", "restore", "run",
-           "run_cluster"]
+__all__ = ["Cut", "DamagedBackupError", "Outcome", "RestoreRefusedError", "Until", "copy_parquet",
+           "lower_positions", "parse_until", "restore", "run", "run_cluster"]

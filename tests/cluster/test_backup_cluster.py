@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from streamingnode.client import AsyncClient
-from tests.integration.test_backup import PCH, SCHEMA, History, Load, expected, parquet_pks, read_through
+from tests.integration.test_backup import PCH, SCHEMA, History, Load, expected, iso, parquet_pks, read_through
 from tests.natscluster import NatsCluster
 from tests.node_process import REPO, NodeProcess
+from wal.clock import physical_ms
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 _prefixes = itertools.count()
@@ -92,3 +93,22 @@ async def test_a_cluster_backup_restores_under_a_new_prefix_to_the_acknowledged_
         restored.kill()
     assert (plain, txns) == expected(h, pos["next_id"])
     assert 0 < len(plain) < len(h.sent) and txns, "the cut is mid-way through the history"
+
+    # As of a time: exactly the acknowledged messages stamped at or before it, transactions whole.
+    in_backup = [(i, ts, p) for i, ts, p in h.sent if i < pos["next_id"]]
+    times = sorted({physical_ms(ts) for _, ts, _ in in_backup})
+    cut_ms = times[len(times) // 2]
+    done = cli("restore", "--from", str(tmp_path / "backups"), "--nats", nats_r1.url, "--cluster-prefix", f"ut{n}",
+               "--nats-replicas", "1", "--parquet-dir", str(tmp_path / "parquet3"), "--until", iso(cut_ms),
+               "--pchannel", PCH)
+    assert done.returncode == 0, done.stderr
+    assert "cut at id" in done.stdout, done.stdout
+    at = node(nats_r1, tmp_path, "c", f"ut{n}", tmp_path / "parquet3")
+    await asyncio.to_thread(at.start)
+    try:
+        plain, txns = await read_through(at.address)
+    finally:
+        at.kill()
+    assert plain == sorted((i, p) for i, ts, p in h.sent if physical_ms(ts) <= cut_ms)
+    assert txns == [ps for _, ts, ps in sorted(h.txns) if physical_ms(ts) <= cut_ms]
+    assert 0 < len(plain) < len(in_backup)
