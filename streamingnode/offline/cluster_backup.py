@@ -20,8 +20,9 @@ server's own ``Nats-*`` headers left out: sequences start again at 1, which the 
 depend on), and copies the Parquet files.  Nodes started with ``--cluster-prefix NEW`` (and that
 Parquet root) then serve the restored pchannels, each opened with the next term.
 
-Not offered in cluster mode: ``--until``, and reuse of unchanged files between backups (each backup
-reads the streams whole).
+``--pchannel`` and ``--until`` restore as the local restore does (``restore``): the stream's blocks up to
+the cut, the block holding it re-encoded, the metadata positions lowered.  Not offered in cluster mode:
+reuse of unchanged files between backups (each backup reads the streams whole), and pacing.
 """
 
 from __future__ import annotations
