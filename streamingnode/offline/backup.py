@@ -58,7 +58,7 @@ from streamingnode.offline.manifest import (
 from streamingnode.offline.verify import open_read_only
 from wal.backend import ChannelInfo
 from wal.backends.rocks_layout import KEY_ID, MAX_ID, TRUNCATED_META, U32, U64, data_key, tail_state
-from wal.errors import InvalidArgumentError, StorageFullError, StreamingError
+from wal.errors import ChannelNotExistError, InvalidArgumentError, StorageFullError, StreamingError
 from wal.manager import WALManager
 
 log = structlog.get_logger(__name__)
@@ -305,7 +305,7 @@ def read_positions(db_dir: Path, pchannels: list[str]) -> list[ChannelPosition]:
             del it
         missing = [n for n in pchannels if n not in records]
         if missing:
-            raise StreamingError(f"no pchannel {missing[0]!r} on this node", channel=missing[0])
+            raise ChannelNotExistError(f"no pchannel {missing[0]!r} on this node", channel=missing[0])
         return [_position(db, name, records[name]) for name in sorted(pchannels or records)]
     finally:
         db.close()

@@ -17,11 +17,11 @@ import grpc
 
 from streamingnode.node.node import Node
 from streamingnode.offline.backup import Progress, Result, check_target, take_backup
-from streamingnode.offline.manifest import Pace, Stopped
+from streamingnode.offline.manifest import Pace
 from streamingnode.server.errors import stream_errors
 from streamingnode.v1 import streaming_pb2 as spb
 from wal import names
-from wal.errors import InvalidArgumentError, StreamingError
+from wal.errors import InvalidArgumentError, ResourceExhaustedError
 
 _PROGRESS_EVERY = 0.25
 """Seconds between two progress responses within one phase."""
@@ -74,10 +74,16 @@ class BackupHandlers:
             self._backup_lock = asyncio.Lock()  # one per servicer (and so per event loop)
         lock = self._backup_lock
         if lock.locked():
-            raise StreamingError("another backup is running on this node: wait for it to finish")
+            raise ResourceExhaustedError("another backup is running on this node (one at a time): retry once it "
+                                         "has finished")
         loop = asyncio.get_running_loop()
-        updates: asyncio.Queue[spb.BackupProgress] = asyncio.Queue()
+        pending: list[spb.BackupProgress] = []
+        changed = asyncio.Event()
         last: dict[str, float | str] = {"at": 0.0, "phase": ""}
+
+        def push(update: spb.BackupProgress) -> None:
+            pending.append(update)
+            changed.set()
 
         def on_progress(p: Progress) -> None:
             # Called from the worker thread: at most every _PROGRESS_EVERY seconds within a phase,
@@ -88,7 +94,7 @@ class BackupHandlers:
             if p.phase == last["phase"] and now - at < _PROGRESS_EVERY and p.files_done != p.files_total:
                 return
             last["at"], last["phase"] = now, p.phase
-            loop.call_soon_threadsafe(updates.put_nowait, _progress_pb(p))
+            loop.call_soon_threadsafe(push, _progress_pb(p))
 
         async with lock:
             # A task of its own, stopped through its pace: a caller that goes away (or a node shutting
@@ -97,24 +103,21 @@ class BackupHandlers:
             task: asyncio.Task[Result] = asyncio.ensure_future(take_backup(
                 node.manager, cfg.data_dir, parquet_root, target, pchannels=pchannels, on_progress=on_progress,
                 node_version=node_version(), pace=pace))
+            task.add_done_callback(lambda _t: changed.set())
             try:
-                while not task.done():
-                    getter = asyncio.ensure_future(updates.get())
-                    await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-                    if getter.done():
-                        await context.write(getter.result())
-                    else:
-                        getter.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await getter
+                while True:
+                    await changed.wait()
+                    changed.clear()
+                    while pending:
+                        await context.write(pending.pop(0))
+                    if task.done():
+                        break
                 result = task.result()
-            except asyncio.CancelledError:
+            except BaseException:
                 pace.stop()
-                with contextlib.suppress(Stopped, StreamingError, OSError):
-                    await asyncio.shield(task)
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(task)  # ends at its next chunk, removing what it wrote
                 raise
-        while not updates.empty():
-            await context.write(updates.get_nowait())
         await context.write(spb.BackupProgress(phase="done", result=result_pb(result)))
 
 

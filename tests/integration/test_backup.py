@@ -494,6 +494,11 @@ async def test_a_caller_that_goes_away_abandons_the_backup_and_nothing_of_it_sta
                                                                          max_bytes_per_second=64 << 10))
         first = await call.read()
         assert first.phase == "checkpoint"
+        # One at a time: a second one meanwhile is refused, retriable.
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in sgrpc.StreamingNodeStub(channel).Backup(spb.BackupRequest(to=str(tmp_path / "c"))):
+                pass
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "one at a time" in str(err.value.details())
         call.cancel()
     data_dir = srv.node.config.data_dir
 
@@ -563,3 +568,34 @@ async def test_a_random_walk_of_appends_flushes_and_backups_copies_only_what_cha
         kept = stored_messages(into, read_manifest(Path(str(result["path"]))).pchannels[0].key)
         payloads = [m.payload for m in kept if m.message_type is MessageType.DATA]
         assert payloads == [p for i, _, p in sorted(h.sent) if i < pos["next_id"]], n
+
+
+async def test_a_node_shutting_down_abandons_its_backup_and_stops(tmp_path: Path) -> None:
+    import grpc  # noqa: PLC0415
+
+    from streamingnode.v1 import streaming_pb2 as spb  # noqa: PLC0415
+    from streamingnode.v1 import streaming_pb2_grpc as sgrpc  # noqa: PLC0415
+
+    srv = ServerThread(node_config(tmp_path / "data"))
+    srv.start()
+    stopped = False
+    try:
+        async with AsyncClient(srv.address) as client:
+            await client.create_channels([PCH])
+            async with client.producer(PCH) as producer:
+                block = random.Random(6).randbytes(1 << 20)
+                await asyncio.gather(*(producer.send("v", block[i << 10:(i + 1) << 10]) for i in range(1024)))
+        async with grpc.aio.insecure_channel(srv.address) as channel:
+            call = sgrpc.StreamingNodeStub(channel).Backup(spb.BackupRequest(
+                to=str(tmp_path / "b"), max_bytes_per_second=64 << 10))
+            assert (await call.read()).phase == "checkpoint"
+            await asyncio.to_thread(srv.stop)  # returns: the backup does not hold the drain
+            stopped = True
+            with pytest.raises(grpc.aio.AioRpcError):
+                while (await call.read()) is not grpc.aio.EOF:
+                    pass
+    finally:
+        if not stopped:
+            srv.stop()
+    assert not list((tmp_path / "data").glob(".backup-*"))
+    assert not any(p.is_dir() for p in (tmp_path / "b").glob("*"))
