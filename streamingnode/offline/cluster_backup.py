@@ -288,7 +288,8 @@ async def restore_cluster(
         RestoreRefusedError,
         copy_parquet,
     )
-    from wal.kv_key import decode_key  # noqa: PLC0415
+    from wal.backends.rocks_layout import TRUNCATED_META, U64  # noqa: PLC0415
+    from wal.kv_key import decode_key, encode_key  # noqa: PLC0415
 
     backup = resolve_backup(Path(source))
     manifest = read_manifest(backup)
@@ -350,7 +351,12 @@ async def restore_cluster(
                     cuts[pos.key] = cut
             for headers, data in blocks:
                 await js.publish(subject, data, headers=headers or None)
-        for key, stored in _read_kv(backup / KV_DIR / "meta.jsonl").items():
+        marks = {}
+        for cut in cuts.values():
+            if cut.at <= cut.first_kept:
+                # Every block cut: the stream is empty, and its ids go on from the truncation mark.
+                marks[f"c.{cut.key}.{encode_key(TRUNCATED_META)}"] = U64.pack(cut.at)
+        for key, stored in {**_read_kv(backup / KV_DIR / "meta.jsonl"), **marks}.items():
             value: bytes | None = stored
             if key.startswith("c."):
                 ch_key = int(key.split(".")[1])

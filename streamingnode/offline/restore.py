@@ -189,6 +189,7 @@ def _rebuild(
     import rocksdict  # noqa: PLC0415
 
     from streamingnode.offline.verify import open_read_only  # noqa: PLC0415
+    from wal.backends.rocks_layout import TRUNCATED_META, U32, U64  # noqa: PLC0415
 
     # The read-only open writes an info log: done on a copy, never in the backup itself.
     source = target / _SOURCE_DIR
@@ -227,6 +228,11 @@ def _rebuild(
                     it.next()
             finally:
                 del it
+            for cut in cuts.values():
+                # Every block cut: ids must go on from the cut, not start again at 0, as after a truncation
+                # of everything (the mark is where an empty channel's ids resume).
+                if cut.at <= cut.first_kept:
+                    wb.put(b"X" + U32.pack(cut.key) + TRUNCATED_META.encode(), U64.pack(cut.at))
             dest.write(wb)
             dest.flush(True)
         finally:

@@ -599,3 +599,20 @@ async def test_a_node_shutting_down_abandons_its_backup_and_stops(tmp_path: Path
             srv.stop()
     assert not list((tmp_path / "data").glob(".backup-*"))
     assert not any(p.is_dir() for p in (tmp_path / "b").glob("*"))
+
+
+async def test_until_before_every_message_restores_an_empty_log_that_opens_and_verifies(
+    node: tuple[ServerThread, AsyncClient], tmp_path: Path,
+) -> None:
+    srv, client = node
+    async with client.producer(PCH) as producer:
+        await asyncio.gather(*(producer.send("v", b"x%d" % i) for i in range(100)))
+    result = await backup(srv.address, tmp_path / "b")
+    into = tmp_path / "empty"
+    code, out, err = restore(Path(str(result["path"])), into, "--until", "@1")
+    assert code == 0, err
+    assert "no messages" in out and "cut at id 0" in out, out
+    check = cli("verify", "--data-dir", str(into))
+    assert check.returncode == 0, check.stdout + check.stderr
+    plain, txns = await read_restored(into)
+    assert (plain, txns) == ([], [])
