@@ -20,7 +20,7 @@ from tests.natscluster import NatsCluster
 from tests.node_process import REPO, NodeProcess
 from wal.clock import physical_ms
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.integration
 _prefixes = itertools.count()
 
 

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = pa.schema([pa.field("pk", pa.int64(), nullable=False), pa.field("name", pa.string())])
 PCH = "p"
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.integration
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
