@@ -175,8 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     salvage.add_argument("--parquet-dir", help="root of the Parquet files (default <data dir>/parquet): files "
                                                "holding rows of cut messages move aside")
     from streamingnode.cli import CLIENT_COMMANDS, add_client_commands  # noqa: PLC0415  (stdlib-only module)
+    from streamingnode.cli.backup import add_restore, run_restore  # noqa: PLC0415  (stdlib-only module)
 
     add_client_commands(sub)
+    add_restore(sub)
     args = parser.parse_args(argv)
     if args.command in CLIENT_COMMANDS:
         from streamingnode.cli import run  # noqa: PLC0415
@@ -196,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         return compact_cmd.run(_data_dir(args), args.parquet_dir, args.pchannel, args.collection,
                                target_bytes=args.target_bytes, min_files=args.min_files,
                                horizon_seconds=args.horizon_seconds)
+    if args.command == "restore":
+        return run_restore(args)
     if args.command == "salvage":
         from streamingnode.offline import salvage as salvage_cmd  # noqa: PLC0415
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from streamingnode.cli import admin
+from streamingnode.cli import backup as backup_cli
 from streamingnode.cli.connection import (
     ADDR_ENV,
     DEFAULT_ADDR,
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 # What gRPC's resolver says when a host name has no address (c-ares and the native resolver alike).
 _DNS_FAILURE = re.compile(r"resolv|DNS|name not found|lookup failed|Name or service not known", re.IGNORECASE)
 
-CLIENT_COMMANDS = frozenset({"produce", "consume", "channels", "groups", "flush", "token"})
+CLIENT_COMMANDS = frozenset({"produce", "consume", "channels", "groups", "flush", "token", "backup"})
 
 Handler = Callable[[argparse.Namespace, str], Coroutine[Any, Any, int]]
 
@@ -163,6 +164,7 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     flush.add_argument("--vchannel", required=True, help="the vchannel")
     flush.add_argument("--collection", help="only this collection")
     flush.set_defaults(client_handler=admin.flush)
+    backup_cli.add_backup(sub, common)
 
     token = sub.add_parser("token", help="bearer tokens for the node's tokens file")
     tsub = token.add_subparsers(dest="action", required=True)

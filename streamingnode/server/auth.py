@@ -96,6 +96,7 @@ RULES: Mapping[str, Need] = {
     "DestroyConsumerGroup": Need.ADMIN,
     "SeekConsumerGroup": Need.ADMIN,
     "Flush": Need.ADMIN,
+    "Backup": Need.ADMIN,
 }
 """The permission each RPC of ``streaming.proto`` needs (a test keeps it covering all of them)."""
 

@@ -19,6 +19,7 @@ from google.protobuf import message_factory
 
 from streamingnode.node.memory_trim import Trimmer
 from streamingnode.node.node import Node
+from streamingnode.server.backup import BackupHandlers
 from streamingnode.server.channels import ChannelHandlers
 from streamingnode.server.consume import ConsumeStream
 from streamingnode.server.errors import stream_errors
@@ -38,7 +39,7 @@ SERVICE_NAME = spb.DESCRIPTOR.services_by_name["StreamingNode"].full_name
 
 
 class StreamingNodeService(
-    TxnHandlers, ChannelHandlers, GroupHandlers, PositionHandlers, FlushHandlers,
+    TxnHandlers, ChannelHandlers, GroupHandlers, PositionHandlers, FlushHandlers, BackupHandlers,
     sgrpc.StreamingNodeServicer,  # type: ignore[misc]
 ):
     """Every RPC of ``streaming.proto`` over one ``Node``."""

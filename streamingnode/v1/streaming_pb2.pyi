@@ -388,3 +388,61 @@ class FlushResponse(_message.Message):
     files: _containers.RepeatedScalarFieldContainer[str]
     flush_timetick: int
     def __init__(self, files: _Optional[_Iterable[str]] = ..., flush_timetick: _Optional[int] = ...) -> None: ...
+
+class BackupRequest(_message.Message):
+    __slots__ = ("to", "pchannels", "max_bytes_per_second")
+    TO_FIELD_NUMBER: _ClassVar[int]
+    PCHANNELS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    to: str
+    pchannels: _containers.RepeatedScalarFieldContainer[str]
+    max_bytes_per_second: int
+    def __init__(self, to: _Optional[str] = ..., pchannels: _Optional[_Iterable[str]] = ..., max_bytes_per_second: _Optional[int] = ...) -> None: ...
+
+class BackupChannelPosition(_message.Message):
+    __slots__ = ("pchannel", "first_id", "next_id", "last_timetick", "flusher_checkpoint_id")
+    PCHANNEL_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ID_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_TIMETICK_FIELD_NUMBER: _ClassVar[int]
+    FLUSHER_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    pchannel: str
+    first_id: int
+    next_id: int
+    last_timetick: int
+    flusher_checkpoint_id: int
+    def __init__(self, pchannel: _Optional[str] = ..., first_id: _Optional[int] = ..., next_id: _Optional[int] = ..., last_timetick: _Optional[int] = ..., flusher_checkpoint_id: _Optional[int] = ...) -> None: ...
+
+class BackupResult(_message.Message):
+    __slots__ = ("path", "positions", "files_copied", "bytes_copied", "files_reused", "bytes_reused", "seconds")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    FILES_COPIED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_COPIED_FIELD_NUMBER: _ClassVar[int]
+    FILES_REUSED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_REUSED_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    positions: _containers.RepeatedCompositeFieldContainer[BackupChannelPosition]
+    files_copied: int
+    bytes_copied: int
+    files_reused: int
+    bytes_reused: int
+    seconds: float
+    def __init__(self, path: _Optional[str] = ..., positions: _Optional[_Iterable[_Union[BackupChannelPosition, _Mapping]]] = ..., files_copied: _Optional[int] = ..., bytes_copied: _Optional[int] = ..., files_reused: _Optional[int] = ..., bytes_reused: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class BackupProgress(_message.Message):
+    __slots__ = ("phase", "files_done", "files_total", "bytes_done", "bytes_total", "result")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    FILES_DONE_FIELD_NUMBER: _ClassVar[int]
+    FILES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    phase: str
+    files_done: int
+    files_total: int
+    bytes_done: int
+    bytes_total: int
+    result: BackupResult
+    def __init__(self, phase: _Optional[str] = ..., files_done: _Optional[int] = ..., files_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., result: _Optional[_Union[BackupResult, _Mapping]] = ...) -> None: ...

@@ -106,6 +106,11 @@ class StreamingNodeStub:
                 request_serializer=streamingnode_dot_v1_dot_streaming__pb2.FlushRequest.SerializeToString,
                 response_deserializer=streamingnode_dot_v1_dot_streaming__pb2.FlushResponse.FromString,
                 _registered_method=True)
+        self.Backup = channel.unary_stream(
+                '/streamingnode.v1.StreamingNode/Backup',
+                request_serializer=streamingnode_dot_v1_dot_streaming__pb2.BackupRequest.SerializeToString,
+                response_deserializer=streamingnode_dot_v1_dot_streaming__pb2.BackupProgress.FromString,
+                _registered_method=True)
 
 
 class StreamingNodeServicer:
@@ -214,6 +219,14 @@ class StreamingNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Backup(self, request, context):
+        """Back up pchannels into a directory on the node's host while the node keeps serving (admin).
+        Streams progress; the last response carries the result.  See docs/operations.md, "Backup and restore".
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StreamingNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -286,6 +299,11 @@ def add_StreamingNodeServicer_to_server(servicer, server):
                     servicer.Flush,
                     request_deserializer=streamingnode_dot_v1_dot_streaming__pb2.FlushRequest.FromString,
                     response_serializer=streamingnode_dot_v1_dot_streaming__pb2.FlushResponse.SerializeToString,
+            ),
+            'Backup': grpc.unary_stream_rpc_method_handler(
+                    servicer.Backup,
+                    request_deserializer=streamingnode_dot_v1_dot_streaming__pb2.BackupRequest.FromString,
+                    response_serializer=streamingnode_dot_v1_dot_streaming__pb2.BackupProgress.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -668,6 +686,33 @@ class StreamingNode:
             '/streamingnode.v1.StreamingNode/Flush',
             streamingnode_dot_v1_dot_streaming__pb2.FlushRequest.SerializeToString,
             streamingnode_dot_v1_dot_streaming__pb2.FlushResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Backup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/streamingnode.v1.StreamingNode/Backup',
+            streamingnode_dot_v1_dot_streaming__pb2.BackupRequest.SerializeToString,
+            streamingnode_dot_v1_dot_streaming__pb2.BackupProgress.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,6 +36,7 @@ UNARY_RPCS = frozenset(
     }
 )
 BIDI_RPCS = frozenset({"Produce", "Consume"})
+SERVER_STREAMING_RPCS = frozenset({"Backup"})
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +185,9 @@ def test_message_id_bytes_order_like_offsets() -> None:
 def test_service_declares_every_rpc_with_its_streaming_shape() -> None:
     service = streaming_pb2.DESCRIPTOR.services_by_name["StreamingNode"]
     methods = {m.name: m for m in service.methods}
-    assert set(methods) == UNARY_RPCS | BIDI_RPCS
+    assert set(methods) == UNARY_RPCS | BIDI_RPCS | SERVER_STREAMING_RPCS
+    for name in SERVER_STREAMING_RPCS:
+        assert not methods[name].client_streaming and methods[name].server_streaming, name
     for name in BIDI_RPCS:
         assert methods[name].client_streaming and methods[name].server_streaming, name
     for name in UNARY_RPCS:
@@ -197,7 +200,7 @@ def test_stub_and_servicer_expose_every_rpc() -> None:
     channel = grpc.insecure_channel("localhost:1")  # never connects: stubs bind lazily
     try:
         stub = streaming_pb2_grpc.StreamingNodeStub(channel)
-        for name in UNARY_RPCS | BIDI_RPCS:
+        for name in UNARY_RPCS | BIDI_RPCS | SERVER_STREAMING_RPCS:
             assert callable(getattr(stub, name)), name
             assert callable(getattr(servicer, name)), name
     finally:
