@@ -126,7 +126,7 @@ class RetentionStats:
     snapshots_stored: int = 0
     """Periodic recovery snapshots stored (each also logged, at DEBUG)."""
     snapshot_seconds: float = 0.0
-    """Time spent storing them: from the pass that found one due to the snapshot stored."""
+    """Time spent in the passes that stored them (catching up with the log, capturing, writing)."""
 
 
 class RetentionState(enum.Enum):
