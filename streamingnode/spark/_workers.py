@@ -14,9 +14,11 @@ What is checked, and why it is cheap and reliable:
   the driver's machine says nothing about theirs;
 - the driver's own interpreter, or another in the same directory (a venv's ``python``/``python3``),
   passes without a process: it has just imported this module;
-- any other is started once (per interpreter path, per driver process) to import what a worker
-  imports, with the PYTHONPATH a worker gets (the driver's, plus Spark's own pyspark and py4j
-  archives) and the driver's working directory, as a local worker has.
+- any other is started once (per interpreter path, per driver process), with the driver's
+  environment and working directory as a local worker has them, to import what the source needs
+  besides pyspark: pyarrow, and the client, flusher and wal packages (with grpc and protobuf).
+  pyspark itself a worker gets from Spark (its own archive on the worker's PYTHONPATH); importing it
+  from there here would compile it from source, several seconds, to learn nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 _CHECK_SECONDS = 120.0
-_WORKER_IMPORTS = "import pyarrow, streamingnode.spark"
+_WORKER_IMPORTS = "import pyarrow, pyarrow.parquet, streamingnode.client, flusher, wal.bodies"
 _checked: set[str] = set()
 """Worker interpreters that imported the source (checked once per process)."""
 
@@ -47,15 +49,6 @@ def _same_environment(exe: str) -> bool:
     return Path(os.path.abspath(found)).parent == Path(os.path.abspath(sys.executable)).parent
 
 
-def _worker_pythonpath() -> str:
-    """PYTHONPATH as a local worker has it: Spark's pyspark and py4j archives, then the driver's."""
-    import pyspark  # noqa: PLC0415
-
-    lib = Path(pyspark.__file__).parent / "python" / "lib"
-    archives = sorted(str(p) for p in lib.glob("*.zip"))
-    return os.pathsep.join([*archives, *filter(None, [os.environ.get("PYTHONPATH")])])
-
-
 def check_worker_python(spark: Any) -> None:
     """Raise WorkerPythonError when ``spark``'s local Python workers cannot import the data source."""
     try:
@@ -67,8 +60,7 @@ def check_worker_python(spark: Any) -> None:
         return
     try:
         proc = subprocess.run([exe, "-c", _WORKER_IMPORTS], capture_output=True, text=True,  # noqa: S603
-                              timeout=_CHECK_SECONDS, check=False,
-                              env={**os.environ, "PYTHONPATH": _worker_pythonpath()})
+                              timeout=_CHECK_SECONDS, check=False)
         said = proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"]
         failure = None if proc.returncode == 0 else said[-1]
     except (OSError, subprocess.TimeoutExpired) as exc:
