@@ -127,7 +127,9 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="streamingnode", description=__doc__)
+    from streamingnode.cli.suggesting_parser import SuggestingParser  # noqa: PLC0415  (stdlib only)
+
+    parser: argparse.ArgumentParser = SuggestingParser(prog="streamingnode", description=__doc__)
     parser.add_argument("--version", action="version", version=f"streamingnode {_version()}")
     parser.add_argument("--data-dir", help=f"data directory (default $STREAMINGNODE_DATA_DIR or {DEFAULT_DATA_DIR})")
     sub = parser.add_subparsers(dest="command", required=True)

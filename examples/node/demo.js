@@ -6,6 +6,9 @@
 //
 //   npm ci && node demo.js 127.0.0.1:7070 [pchannel]
 //
+// It can run again on the same pchannel: the pchannel is created if it does not exist, the read starts
+// at what this run produced, and the producer's steps use the epoch and sequence the node hands out.
+//
 // Each step prints one JSON line, so a test (tests/integration/test_node_example.py) can check it.
 'use strict';
 
@@ -113,10 +116,11 @@ function data(vchannel, text) {
   return { type: 'MESSAGE_TYPE_DATA', vchannel, payload: Buffer.from(text) };
 }
 
-async function consume(client, pchannel, vchannel, wanted) {
+// Reads from message id `from` on (a MessageID as an append result gave it), until `wanted` messages.
+async function consume(client, pchannel, vchannel, from, wanted) {
   const call = client.Consume(deadline());
   const next = responses(call);
-  call.write({ open: { pchannel, vchannel } });
+  call.write({ open: { pchannel, vchannel, policy: { start_from: from } } });
   const seen = [];
   for (let r = await next(); r !== null; r = await next()) {
     if (r.response === 'pack') {
@@ -138,8 +142,17 @@ async function main() {
   if (!address) throw new Error('usage: node demo.js <host:port> [pchannel]');
   const client = new service(address, grpc.credentials.createInsecure());
   try {
-    await unary(client, 'CreateChannels', { channel_names: [pchannel] });
-    say('created', { pchannel });
+    // "If not exists": a second run finds the pchannel there (ALREADY_EXISTS, ErrorInfo reason
+    // CHANNEL_EXIST) and goes on with it; every later step reads only what this run wrote.
+    let existed = false;
+    try {
+      await unary(client, 'CreateChannels', { channel_names: [pchannel] });
+    } catch (err) {
+      const info = errorInfo(err);
+      if (!info || info.reason !== 'CHANNEL_EXIST') throw err;
+      existed = true;
+    }
+    say('created', { pchannel, existed });
 
     const produced = await produce(client, pchannel, [{ messages: [data('v', 'one'), data('v', 'two')] }]);
     const results = produced[0].appended.results;
@@ -152,7 +165,7 @@ async function main() {
     say('transaction', { txn_id: begun.txn_id, body: body[0].outcome, commit_timetick: committed.commit_timetick });
 
     // BEGIN and COMMIT framing messages are delivered too, around the body.
-    const messages = await consume(client, pchannel, 'v', 5);
+    const messages = await consume(client, pchannel, 'v', results[0].id, 5);
     const beyond = messages.every((m) => BigInt(m.timetick) > BigInt(Number.MAX_SAFE_INTEGER));
     say('consumed', { messages, timeticks_beyond_2_53: beyond });
 
@@ -185,8 +198,9 @@ async function main() {
     } catch (err) {
       say('fenced', { grpc_code: grpc.status[err.code], error_info: errorInfo(err) });
     }
-    // Sequence 0 again with other content: refused in band, nothing written.
-    second.call.write({ batch: { request_id: '1', first_sequence: '0', messages: [data('idem', 'changed')] } });
+    // The sequence of 'once' again (0 on a first run) with other content: refused in band, nothing written.
+    second.call.write({ batch: { request_id: '1', first_sequence: first.opened.next_sequence,
+                                 messages: [data('idem', 'changed')] } });
     const mismatch = (await second.next()).result;
     say('mismatch', { outcome: mismatch.outcome, code: mismatch.error.code, metadata: mismatch.error.metadata });
     second.call.write({ close: {} });

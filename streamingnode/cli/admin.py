@@ -144,15 +144,23 @@ async def groups_create(args: argparse.Namespace, addr: str) -> int:
 
     client = await connect(addr)
     try:
+        existing: set[str] = set()
+        if args.if_not_exists:
+            # Asked first, as channels create does: a create refused as a duplicate would be a refusal
+            # the node logs at WARNING and counts, on every run of a script.  Across every pchannel
+            # (admin, as the create itself needs) rather than of this one, which needs consume on it.
+            existing = {g.group for g in await client.describe_groups("", args.names) if g.pchannel == args.channel}
         for name in args.names:
-            try:
-                await client.create_group(args.channel, name)
-            except ConsumerGroupExistError:
-                if not args.if_not_exists:
-                    raise
-                print(f"group {name} exists on {args.channel}")
-                continue
-            print(f"created group {name} on {args.channel}")
+            if name not in existing:
+                try:
+                    await client.create_group(args.channel, name)
+                except ConsumerGroupExistError:  # created in between by someone else
+                    if not args.if_not_exists:
+                        raise
+                else:
+                    print(f"created group {name} on {args.channel}")
+                    continue
+            print(f"group {name} exists on {args.channel}")
     finally:
         await client.aclose()
     return 0
@@ -191,11 +199,40 @@ async def groups_list(args: argparse.Namespace, addr: str) -> int:
     return 0
 
 
+async def _missing_groups(args: argparse.Namespace, addr: str, groups: list[GroupDescription]) -> None:
+    """Raise CliError naming the groups ``args.names`` asked for that no pchannel has.
+
+    Only a describe across every pchannel can miss one silently (the node lists a named group where
+    it exists); with --channel the node refuses an unknown group itself.  A name that is a pchannel's
+    is most likely a --channel forgotten: the error says so.
+    """
+    from wal.errors import StreamingError  # noqa: PLC0415
+
+    found = {g.group for g in groups}
+    missing = [n for n in dict.fromkeys(args.names) if n not in found]
+    if not missing:
+        return
+    hint = ""
+    client = await connect(addr)
+    try:
+        pchannels = {d.name for d in await client.describe_channels()}
+    except StreamingError:
+        pchannels = set()  # not allowed to list them: no hint, the error stands
+    finally:
+        await client.aclose()
+    named = [n for n in missing if n in pchannels]
+    if named:
+        hint = f" ({named[0]!r} is a pchannel: did you mean --channel {named[0]}?)"
+    listed = " or ".join(repr(n) for n in missing)
+    raise CliError(f"no pchannel has a consumer group named {listed}{hint}")
+
+
 async def groups_describe(args: argparse.Namespace, addr: str) -> int:
-    """Run ``groups describe``; the exit code."""
+    """Run ``groups describe``; the exit code (1 when a named group is found on no pchannel)."""
     groups = await _describe_groups(args, addr, args.names)
     if args.json:
         _dump([group_json(g) for g in groups])
+        await _missing_groups(args, addr, groups)
         return 0
     rows: list[list[str]] = []
     for g in groups:
@@ -206,7 +243,7 @@ async def groups_describe(args: argparse.Namespace, addr: str) -> int:
     if rows:
         print(_table(["PCHANNEL", "GROUP", "VCHANNEL", "COMMITTED_ID", "COMMITTED_TIME", "LAG_MSGS", "LAG_MS"],
                      rows))
-    else:
+    elif not args.names:
         print("no consumer groups", file=sys.stderr)
     for g in groups:
         for p in g.vchannels:
@@ -214,6 +251,7 @@ async def groups_describe(args: argparse.Namespace, addr: str) -> int:
                 print(f"problem: group {g.group!r} of pchannel {g.pchannel!r}, vchannel {p.vchannel!r}: {p.problem}; "
                       f"repair with: groups seek --channel {g.pchannel} --vchannel {p.vchannel!r} {g.group!r} "
                       "--to earliest|latest|...", file=sys.stderr)
+    await _missing_groups(args, addr, groups)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""``streamingnode consume``: print messages as JSON lines, acking as a consumer group if asked.
+"""``streamingnode consume``: print messages as JSON lines (or raw payloads), acking as a consumer group if asked.
 
 Standard library only at module level (see ``streamingnode.cli``).
 """
@@ -37,6 +37,54 @@ def message_json(m: Message) -> dict[str, Any]:
     except UnicodeDecodeError:
         out["payload_b64"] = base64.b64encode(m.payload).decode("ascii")
     return out
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\"}
+
+
+def parse_delimiter(text: str, option: str) -> bytes:
+    """A delimiter of ``consume --format raw`` with kcat's escapes (\\n \\t \\r \\0 \\\\) decoded, as bytes."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            escaped = _ESCAPES.get(text[i + 1:i + 2])
+            if escaped is None:
+                raise CliError(f"{option}: unknown escape {text[i:i + 2]!r}; known: \\n \\t \\r \\0 \\\\")
+            out.append(escaped)
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out).encode()
+
+
+class RawFormat:
+    """``consume --format raw``, as kcat prints a message: ``[VCHANNEL KEY_DELIM] PAYLOAD DELIM``, the
+    payload's bytes unchanged (no escaping: a payload that holds the delimiter is ambiguous, so pick
+    one it cannot hold, such as ``-D '\\0'``)."""
+
+    def __init__(self, delimiter: bytes, vchannel_delimiter: bytes | None) -> None:
+        self.delimiter = delimiter
+        self.vchannel_delimiter = vchannel_delimiter
+
+    def render(self, messages: list[Message]) -> bytes:
+        end, key = self.delimiter, self.vchannel_delimiter
+        if key is None:
+            return b"".join(m.payload + end for m in messages)
+        return b"".join(m.vchannel.encode() + key + m.payload + end for m in messages)
+
+
+def raw_format(args: argparse.Namespace) -> RawFormat | None:
+    """The raw output ``args`` ask for (None: JSON lines); -K and -D need ``--format raw``."""
+    if args.format != "raw":
+        if args.vchannel_delimiter is not None or args.delimiter is not None:
+            raise CliError("-K/--vchannel-delimiter and -D/--delimiter need --format raw")
+        return None
+    delimiter = b"\n" if args.delimiter is None else parse_delimiter(args.delimiter, "-D/--delimiter")
+    key = None if args.vchannel_delimiter is None else args.vchannel_delimiter.encode()
+    return RawFormat(delimiter, key)
 
 
 def _printable(pack: MsgPack, limit: int | None,
@@ -170,6 +218,12 @@ async def consume(args: argparse.Namespace, addr: str) -> int:
     """Run ``consume``; the exit code."""
     policy = parse_where(args.start, "--from")
     types = parse_types(args.types)
+    raw = raw_format(args)
+    if raw is not None and types is None:
+        # Raw output is payloads: transaction framing carries none, so only asked-for types print it.
+        from wal.message import MessageType  # noqa: PLC0415
+
+        types = frozenset(t for t in MessageType if not t.is_system)
     stop = asyncio.Event()
     undo = _install_stop(stop)
     out = sys.stdout
@@ -201,12 +255,15 @@ async def consume(args: argparse.Namespace, addr: str) -> int:
                             notices.check()
                         limit = None if args.count is None else args.count - printed
                         messages, ack_at = _printable(pack, limit, types)
-                        if messages:
+                        if messages and raw is not None:
+                            out.buffer.write(raw.render(messages))
+                            out.buffer.flush()
+                        elif messages:
                             out.write("".join(
                                 json.dumps(message_json(m), ensure_ascii=False, separators=(",", ":")) + "\n"
                                 for m in messages))
                             out.flush()
-                            printed += len(messages)
+                        printed += len(messages)
                         if args.group and ack_at is not None:
                             await consumer.ack(ack_at)
                         if end_ts is not None and pack.end_ts >= end_ts and ack_at == pack.end_position:
@@ -221,4 +278,4 @@ async def consume(args: argparse.Namespace, addr: str) -> int:
     return 0
 
 
-__all__ = ["consume", "message_json", "parse_types"]
+__all__ = ["RawFormat", "consume", "message_json", "parse_delimiter", "parse_types", "raw_format"]

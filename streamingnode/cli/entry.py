@@ -99,7 +99,10 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "consume", parents=[common, streaming], help="print messages as JSON lines",
         description="Print messages as JSON lines {id, vchannel, type, timetick, time, txn_id?, properties, "
         "payload or payload_b64} (time: the timetick's UTC time), until --count messages, the end of the log "
-        "(--exit) or Ctrl-C / SIGTERM (exit 0).  TimeTicks are not printed.")
+        "(--exit) or Ctrl-C / SIGTERM (exit 0).  TimeTicks are not printed.  --format raw prints, as kcat does, "
+        "each message's payload bytes unchanged followed by the -D delimiter (default a newline), with "
+        "-K DELIM the vchannel and DELIM before it; without --type, only messages that carry a payload "
+        "(not transaction framing).")
     consume.add_argument("--channel", required=True, help="the pchannel")
     consume.add_argument("--vchannel", default="", help="read one vchannel (default: the whole pchannel)")
     consume.add_argument("--from", dest="start", default="earliest", metavar="WHERE",
@@ -114,6 +117,14 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
                          help="print only messages of this type (DATA, INSERT, DELETE, BEGIN_TXN, ...; repeat it "
                               "or give a comma list)")
     consume.add_argument("--quiet", action="store_true", help="no status line on stderr")
+    consume.add_argument("--format", choices=["json", "raw"], default="json",
+                         help="json (default): one JSON object per line; raw: each payload's bytes, then -D")
+    consume.add_argument("-K", "--vchannel-delimiter", metavar="DELIM",
+                         help="--format raw: print VCHANNEL<DELIM> before each payload (what produce's -K reads), "
+                              "like kcat's -K")
+    consume.add_argument("-D", "--delimiter", metavar="DELIM",
+                         help="--format raw: what follows each payload (default \\n; the escapes \\n \\t \\r "
+                              "\\0 \\\\ are decoded, '' for nothing), like kcat's -D")
     consume.set_defaults(client_handler=consume_command)
 
     channels = sub.add_parser("channels", help="create, list, describe, destroy pchannels")

@@ -150,6 +150,7 @@ async def produce(args: argparse.Namespace, addr: str) -> int:
     client = await connect(addr, args.channel, reconnect_timeout=args.reconnect_timeout)
     start = time.perf_counter()
     ticker: asyncio.Task[None] | None = None
+    failed = False
     try:
         producer = client.producer(args.channel, producer_id=args.producer_id or None,
                                    linger=args.linger, max_batch_bytes=args.batch_bytes)
@@ -189,16 +190,21 @@ async def produce(args: argparse.Namespace, addr: str) -> int:
         await producer.flush()
         await window.drained()
         await producer.aclose()
+    except Exception:
+        failed = True
+        raise
     finally:
         await cancel_and_wait(ticker)
         await client.aclose()
         # Also when interrupted (Ctrl-C cancels this task): what was acknowledged is durable, and
-        # the summary says how much that was.
+        # the summary says how much that was.  A run that fails with nothing acknowledged has nothing
+        # to sum up: only its error is printed (a line of zeros before it reads like a success).
         seconds = time.perf_counter() - start
         if bar is not None:
             bar.draw(stats.acked, stats.bytes, force=True)
             bar.clear()
-        print(stats.summary(seconds), file=sys.stderr)
+        if stats.acked or not (failed or stats.error is not None or input_error is not None):
+            print(stats.summary(seconds), file=sys.stderr)
     if input_error is not None:
         raise input_error
     if stats.error is not None:

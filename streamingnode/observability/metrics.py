@@ -473,6 +473,10 @@ class _StateCollector(Collector):
         r_msgs = CounterMetricFamily(f"{ns}_wal_truncated_messages", "Messages removed by retention.", labels=by_p)
         r_bytes = CounterMetricFamily(f"{ns}_wal_truncated_bytes", "Payload bytes removed by retention.",
                                       labels=by_p)
+        s_count = CounterMetricFamily(f"{ns}_recovery_snapshots", "Periodic recovery snapshots stored (a restart "
+                                      "replays the log from the newest one).", labels=by_p)
+        s_secs = CounterMetricFamily(f"{ns}_recovery_snapshot_seconds", "Time spent storing periodic recovery "
+                                     "snapshots.", labels=by_p)
         f_ckpt = GaugeMetricFamily(f"{ns}_flusher_checkpoint_timestamp_seconds",
                                    "Physical time of the flusher's checkpoint (all before it is in Parquet).",
                                    labels=by_p)
@@ -541,9 +545,12 @@ class _StateCollector(Collector):
                 rs = channel.retention.stats()
                 r_msgs.add_metric([name], rs.messages_truncated)
                 r_bytes.add_metric([name], rs.bytes_truncated)
+                s_count.add_metric([name], rs.snapshots_stored)
+                s_secs.add_metric([name], rs.snapshot_seconds)
         yield from (step_s, step_b, step_m, allocated, confirmed, tick_lag, txns, scanners, backlog, wal_msgs,
                     g_lag, g_lag_s, f_rows, f_del, f_bytes, f_files, f_buf, f_lag, f_ckpt, f_disk, f_quar, f_lost,
                     r_msgs, r_bytes, c_runs, c_files, c_bytes, c_rows, c_dels, c_secs)
+        yield from (s_count, s_secs)
         if self._m.data_dir is not None:
             yield GaugeMetricFamily(f"{ns}_wal_disk_bytes", "Bytes of the WAL database on disk (all pchannels).",
                                     value=self._m.wal_bytes)

@@ -53,11 +53,19 @@ from typing import Any
 
 from streamingnode.spark._options import Offset, OptionError
 from streamingnode.spark._source import StreamingNodeDataSource
+from streamingnode.spark._workers import WorkerPythonError, check_worker_python
 
 
 def register(spark: Any) -> None:
-    """Make ``format("streamingnode")`` known to ``spark`` (a SparkSession)."""
+    """Make ``format("streamingnode")`` known to ``spark`` (a SparkSession).
+
+    With a local master, first checks that Spark's Python workers can import the source (they run
+    ``$PYSPARK_PYTHON`` as it was when the session started, else ``python3`` from the PATH), and
+    raises WorkerPythonError saying how to point them at this interpreter when they cannot
+    (``streamingnode.spark._workers``).
+    """
+    check_worker_python(spark)
     spark.dataSource.register(StreamingNodeDataSource)
 
 
-__all__ = ["Offset", "OptionError", "StreamingNodeDataSource", "register"]
+__all__ = ["Offset", "OptionError", "StreamingNodeDataSource", "WorkerPythonError", "register"]

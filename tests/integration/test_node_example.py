@@ -98,3 +98,36 @@ async def test_the_node_example_produces_consumes_runs_a_transaction_and_decodes
                                  "metadata": {"producer_id": "node-demo-producer", "sequence": "0"}}
     packs = await consume(stub, spb.ConsumeOpen(pchannel="from-node", vchannel="idem"), until=1)
     assert [m.payload for p in packs for m in p.messages if m.type == pb.MESSAGE_TYPE_DATA] == [b"once"]
+
+
+async def test_the_node_example_runs_twice_on_the_same_pchannel(server: str, stub) -> None:
+    node = await asyncio.to_thread(_node)
+    runs = []
+    for _ in range(2):
+        run = await asyncio.to_thread(subprocess.run, [node, str(EXAMPLE / "demo.js"), server, "twice"],
+                                      capture_output=True, text=True, timeout=120, check=False)
+        assert run.returncode == 0, f"demo.js failed:\n{run.stdout[-2000:]}\n{run.stderr[-3000:]}"
+        runs.append({line["step"]: line for line in map(json.loads, run.stdout.splitlines())})
+    first, second = runs
+    assert first["created"] == {"step": "created", "pchannel": "twice", "existed": False}
+    assert second["created"] == {"step": "created", "pchannel": "twice", "existed": True}
+    assert list(second) == list(first)
+    # The second run reads what it wrote, not the first run's messages.
+    for steps in runs:
+        txn_id = steps["transaction"]["txn_id"]
+        assert [(m["type"], m["payload"], m["txn_id"]) for m in steps["consumed"]["messages"]] == [
+            ("MESSAGE_TYPE_DATA", "one", "0"), ("MESSAGE_TYPE_DATA", "two", "0"),
+            ("MESSAGE_TYPE_BEGIN_TXN", "", txn_id), ("MESSAGE_TYPE_DATA", "in the transaction", txn_id),
+            ("MESSAGE_TYPE_COMMIT_TXN", "", txn_id)]
+        assert [m["timetick"] for m in steps["consumed"]["messages"][:2]] == steps["produced"]["timeticks"]
+    assert first["transaction"]["txn_id"] != second["transaction"]["txn_id"]
+    # The producer continues where the node says: the next epoch and sequence, fenced and refused alike.
+    idem = second["idempotent"]
+    assert idem == {"step": "idempotent", "epoch": "3", "next_sequence": "1", "outcome": "appended",
+                    "reopened_epoch": "4", "reopened_next_sequence": "2"}
+    assert second["fenced"]["error_info"]["reason"] == "PRODUCER_FENCED"
+    assert second["mismatch"] == {"step": "mismatch", "outcome": "error",
+                                  "code": "ERROR_CODE_DUPLICATE_SEQUENCE_MISMATCH",
+                                  "metadata": {"producer_id": "node-demo-producer", "sequence": "1"}}
+    packs = await consume(stub, spb.ConsumeOpen(pchannel="twice", vchannel="idem"), until=2)
+    assert [m.payload for p in packs for m in p.messages if m.type == pb.MESSAGE_TYPE_DATA] == [b"once", b"once"]

@@ -37,7 +37,8 @@ def _events(lines: list[str], event: str) -> list[dict[str, Any]]:
 
 async def test_a_killed_node_restarts_from_its_newest_snapshot(tmp_path: Path) -> None:
     node = NodeProcess(tmp_path / "data", None, "--channels", "p", "--retention-seconds", "-1",
-                       "--snapshot-every-messages", str(EVERY), "--snapshot-every-seconds", "0")
+                       "--snapshot-every-messages", str(EVERY), "--snapshot-every-seconds", "0",
+                       "--log-level", "debug")  # "recovery snapshot stored" is a DEBUG line
     node.start()
     try:
         async with AsyncClient(node.address, timeout=30.0) as client:

@@ -496,3 +496,23 @@ def test_the_memory_limit_covers_what_the_settings_let_the_node_hold(monkeypatch
                      "consume_max_pack_bytes", "consume_buffer_bytes", "consume_cache_bytes",
                      "rocksdb_write_buffer_bytes", "rocksdb_block_cache_bytes", "memtable"):
             assert term in text, f"{term} missing from the memory formula"
+
+
+@pytest.mark.parametrize("root", ["kubernetes", "kubernetes/cluster"])
+def test_the_secret_generator_says_how_to_write_the_tokens_file_it_needs(root: str) -> None:
+    # kustomize cannot say more than "evalsymlink failure on '.../tokens.toml'" for a missing file: the
+    # lines an operator opens next, at the generator, say what to write and from what.
+    text = (DEPLOY / root / "kustomization.yaml").read_text()
+    kustomization = load_yaml(f"{root}/kustomization.yaml")[0]
+    (generator,) = kustomization["secretGenerator"]
+    comment = re.search(r"^secretGenerator:\n((?:\s*#.*\n)+)\s*- name: " + generator["name"] + "$", text, re.M)
+    assert comment is not None, "a comment between secretGenerator: and its entry"
+    said = comment.group(1)
+    assert "evalsymlink failure" in said, "the error kustomize gives, so that searching for it finds this"
+    for source in generator["files"]:
+        path = source.split("=")[-1]
+        assert not (DEPLOY / root / path).exists(), f"{path} holds secrets: it must not be in the repository"
+        cp = re.search(rf"cp (\S+) deploy/{root}/{re.escape(path)}$", said, re.M)
+        assert cp is not None, f"the comment says how to write {path}"
+        assert (REPO / cp.group(1)).is_file(), f"{cp.group(1)}: the file to start from is in the repository"
+    assert "streamingnode token hash" in said
