@@ -60,7 +60,8 @@ RATE_WINDOW = "30s"
 # Series a node exports only in cluster mode (docs/cluster.md); their panels are checked by
 # test_cluster_panels_return_data against a cluster-mode node.
 CLUSTER_ONLY = ("streamingnode_pchannel_owned", "streamingnode_lease_expiry_seconds",
-                "streamingnode_ownership_changes_total", "streamingnode_cluster_nodes")
+                "streamingnode_ownership_changes_total", "streamingnode_cluster_nodes",
+                "streamingnode_clock_skew_seconds", "streamingnode_pchannels_closed_on_lease_loss_total")
 LOAD_TIMEOUT = 90.0  # seconds of load before a query without data fails the test (it takes ~10 s)
 
 

@@ -104,7 +104,7 @@ def _labels_of(expr: str) -> str:
     node_wide = ("streamingnode_pchannels", "streamingnode_wal_disk_bytes", "streamingnode_open_streams",
                  "streamingnode_streams_refused", "streamingnode_storage_", "process_",
                  "streamingnode_cluster_nodes", "streamingnode_refusals", "streamingnode_consume_cache_",
-                 "streamingnode_consume_held_bytes")
+                 "streamingnode_consume_held_bytes", "streamingnode_clock_skew_seconds")
     return "" if any(name in expr for name in node_wide) else "pchannel"
 
 
