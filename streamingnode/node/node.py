@@ -32,17 +32,16 @@ import asyncio
 import contextlib
 import contextvars
 import itertools
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import structlog
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_delay, wait_fixed
 
 from flusher import incarnation
 from flusher.commit import inside
 from flusher.config import FlusherConfig
 from flusher.flusher import Flusher
 from interceptors.recovery.streaming_wal import ChainConfig, open_streaming_wal
+from streamingnode.cluster.startup import while_nats_forms
 from streamingnode.config import NodeConfig, compaction_config
 from streamingnode.node.channel import Channel, Failure, Owner
 from streamingnode.node.disk_guard import StorageMonitor, start_monitor
@@ -71,38 +70,6 @@ if TYPE_CHECKING:
     from streamingnode.cluster.ownership import Ownership
 
 log = structlog.get_logger(__name__)
-T = TypeVar("T")
-
-FIRST_PASS_SECONDS = 60.0
-"""How long a node in cluster mode keeps trying each step of its start (the shared log's connection,
-the configured pchannels, the first ownership pass) while NATS does not answer."""
-FIRST_PASS_RETRY_SECONDS = 0.5
-
-
-def _forming(exc: BaseException) -> bool:
-    """What a NATS cluster that is forming or electing answers for a while: a transient NATS error, or
-    the shared log's UNAVAILABLE (how the JetStream WAL reports the same)."""
-    from streamingnode.cluster.connection import transient  # noqa: PLC0415  (nats-py: cluster mode only)
-
-    return transient(exc) or isinstance(exc, UnavailableError)
-
-
-async def _while_nats_forms(what: str, attempt: Callable[[], Awaitable[T]],
-                            retriable: Callable[[BaseException], bool] = _forming) -> T:
-    """``attempt()``, tried again while it fails with an error a NATS cluster forming or electing
-    answers (a node started beside a fresh cluster, a busy host) for up to ``FIRST_PASS_SECONDS``;
-    past that, or on any other error, the cause is raised."""
-
-    def again(rs: RetryCallState) -> None:
-        log.warning(f"{what}: NATS not ready; trying again",
-                    error=repr(rs.outcome.exception() if rs.outcome is not None else None))
-
-    retrying = AsyncRetrying(retry=retry_if_exception(retriable), stop=stop_after_delay(FIRST_PASS_SECONDS),
-                             wait=wait_fixed(FIRST_PASS_RETRY_SECONDS), before_sleep=again, reraise=True)
-    async for tried in retrying:
-        with tried:
-            return await attempt()
-    raise AssertionError("unreachable: tenacity either returns or re-raises")  # pragma: no cover
 
 # Each channel costs a clock task and buffers; a request for millions of them is a mistake, not a plan.
 MAX_CREATE = 1024
@@ -145,7 +112,7 @@ class Node:
         if config.shared_log:
             from wal.backends.jetstream import JetStreamBackend  # noqa: PLC0415  (nats-py: cluster extra)
 
-            backend = await _while_nats_forms("opening the shared log", lambda: asyncio.to_thread(
+            backend = await while_nats_forms("opening the shared log", lambda: asyncio.to_thread(
                 JetStreamBackend, config.cluster_nats, prefix=config.cluster_prefix, replicas=config.nats_replicas))
             manager = await WALManager.start(backend, durability=config.wal_durability,
                                              tail_buffer_bytes=config.tail_buffer_bytes)
@@ -163,7 +130,7 @@ class Node:
         the ownership loop), then report ready; the loop goes on in the background."""
         if self.config.cluster_nats:
             if self.config.shared_log:
-                await _while_nats_forms("creating the configured pchannels", self._create_configured)
+                await while_nats_forms("creating the configured pchannels", self._create_configured)
             await self._join_cluster()
             self.ready.set()
             self.storage = self.metrics.storage = start_monitor(self)
@@ -205,7 +172,7 @@ class Node:
         # Its own bound (CONNECT_SECONDS) for servers that never answer; the buckets' errors of a
         # cluster still forming are tried again.
         replicas = cfg.nats_replicas if cfg.shared_log else 1
-        self.cluster = await _while_nats_forms("opening the cluster buckets", lambda: ClusterClient.connect(
+        self.cluster = await while_nats_forms("opening the cluster buckets", lambda: ClusterClient.connect(
             cfg.cluster_nats, cfg.cluster_prefix, cfg.lease_seconds, replicas=replicas), transient)
         membership = Membership(self.cluster.nodes, cfg.node_id, self.advertise, cfg.lease_seconds)
         leases = Leases(self.cluster.leases, cfg.node_id, self.advertise, cfg.lease_seconds)
@@ -218,10 +185,10 @@ class Node:
     async def _first_pass(self) -> None:
         """The first ownership pass, tried again while NATS does not answer in time (an election, a busy
         host, a cluster still forming): the background passes ride out such a hiccup, and a node must
-        not exit for one at start.  Past ``FIRST_PASS_SECONDS`` (or on any other error) the start fails
+        not exit for one at start.  Past ``startup.FIRST_PASS_SECONDS`` (or on any other error) the start fails
         with the cause."""
         assert self.ownership is not None
-        await _while_nats_forms("first ownership pass", self.ownership.step)
+        await while_nats_forms("first ownership pass", self.ownership.step)
 
     async def _create_configured(self) -> None:
         """Shared log: create the configured pchannels it lacks (every node may try; one wins)."""

@@ -39,6 +39,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from streamingnode.observability.node_state import NAMESPACE, cluster_families, storage_families
 from streamingnode.wire.host_port import connectable, split_host_port
 from wal.clock import physical_ms
 from wal.errors import StreamingError, UnavailableError
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-NAMESPACE = "streamingnode"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TXN_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0)
 _TYPE_NAMES = {t: t.name.lower() for t in MessageType}
@@ -554,55 +554,8 @@ class _StateCollector(Collector):
         if self._m.data_dir is not None:
             yield GaugeMetricFamily(f"{ns}_wal_disk_bytes", "Bytes of the WAL database on disk (all pchannels).",
                                     value=self._m.wal_bytes)
-        yield from self._storage()
-        yield from self._cluster()
-
-    def _cluster(self) -> Iterator[Metric]:
-        ownership = self._m.cluster
-        if ownership is None:
-            return
-        ns = NAMESPACE
-        now = time.monotonic()
-        owned = GaugeMetricFamily(f"{ns}_pchannel_owned", "Cluster mode: 1 while this node holds the pchannel's "
-                                  "lease, 0 for the other pchannels it knows of.", labels=["pchannel"])
-        expiry = GaugeMetricFamily(f"{ns}_lease_expiry_seconds", "Cluster mode: time left on this node's lease of "
-                                   "the pchannel before it must stop serving it without a renewal.",
-                                   labels=["pchannel"])
-        for name in sorted({*ownership.view.leases, *ownership.held}):
-            held = ownership.held.get(name)
-            owned.add_metric([name], 1 if held is not None else 0)
-            if held is not None:
-                expiry.add_metric([name], max(held.valid_until - now, 0.0))
-        yield owned
-        yield expiry
-        yield GaugeMetricFamily(f"{ns}_cluster_nodes", "Cluster mode: live nodes this node sees (itself included).",
-                                value=len(ownership.view.live))
-        skew = ownership.membership.clock_skew
-        if skew is not None:
-            yield GaugeMetricFamily(f"{ns}_clock_skew_seconds", "Cluster mode: how far this node's wall clock is "
-                                    "ahead of the NATS server's (negative: behind), from its last heartbeat.",
-                                    value=skew)
-
-    def _storage(self) -> Iterator[Metric]:
-        storage = self._m.storage
-        if storage is None:
-            return
-        ns = NAMESPACE
-        free = GaugeMetricFamily(f"{ns}_storage_free_bytes", "Free bytes on each volume the node writes to "
-                                 "(data: RocksDB and its journal; parquet: the flusher's files), as last read.",
-                                 labels=["volume"])
-        for volume, value in sorted(storage.free.items()):
-            free.add_metric([volume], value)
-        yield free
-        yield GaugeMetricFamily(f"{ns}_storage_min_free_bytes", "The low-water mark: under it appends are "
-                                "refused (STORAGE_FULL) and the node flushes and truncates at once.",
-                                value=storage.min_free_bytes)
-        yield GaugeMetricFamily(f"{ns}_storage_full", "1 while appends are refused for lack of free space.",
-                                value=1 if storage.low is not None else 0)
-        yield CounterMetricFamily(f"{ns}_storage_refused_appends", "Append batches refused with STORAGE_FULL "
-                                  "while free space was under the mark.", value=storage.refused_appends())
-        yield CounterMetricFamily(f"{ns}_storage_reliefs", "Forced flush-and-retention runs started because "
-                                  "free space was under the mark.", value=storage.reliefs)
+        yield from storage_families(self._m.storage)
+        yield from cluster_families(self._m.cluster)
 
 
 __all__ = ["LATENCY_BUCKETS", "ChannelMetrics", "NodeMetrics"]

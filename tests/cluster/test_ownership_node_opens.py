@@ -140,7 +140,7 @@ def test_a_node_whose_first_ownership_pass_times_out_tries_again_and_starts(
             raise failures.pop(0)
         await heartbeat(self)
     monkeypatch.setattr(Membership, "heartbeat", slow_at_first)
-    monkeypatch.setattr("streamingnode.node.node.FIRST_PASS_RETRY_SECONDS", 0.05, raising=False)
+    monkeypatch.setattr("streamingnode.cluster.startup.FIRST_PASS_RETRY_SECONDS", 0.05, raising=False)
     config = node_config(tmp_path / "n", cluster_nats=nats_r1.url, node_id="n", lease_seconds=LEASE,
                          cluster_prefix=prefix, channels=("p0",), flusher=False)
     with ServerThread(config) as srv:
@@ -156,8 +156,8 @@ def test_a_node_gives_up_its_first_ownership_pass_after_the_deadline_naming_the_
     async def never(self: Membership) -> None:
         raise nats.errors.TimeoutError()
     monkeypatch.setattr(Membership, "heartbeat", never)
-    monkeypatch.setattr("streamingnode.node.node.FIRST_PASS_SECONDS", 0.3)
-    monkeypatch.setattr("streamingnode.node.node.FIRST_PASS_RETRY_SECONDS", 0.05, raising=False)
+    monkeypatch.setattr("streamingnode.cluster.startup.FIRST_PASS_SECONDS", 0.3)
+    monkeypatch.setattr("streamingnode.cluster.startup.FIRST_PASS_RETRY_SECONDS", 0.05, raising=False)
     config = node_config(tmp_path / "n", cluster_nats=nats_r1.url, node_id="n", lease_seconds=LEASE,
                          cluster_prefix=prefix, channels=("p0",), flusher=False)
     srv = ServerThread(config)
