@@ -30,7 +30,9 @@ R = TypeVar("R")
 # Errors after which opening the stream again is the cure: the transport broke, the node restarted
 # (ON_SHUTDOWN), or the channel was reopened under a newer term (CHANNEL_FENCED: a new stream gets the
 # new term), or another node owns the pchannel (NOT_OWNER: the Router learned the owner, or resolves
-# it again).  Everything else (a missing channel, a bad argument) fails the same way on every attempt.
+# it again), or a call ran out of time (DEADLINE_EXCEEDED: a hung node, or one cut off from the shared
+# log; what was in flight on a broken stream without a producer_id still fails as of unknown fate).
+# Everything else (a missing channel, a bad argument) fails the same way on every attempt.
 _RECONNECT = codes_with(Behaviour.RECONNECT)
 
 
