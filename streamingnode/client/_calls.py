@@ -121,15 +121,28 @@ async def write(call: Any, request: Any) -> None:
         raise UnavailableError("the stream already ended") from exc
 
 
+OPEN_TIMEOUT = 10.0
+"""Seconds a node has to answer a stream's open.  A stream has no deadline (it lives as long as its
+producer or consumer), and a node that accepts connections but does not run (paused, hung) would hold
+an open forever: the connection's keepalive only starts once its HTTP/2 handshake is done."""
+
+
 async def open_stream(call: Any, request: Any, kind: str, pchannel: str) -> Any:
-    """Send a bidi stream's open request and return its first response, which must be ``opened``;
+    """Send a bidi stream's open request and return its first response, which must be ``opened``
+    within ``OPEN_TIMEOUT`` seconds (else UNAVAILABLE: a new attempt, elsewhere in a cluster, may do);
     whatever fails, the call is cancelled first (a stream half open holds the node's resources)."""
+    timeout = OPEN_TIMEOUT
     try:
-        await write(call, request)
-        first = await call.read()
+        async with asyncio.timeout(timeout):
+            await write(call, request)
+            first = await call.read()
     except grpc.RpcError as exc:
         call.cancel()
         raise translate(exc) from exc
+    except TimeoutError:
+        call.cancel()
+        raise UnavailableError(f"{kind} stream on {pchannel!r}: the node did not answer its open within {timeout:g} s",
+                               channel=pchannel) from None
     except BaseException:
         call.cancel()
         raise
