@@ -15,9 +15,10 @@ RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, ...) is part of the outage too.  It is *h
 more is written on the stream, the batches already written are answered, and when every one of them
 failed the same way, the stream is left and they are all resent, in order, on a new one after a
 pause (the node's dedup answers any it stored after all with its first result).  When one of them
-was written after all (the node's log came back under it), the held batches can no longer be written
-before it: they fail with their error rather than land out of order.  Without a ``producer_id`` such
-a batch fails at once: a resend might store it twice.
+was written after all (the node's log came back under it), or may have been (answered
+DEADLINE_EXCEEDED, or unanswered when the stream broke for a reason other than the node ending it),
+the held batches can no longer be written before it: they fail with their error rather than land out
+of order.  Without a ``producer_id`` such a batch fails at once: a resend might store it twice.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ _ENDS_STREAM = codes_with(Behaviour.RESEND_ON_NEW_STREAM)
 # such as STORAGE_FULL, which the caller is meant to see, still fails its batch.
 _RESEND_LATER = codes_with(Behaviour.RECONNECT) & (codes_with(Behaviour.RETRIABLE)
                                                    | codes_with(Behaviour.OUTCOME_UNKNOWN))
+
+# In-band batch errors after which the batch may have been stored (its deadline ran out first).
+_FATE_UNKNOWN = codes_with(Behaviour.OUTCOME_UNKNOWN)
 
 RESEND_PAUSE_MIN = 0.05
 RESEND_PAUSE_MAX = 1.0
@@ -295,7 +299,10 @@ class Sender:
                     # Nothing of the batch was written and the stream is ending: resend it on the next.
                     raise exc
                 if self.producer_id is not None and exc.code in _RESEND_LATER:
-                    # Not written now (or not known to be): held back, to be resent in order.
+                    # Not written now (or not known to be): held back, to be resent in order.  One
+                    # that may have been stored after all would be overtaken by the held ones' resend.
+                    if self.held and exc.code in _FATE_UNKNOWN:
+                        self._give_up_held()
                     in_flight.popleft()
                     self.held.append(batch)
                     self._held_error = exc
@@ -323,8 +330,9 @@ class Sender:
                 raise self._held_error
 
     def _give_up_held(self) -> None:
-        """A batch written after the held ones was stored: resending them now would put them after it,
-        out of the order they were sent in, so they fail with the error the node gave them."""
+        """A batch written after the held ones was stored, or may have been: resending them now could
+        put them after it, out of the order they were sent in, so they fail with the error the node
+        gave them."""
         held, self.held = self.held, collections.deque()
         for batch in held:
             batch.fail(self._held_error or UnavailableError("the node could not write the batch",
@@ -344,6 +352,10 @@ class Sender:
         self._outage(exc, pause=self._resend_pause_wanted)
         self._resend_pause_wanted = False
         if self.producer_id is not None:
+            if self.held and self.in_flight and exc.code not in _ENDS_STREAM:
+                # Broken with batches after the held ones unanswered: any of them may be stored (the
+                # node ends a stream with those codes only once it answered what it took).
+                self._give_up_held()
             # Same batches, same sequences, new stream: the node's dedup makes the resend safe.  The
             # held ones first: they were written before everything still in flight.
             self._acc.sealed.extendleft(reversed((*self.held, *self.in_flight)))
