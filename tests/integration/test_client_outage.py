@@ -32,7 +32,9 @@ HOLD = 0.2
 
 class _Outage:
     """The WAL backend refuses every write that carries a batch of messages while ``down`` is set (as
-    the JetStream backend does while NATS is away), with ``error``; ``refused`` counts them.
+    the JetStream backend does while NATS is away): the first with ``error``, the others UNAVAILABLE
+    (as JetStream's backend sends nothing after a write that failed: "the write before this one
+    failed"); ``refused`` counts them.
 
     ``heal_on(marker, ready)``: the outage ends at the first write that holds ``marker`` (a payload's
     first bytes) once ``ready()`` -- so a test decides which batch the log takes first when it is
@@ -52,7 +54,9 @@ class _Outage:
                     self.down.clear()
                 else:
                     self.refused += 1
-                    raise self.error("injected: the shared log does not answer")
+                    if self.refused == 1:
+                        raise self.error("injected: the shared log does not answer")
+                    raise UnavailableError("injected: the shared log does not answer")
             real(backend, groups, durable)
 
         monkeypatch.setattr(RocksBackend, "write", write)
