@@ -6,7 +6,8 @@ way, as a hung node or a partition does, while connections stay up).
   never GOAWAY too_many_pings (gRPC servers allow one ping every five minutes by default).
 - A frozen node is left: the stream to it fails within about ``keepalive_time + keepalive_timeout``
   and the producer keeps its sends buffered; once the node answers again every send is delivered,
-  once, in order.  Without keepalive the stream to a hung node never errors.
+  once, in order.  A consumer leaves it too and resumes after the last message it received.
+  Without keepalive the stream to a hung node never errors.
 - ``keepalive_time`` below what nodes accept is refused, naming the field."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import struct
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -23,6 +25,7 @@ from streamingnode.wire.defaults import MIN_PING_INTERVAL
 from tests.integration.test_client import data_of, read_until
 from tests.waiting import until
 from wal.errors import InvalidArgumentError
+from wal.message import MessageType
 
 pytestmark = pytest.mark.integration
 
@@ -183,6 +186,38 @@ async def test_a_frozen_node_is_left_and_the_sends_delivered_once_when_it_answer
             await plain.send("v", b"END")
         async with client.consumer("p", "v") as consumer:
             assert data_of(await read_until(consumer, b"END", timeout=30)) == [*sent, b"END"]
+
+
+async def test_a_consumer_on_a_frozen_node_leaves_it_and_resumes_without_loss_or_duplicates(
+        server: str, proxy: H2Proxy) -> None:
+    async with AsyncClient(server) as direct:
+        await direct.create_channels(["p"])
+        async with direct.producer("p") as producer:
+            await asyncio.gather(*(producer.send_nowait("v", f"a{i:03d}".encode()) for i in range(50)))
+    got: list[bytes] = []
+    async with AsyncClient(proxy.address, reconnect_timeout=120.0, keepalive_time=1.0,
+                           keepalive_timeout=1.0) as client, client.consumer("p", "v") as consumer:
+        reading = asyncio.create_task(_read_into(consumer, got, b"END"))
+        await until(lambda: len(got) >= 50, "the first messages")
+        proxy.freeze()
+        await until(lambda: not consumer.connected, "the consumer to leave the frozen node", timeout=30)
+        async with AsyncClient(server) as direct, direct.producer("p") as producer:
+            await asyncio.gather(*(producer.send_nowait("v", f"b{i:03d}".encode()) for i in range(50)))
+            await producer.send("v", b"END")
+        proxy.thaw()
+        async with asyncio.timeout(60):
+            await reading
+        assert consumer.reconnects >= 1
+    assert got == [f"a{i:03d}".encode() for i in range(50)] + [f"b{i:03d}".encode() for i in range(50)] + [b"END"]
+
+
+async def _read_into(consumer: Any, out: list[bytes], last: bytes) -> None:
+    async for pack in consumer:
+        for m in pack.messages:
+            if m.message_type is MessageType.DATA:
+                out.append(bytes(m.payload))
+                if m.payload == last:
+                    return
 
 
 @pytest.mark.parametrize("value", [0.5, 0.0, -1.0, float("nan")])
