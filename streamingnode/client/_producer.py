@@ -30,6 +30,11 @@ batches failed with their fate unknown (the node stayed away longer than ``recon
 node may not have them: a later batch can then be refused, and the producer should start over under
 a new ``producer_id``.
 
+An outage (the node, or the log behind it, away) is bounded by ``reconnect_timeout`` from its first
+failure to the next batch answered: an idempotent producer meanwhile also holds back and resends, in
+order, the batches the node answered with a transient error; how, and when such a batch fails rather
+than land out of order, is ``_sender``'s.
+
 Routing and the local buffer: the producer reaches its pchannel through a ``Route`` (the owner in a
 cluster, see ``_routing``); a stream refused with NOT_OWNER, or broken because the node went away,
 is opened again at the owner the Router learns or resolves.  Every message accepted and not answered

@@ -178,6 +178,9 @@ class Router:
         if isinstance(exc, StreamingError) and exc.code in _NODE_GONE | _TIMED_OUT:
             if self._owners.get(pchannel) == addr:
                 del self._owners[pchannel]
+            if self.cluster and self.seeds[self._next_seed] == addr:
+                # The next lookup starts elsewhere: a hung node would hold it for lookup_timeout.
+                self._next_seed = (self._next_seed + 1) % len(self.seeds)
             return self.cluster and exc.code in _NODE_GONE
         return False
 

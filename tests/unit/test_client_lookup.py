@@ -137,3 +137,12 @@ def test_a_call_that_timed_out_forgets_the_owner_but_is_not_repeated() -> None:
     router._owners["p"] = "a:1"
     assert router.learn("p", "a:1", UnavailableError("gone")) is True
     assert router.cached_owner("p") is None
+
+
+async def test_a_node_that_failed_a_call_is_not_the_first_seed_the_next_lookup_asks() -> None:
+    router = _Seeds({"a:1": [_described("p", "b:1")], "b:1": [_described("p", "b:1")]})
+    assert await router.owner("p", 30.0) == "b:1"  # asked of a (the first seed): b owns p
+    router.learn("p", "a:1", UnavailableError("a's connection failed its keepalive"))
+    router._owners.pop("p", None)
+    await router.owner("p", 30.0)
+    assert [seed for seed, _ in router.asked] == ["a:1", "b:1"]  # b first now: a may be hung
