@@ -77,6 +77,11 @@ class Behaviour(enum.Flag):
     ROUTINE = enum.auto()
     """A healthy node answers it in normal operation (a drain, a channel reopened or moved): the
     refusal is logged at INFO, not WARNING (``server.refusals``)."""
+    OUTCOME_UNKNOWN = enum.auto()
+    """The request may or may not have taken effect (its deadline ran out first).  Not ``RETRIABLE``:
+    a write is repeated only where the repeat is recognised (an idempotent producer's batch, which the
+    node's dedup answers with the first result, ``client._sender``), never silently otherwise; a
+    read, which any node may answer, is asked of the next one (``client._routing``)."""
 
 
 class CodeRule(NamedTuple):
@@ -116,7 +121,9 @@ TABLE: dict[ErrorCode, CodeRule] = {
     ErrorCode.SCHEMA_MISMATCH: CodeRule("INVALID_ARGUMENT"),
     ErrorCode.CONSUMER_GROUP_NOT_EXIST: CodeRule("NOT_FOUND"),
     ErrorCode.CONSUMER_GROUP_EXIST: CodeRule("ALREADY_EXISTS"),
-    ErrorCode.DEADLINE_EXCEEDED: CodeRule("DEADLINE_EXCEEDED"),
+    # A stream that broke with it is opened again (what was in flight without a producer_id fails as
+    # of unknown fate, as after any break); a lookup asks the next node.
+    ErrorCode.DEADLINE_EXCEEDED: CodeRule("DEADLINE_EXCEEDED", _B.RECONNECT | _B.OUTCOME_UNKNOWN),
     ErrorCode.REDO: CodeRule("UNAVAILABLE", _B.RETRIABLE | _B.RECONNECT),
     ErrorCode.UNAUTHENTICATED: CodeRule("UNAUTHENTICATED"),
     ErrorCode.PERMISSION_DENIED: CodeRule("PERMISSION_DENIED"),

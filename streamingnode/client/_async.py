@@ -22,10 +22,13 @@ from streamingnode.v1 import streaming_pb2 as spb
 from streamingnode.wire import codec
 from streamingnode.wire.defaults import (
     CALL_TIMEOUT,
+    KEEPALIVE_TIME,
+    KEEPALIVE_TIMEOUT,
     LINGER,
     MAX_BATCH_BYTES,
     MAX_BATCH_MESSAGES,
     MAX_MESSAGE_BYTES,
+    MIN_PING_INTERVAL,
     NODE_ADDR,
     RECONNECT_TIMEOUT,
     RESPONSE_BYTES,
@@ -99,6 +102,32 @@ def channel_credentials(
     )
 
 
+def keepalive_options(keepalive_time: float | None, keepalive_timeout: float) -> list[tuple[str, int]]:
+    """The channel options of the client's keepalive (none when ``keepalive_time`` is None)."""
+    if keepalive_time is None:
+        return []
+    if not keepalive_time >= MIN_PING_INTERVAL:  # (also refuses NaN)
+        raise InvalidArgumentError(
+            f"keepalive_time must be at least {MIN_PING_INTERVAL:g} s (a node refuses pings more often with "
+            f"GOAWAY too_many_pings), got {keepalive_time!r}; None turns keepalive off", field="keepalive_time")
+    if not keepalive_timeout > 0:
+        raise InvalidArgumentError(f"keepalive_timeout must be > 0 seconds, got {keepalive_timeout!r}",
+                                   field="keepalive_timeout")
+    return [
+        ("grpc.keepalive_time_ms", round(keepalive_time * 1000)),
+        ("grpc.keepalive_timeout_ms", round(keepalive_timeout * 1000)),
+        # Any ping, not only keepalive's: a keepalive ping is not sent while another is unanswered
+        # (gRPC's flow-control probe, say), and that one would wait a minute by default.
+        ("grpc.http2.ping_timeout_ms", round(keepalive_timeout * 1000)),
+        # Pinged while no call is open too: a producer whose stream is stalled, or a connection about
+        # to be used, is on a dead node as surely as a busy one.
+        ("grpc.keepalive_permit_without_calls", 1),
+        # gRPC stops pinging after two pings without a data frame sent unless told otherwise (0: no
+        # limit): a stalled stream sends no data, and that is when the pings matter.
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
 class AsyncClient:
     """A connection to a streaming node, or to a cluster of them.  Use it on one event loop; ``async
     with`` or ``aclose``.
@@ -115,6 +144,13 @@ class AsyncClient:
     ``$STREAMINGNODE_TOKEN``; ``""``: none).  ``tls_ca`` (a PEM CA file) turns TLS on; ``tls_cert`` and
     ``tls_key`` present a client certificate (mutual TLS; with them alone, the system's roots are
     trusted).  Every failure raises the ``wal.errors.StreamingError`` subclass the node raised.
+
+    ``keepalive_time`` (seconds, at least 1; None: no keepalive) is how often the client pings each
+    node's connection, with calls in flight or without; ``keepalive_timeout`` how long it waits for the
+    answer.  A node that does not answer (hung, paused, partitioned away) has its connection closed:
+    its streams fail with UNAVAILABLE, and producers and consumers reopen at the pchannel's owner,
+    resolved again, instead of waiting on a stream that never errors.  Nodes accept pings every
+    second, with or without calls.
     """
 
     def __init__(
@@ -130,6 +166,8 @@ class AsyncClient:
         tls_ca: str | os.PathLike[str] | None = None,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
+        keepalive_time: float | None = KEEPALIVE_TIME,
+        keepalive_timeout: float = KEEPALIVE_TIMEOUT,
     ) -> None:
         self.seeds = parse_addresses(addr)
         self.addr = ",".join(self.seeds)
@@ -149,6 +187,7 @@ class AsyncClient:
             ("grpc.max_receive_message_length", max(max_message_bytes, max_receive_bytes)),
             # Reconnect quickly after a node restart instead of backing off for up to two minutes.
             ("grpc.max_reconnect_backoff_ms", 1000),
+            *keepalive_options(keepalive_time, keepalive_timeout),
         ]
 
         def open_channel(node: str) -> tuple[grpc.aio.Channel, Any]:
@@ -382,4 +421,4 @@ class AsyncClient:
         return self._own(MsgStream(self))
 
 
-__all__ = ["DEFAULT_ADDR", "TOKEN_ENV", "AsyncClient", "channel_credentials"]
+__all__ = ["DEFAULT_ADDR", "TOKEN_ENV", "AsyncClient", "channel_credentials", "keepalive_options"]

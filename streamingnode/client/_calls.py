@@ -30,7 +30,9 @@ R = TypeVar("R")
 # Errors after which opening the stream again is the cure: the transport broke, the node restarted
 # (ON_SHUTDOWN), or the channel was reopened under a newer term (CHANNEL_FENCED: a new stream gets the
 # new term), or another node owns the pchannel (NOT_OWNER: the Router learned the owner, or resolves
-# it again).  Everything else (a missing channel, a bad argument) fails the same way on every attempt.
+# it again), or a call ran out of time (DEADLINE_EXCEEDED: a hung node, or one cut off from the shared
+# log; what was in flight on a broken stream without a producer_id still fails as of unknown fate).
+# Everything else (a missing channel, a bad argument) fails the same way on every attempt.
 _RECONNECT = codes_with(Behaviour.RECONNECT)
 
 
@@ -119,15 +121,28 @@ async def write(call: Any, request: Any) -> None:
         raise UnavailableError("the stream already ended") from exc
 
 
+OPEN_TIMEOUT = 10.0
+"""Seconds a node has to answer a stream's open.  A stream has no deadline (it lives as long as its
+producer or consumer), and a node that accepts connections but does not run (paused, hung) would hold
+an open forever: the connection's keepalive only starts once its HTTP/2 handshake is done."""
+
+
 async def open_stream(call: Any, request: Any, kind: str, pchannel: str) -> Any:
-    """Send a bidi stream's open request and return its first response, which must be ``opened``;
+    """Send a bidi stream's open request and return its first response, which must be ``opened``
+    within ``OPEN_TIMEOUT`` seconds (else UNAVAILABLE: a new attempt, elsewhere in a cluster, may do);
     whatever fails, the call is cancelled first (a stream half open holds the node's resources)."""
+    timeout = OPEN_TIMEOUT
     try:
-        await write(call, request)
-        first = await call.read()
+        async with asyncio.timeout(timeout):
+            await write(call, request)
+            first = await call.read()
     except grpc.RpcError as exc:
         call.cancel()
         raise translate(exc) from exc
+    except TimeoutError:
+        call.cancel()
+        raise UnavailableError(f"{kind} stream on {pchannel!r}: the node did not answer its open within {timeout:g} s",
+                               channel=pchannel) from None
     except BaseException:
         call.cancel()
         raise

@@ -30,6 +30,11 @@ batches failed with their fate unknown (the node stayed away longer than ``recon
 node may not have them: a later batch can then be refused, and the producer should start over under
 a new ``producer_id``.
 
+An outage (the node, or the log behind it, away) is bounded by ``reconnect_timeout`` from its first
+failure to the next batch answered: an idempotent producer meanwhile also holds back and resends, in
+order, the batches the node answered with a transient error; how, and when such a batch fails rather
+than land out of order, is ``_sender``'s.
+
 Routing and the local buffer: the producer reaches its pchannel through a ``Route`` (the owner in a
 cluster, see ``_routing``); a stream refused with NOT_OWNER, or broken because the node went away,
 is opened again at the owner the Router learns or resolves.  Every message accepted and not answered
@@ -275,7 +280,7 @@ class Producer:
         # A lone message at linger 0 (nothing open, queued or in flight: no company to wait for, and
         # nothing it could overtake) goes out now, not one loop turn later.  Messages sent while it is
         # in flight still gather for that turn and share a batch.
-        lone = acc.linger == 0 and not (acc.has_open or acc.sealed or sender.in_flight)
+        lone = acc.linger == 0 and not (acc.has_open or acc.sealed or sender.in_flight or sender.held)
         fut = self.send_nowait(vchannel, payload, properties=properties, type=type)
         if lone:
             acc.seal()
@@ -287,7 +292,8 @@ class Producer:
         """Write the open batch now and wait until every message sent so far is answered (failures
         stay on their own futures)."""
         self._accumulator.seal()
-        futures = [f for b in (*self._sender.in_flight, *self._accumulator.sealed) for f in b.futures]
+        futures = [f for b in (*self._sender.held, *self._sender.in_flight, *self._accumulator.sealed)
+                   for f in b.futures]
         if futures:
             await asyncio.wait(futures)
 
@@ -328,8 +334,9 @@ class Producer:
 
     def _fail_all(self, exc: BaseException, *, keep_spool: bool = False) -> None:
         """Fail everything this producer holds: in flight, sealed and open (their sequences given back)."""
-        in_flight = self._sender.in_flight
-        batches: tuple[Batch, ...] = (*in_flight, *self._accumulator.sealed)
+        in_flight, held = self._sender.in_flight, self._sender.held
+        batches: tuple[Batch, ...] = (*held, *in_flight, *self._accumulator.sealed)
+        held.clear()
         in_flight.clear()
         self._accumulator.fail_all(batches, exc, keep_spool=keep_spool)
 

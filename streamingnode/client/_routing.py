@@ -9,8 +9,13 @@ to and an owner cache per pchannel:
   of a cluster describes every pchannel), and a NOT_OWNER answer's ``owner`` field replaces it.  A
   single-node ``DescribeChannels`` reports the owner given to ``CreateChannels`` (free text for
   operators), so it is trusted only when there are several seeds, i.e. when the caller said cluster;
-- a node that cannot be reached (UNAVAILABLE, ON_SHUTDOWN) is dropped from the cache, and the next
-  call resolves the owner again through the seeds.
+- a node that cannot be reached (UNAVAILABLE, ON_SHUTDOWN), or whose call ran out of time
+  (DEADLINE_EXCEEDED: a hung node, or one that cannot reach the shared log), is dropped from the
+  cache, and the next call resolves the owner again through the seeds;
+- a lookup that a seed answers with a transient error (any of those, or a retriable code) asks the
+  next seed: DescribeChannels only reads, so asking again is harmless.  When no seed answered, the
+  lookup fails with UNAVAILABLE, which a producer or consumer reopening its stream retries until its
+  ``reconnect_timeout``.
 
 NOT_OWNER is followed at most ``MAX_HOPS`` times per call: two nodes that each name the other (a
 lease changing hands) must not bounce a call forever.  A read-only call answered NOT_OWNER with no
@@ -41,12 +46,23 @@ from wal.errors import (
 
 MAX_HOPS = 4
 """NOT_OWNER answers followed per call before the last one is raised."""
+LOOKUP_TIMEOUT = 5.0
+"""Seconds one seed has to answer an owner lookup (or the call's own deadline, when shorter) before the
+next seed is asked: a healthy node answers in milliseconds, and a hung one must not hold the lookup
+for the call's whole deadline (or forever, without one) while another node could answer."""
 OWNERLESS_WAIT = 15.0
 """Seconds a read-only call waits for a pchannel nobody owns to get an owner (a takeover takes about
 a lease TTL, 10 s by default, plus a third of it for the taker's next pass)."""
 
 # Errors that say "this node cannot serve you now": forget it as the owner and ask the seeds again.
 _NODE_GONE = codes_with(Behaviour.NODE_GONE)
+# A call to the node ran out of time: it may be hung or cut off from the log.  Forgotten as the owner
+# too (the next call resolves again, and finds a new owner after a takeover), but a call that may
+# have taken effect is not repeated here.
+_TIMED_OUT = codes_with(Behaviour.OUTCOME_UNKNOWN)
+# What makes an owner lookup ask the next seed rather than fail: anything transient.  NOT_OWNER is
+# answered on its own (it may name the owner).
+_ASK_NEXT_SEED = _NODE_GONE | _TIMED_OUT | codes_with(Behaviour.RETRIABLE)
 
 
 def parse_addresses(addr: str | Sequence[str]) -> list[str]:
@@ -73,6 +89,7 @@ class Router:
         self._owners: dict[str, str] = {}
         self._next_seed = 0
         self.ownerless_wait = OWNERLESS_WAIT
+        self.lookup_timeout = LOOKUP_TIMEOUT
         self.resolutions = 0
         """DescribeChannels lookups made to find an owner (for tests and metrics)."""
 
@@ -121,11 +138,12 @@ class Router:
         last: StreamingError | None = None
         n = len(self.seeds)
         start = self._next_seed
+        per_seed = self.lookup_timeout if deadline_s is None else min(deadline_s, self.lookup_timeout)
         for i in range(n):
             seed = self.seeds[(start + i) % n]
             try:
                 resp = await unary(self.stub_at(seed).DescribeChannels,
-                                   spb.DescribeChannelsRequest(channel_names=[pchannel]), deadline_s,
+                                   spb.DescribeChannelsRequest(channel_names=[pchannel]), per_seed,
                                    ready_wait=self.ready_wait)
             except NotOwnerError as exc:
                 owner = str(exc.fields.get("owner") or "")
@@ -133,7 +151,7 @@ class Router:
                     return owner
                 raise  # nobody owns it right now: retriable by whoever called
             except StreamingError as exc:
-                if exc.code not in _NODE_GONE:
+                if exc.code not in _ASK_NEXT_SEED:
                     raise
                 last = exc
                 self._next_seed = (start + i + 1) % n
@@ -157,10 +175,13 @@ class Router:
             # Nobody owns it now (a takeover under way), or a node that names itself: ask again later.
             self._owners.pop(pchannel, None)
             return False
-        if isinstance(exc, StreamingError) and exc.code in _NODE_GONE:
+        if isinstance(exc, StreamingError) and exc.code in _NODE_GONE | _TIMED_OUT:
             if self._owners.get(pchannel) == addr:
                 del self._owners[pchannel]
-            return self.cluster
+            if self.cluster and self.seeds[self._next_seed] == addr:
+                # The next lookup starts elsewhere: a hung node would hold it for lookup_timeout.
+                self._next_seed = (self._next_seed + 1) % len(self.seeds)
+            return self.cluster and exc.code in _NODE_GONE
         return False
 
     async def call(self, pchannel: str, method: str, request: Any, deadline_s: float | None, *,
@@ -252,4 +273,4 @@ class Route:
         return await self._router.call(self.pchannel, method, request, self._timeout, retry_gone=True)
 
 
-__all__ = ["MAX_HOPS", "Route", "Router", "parse_addresses"]
+__all__ = ["LOOKUP_TIMEOUT", "MAX_HOPS", "Route", "Router", "parse_addresses"]

@@ -26,7 +26,14 @@ from streamingnode.client._producer import Producer
 from streamingnode.client._sync_data import SyncDataClient
 from streamingnode.client._txn import Transaction
 from streamingnode.client._types import ChannelDescription, GroupDescription, Owner, TxnInfo
-from streamingnode.wire.defaults import CALL_TIMEOUT, MAX_MESSAGE_BYTES, RECONNECT_TIMEOUT, RESPONSE_BYTES
+from streamingnode.wire.defaults import (
+    CALL_TIMEOUT,
+    KEEPALIVE_TIME,
+    KEEPALIVE_TIMEOUT,
+    MAX_MESSAGE_BYTES,
+    RECONNECT_TIMEOUT,
+    RESPONSE_BYTES,
+)
 from wal import bodies
 from wal.message import AppendResult, Message, MessageType, Position
 from wal.options import DeliverFilter, DeliverPolicy
@@ -279,7 +286,7 @@ class SyncMsgStream:
 
 class Client:
     """The synchronous client: the same API as ``AsyncClient``, blocking.  Use ``with`` or ``close``.
-    ``token``, ``tls_ca``, ``tls_cert`` and ``tls_key`` are as for ``AsyncClient``."""
+    ``token``, ``tls_ca``, ``tls_cert``, ``tls_key`` and the keepalive options are as for ``AsyncClient``."""
 
     def __init__(
         self,
@@ -294,6 +301,8 @@ class Client:
         tls_ca: str | os.PathLike[str] | None = None,
         tls_cert: str | os.PathLike[str] | None = None,
         tls_key: str | os.PathLike[str] | None = None,
+        keepalive_time: float | None = KEEPALIVE_TIME,
+        keepalive_timeout: float = KEEPALIVE_TIMEOUT,
     ) -> None:
         self._portal = _Portal()
 
@@ -302,7 +311,8 @@ class Client:
             return AsyncClient(addr, timeout=timeout, reconnect_timeout=reconnect_timeout,
                                max_message_bytes=max_message_bytes, max_receive_bytes=max_receive_bytes,
                                options=options, token=token, tls_ca=tls_ca,
-                               tls_cert=tls_cert, tls_key=tls_key)
+                               tls_cert=tls_cert, tls_key=tls_key, keepalive_time=keepalive_time,
+                               keepalive_timeout=keepalive_timeout)
 
         try:
             self._client = self._portal.call(make())

@@ -31,6 +31,7 @@ from streamingnode.server.auth import AuthInterceptor, TokenTable
 from streamingnode.server.reflection import enable_reflection
 from streamingnode.server.service import SERVICE_NAME, StreamingNodeService, add_service
 from streamingnode.server.tls import load_tls
+from streamingnode.wire.defaults import MIN_PING_INTERVAL
 from streamingnode.wire.host_port import connectable, is_loopback_host, split_host_port
 from wal.errors import InvalidArgumentError, UnavailableError
 
@@ -100,6 +101,11 @@ async def start_server(config: NodeConfig, *, tracing: Tracing | None = None) ->
             ("grpc.max_receive_message_length", config.max_request_bytes),
             ("grpc.max_send_message_length", config.max_request_bytes),
             ("grpc.so_reuseport", 0),
+            # The SDK pings every connection (its keepalive, to leave a hung node within seconds):
+            # accept pings without calls and up to one a second, or the node answers GOAWAY
+            # too_many_pings (its defaults allow one every five minutes, with calls only).
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", int(MIN_PING_INTERVAL * 1000)),
         ])
         service = StreamingNodeService(node)
         if auth is not None:

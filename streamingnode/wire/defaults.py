@@ -30,6 +30,16 @@ RESPONSE_BYTES = 4 << 20
 """Largest consume response: what the SDK receives by default (``max_receive_bytes``) and what the node
 sends a client that names no limit (gRPC's default receive limit, so any client can take it)."""
 
+KEEPALIVE_TIME = 3.0
+"""Seconds between the HTTP/2 pings a client sends on each node's connection, with calls or without
+(``keepalive_time``): a node that stops answering them (hung, paused, cut off by a partition) fails
+the connection's streams, and the client goes to another node instead of waiting on it."""
+KEEPALIVE_TIMEOUT = 3.0
+"""Seconds a client waits for a ping's answer before it closes the connection (``keepalive_timeout``)."""
+MIN_PING_INTERVAL = 1.0
+"""Seconds: the most often a node accepts a client's pings without data (a client that pings more often
+is told GOAWAY too_many_pings); ``keepalive_time`` may not go below it."""
 
-__all__ = ["CALL_TIMEOUT", "LINGER", "MAX_BATCH_BYTES", "MAX_BATCH_MESSAGES", "MAX_MESSAGE_BYTES", "NODE_ADDR",
-           "NODE_PORT", "RECONNECT_TIMEOUT", "RESPONSE_BYTES"]
+
+__all__ = ["CALL_TIMEOUT", "KEEPALIVE_TIME", "KEEPALIVE_TIMEOUT", "LINGER", "MAX_BATCH_BYTES", "MAX_BATCH_MESSAGES",
+           "MAX_MESSAGE_BYTES", "MIN_PING_INTERVAL", "NODE_ADDR", "NODE_PORT", "RECONNECT_TIMEOUT", "RESPONSE_BYTES"]
