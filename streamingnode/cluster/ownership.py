@@ -41,6 +41,7 @@ import structlog
 
 from streamingnode.cluster.leases import Lease, Leases
 from streamingnode.cluster.membership import Membership
+from wal.errors import UnavailableError
 from wal.tasks import cancel_and_wait
 
 log = structlog.get_logger(__name__)
@@ -417,8 +418,18 @@ class Ownership:
             self.backoff.pop(name, None)
 
     async def refresh(self, names: Iterable[str]) -> None:
-        """Read the leases of ``names`` again into the view (what DescribeChannels reports): one sweep."""
-        seen = await self.leases.read_all()
+        """Read the leases of ``names`` again into the view (what DescribeChannels reports): one sweep.
+        While NATS cannot answer (an outage, a cluster electing), UNAVAILABLE: the caller tries again
+        or asks another node, where a raw NATS error would reach clients as an internal one."""
+        try:
+            seen = await self.leases.read_all()
+        except Exception as exc:
+            from streamingnode.cluster.connection import transient  # noqa: PLC0415  (imports nats-py)
+
+            if transient(exc):
+                raise UnavailableError(f"the cluster's lease records cannot be read now ({exc!r}): "
+                                       f"NATS is unreachable or electing; try again") from exc
+            raise
         for name in names:
             self.view.leases[name] = seen.get(name, Lease(name))
 
