@@ -352,6 +352,7 @@ class GroupCommitter:
             if exc.held_seconds is None:
                 exc.held_seconds = round(now - self._unavailable_since, 1)
             self._unavailable_since = None
+            self._fail_queued_behind(reqs, exc)
             return False
         else:
             self._hold_delay = min(self._hold_delay * 2, _HOLD_MAX_DELAY)
@@ -362,6 +363,22 @@ class GroupCommitter:
         log.warning("wal write held: the backend is unavailable for now; written again in order",
                     requests=len(reqs), retry_in_seconds=self._hold_delay, error=str(exc)[:300])
         return True
+
+    def _fail_queued_behind(self, given_up: list[Request], exc: StreamingError) -> None:
+        """Fail, with ``exc``, every queued append of a pchannel whose held write is being given up:
+        written once the backend is back, they would be stored after an append of theirs that failed,
+        and a producer's pipelined batches would land out of order, with a gap.  Other pchannels'
+        appends stay queued (each is held in its own turn)."""
+        wals = {id(r.wal) for r in given_up}
+        behind = [r for r in self._queue if id(r.wal) in wals]
+        if not behind:
+            return
+        self._queue = [r for r in self._queue if id(r.wal) not in wals]
+        for req in behind:
+            if not req.future.done():
+                req.future.set_exception(exc)
+        log.warning("wal write given up: the appends queued behind it fail too, so none overtakes it",
+                    requests=len(behind), error=str(exc)[:300])
 
     def _fail(self, reqs: list[Request], exc: BaseException) -> None:
         plan.give_back(reqs)
