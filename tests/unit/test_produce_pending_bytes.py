@@ -78,7 +78,7 @@ async def _stop(writer: asyncio.Future[None]) -> None:
 def _stream(max_bytes: int) -> tuple[ProduceStream, _Context]:
     config = SimpleNamespace(produce_max_in_flight=64, produce_max_in_flight_bytes=max_bytes,
                              max_message_bytes=1 << 20)
-    node = SimpleNamespace(config=config, tracing=None, fail_on=lambda *_: None)
+    node = SimpleNamespace(config=config, tracing=None, ownership=None, fail_on=lambda *_: None)
     ctx = _Context()
     return ProduceStream(node, ctx), ctx  # type: ignore[arg-type]
 

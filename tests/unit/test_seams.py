@@ -99,7 +99,8 @@ class _SlowToCancelContext:
 async def test_a_cancel_of_the_produce_call_is_not_swallowed_once_a_failure_is_recorded() -> None:
     config = SimpleNamespace(produce_max_in_flight=8, produce_max_in_flight_bytes=1 << 20, max_message_bytes=1 << 20)
     stream_of = SimpleNamespace(pchannel="p", term=1, txns={}, chain=SimpleNamespace(interceptors=[]))
-    node = SimpleNamespace(config=config, tracing=None, fail_on=lambda *_: None, draining=asyncio.Event(),
+    node = SimpleNamespace(config=config, tracing=None, ownership=None, fail_on=lambda *_: None,
+                           draining=asyncio.Event(),
                            metrics=SimpleNamespace(channel=lambda _: None),
                            channel=lambda *_: SimpleNamespace(stream=stream_of))
     ctx = _SlowToCancelContext()
