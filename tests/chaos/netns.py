@@ -1,0 +1,196 @@
+"""Test hosts for the chaos runs: Linux network namespaces wired with iproute2 only.
+
+One run builds a private *hub* namespace holding a bridge, and one namespace per host (three NATS
+servers, three nodes, one client), each with a veth pair whose far end (``v-<host>``) is a port of the hub's bridge.
+Addresses are in 10.77.0.0/24 and exist only inside the run's namespaces: the bridge is connected to
+no interface of the machine, no namespace has a default route, so nothing leaves the run.  Namespace
+names carry ``chaos<pid>-``, so two runs (a CI short run beside a long one) coexist, and a run that
+died without cleaning up is found by its prefix and its dead pid (``remove_stale``).
+
+Faults on the wire:
+
+- a partition between two hosts is a ``blackhole`` route to the other's /32 on *both* sides (silent
+  drops, as a cut cable: established TCP connections hang rather than reset);
+- a slow or lossy link is ``tc netem`` on a host's interface (its egress: every packet the host sends).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+SUBNET = "10.77.0"
+PREFIX = "chaos"
+IFACE = "eth0"
+"""Each host's interface inside its namespace (its peer in the hub is named after the host)."""
+
+
+class NamespacesUnavailableError(RuntimeError):
+    """The machine cannot build the run's namespaces (not root, no iproute2, or no netns support)."""
+
+
+def _run(args: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(list(args), capture_output=True, text=True, check=False)  # noqa: S603
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc
+
+
+def check_capable() -> None:
+    """Raise ``NamespacesUnavailableError`` naming what is missing when this process cannot build and
+    remove a namespace (the only reliable test is to try one)."""
+    if os.geteuid() != 0:
+        raise NamespacesUnavailableError(
+            "the chaos harness needs root (it creates network namespaces, veth pairs and a bridge with "
+            "iproute2); run it as root, as CI does")
+    probe = f"{PREFIX}{os.getpid()}-probe"
+    try:
+        made = _run(["ip", "netns", "add", probe], check=False)
+    except FileNotFoundError as exc:
+        raise NamespacesUnavailableError("the chaos harness needs iproute2 (`ip`) on PATH") from exc
+    if made.returncode != 0:
+        raise NamespacesUnavailableError(
+            f"cannot create a network namespace here (`ip netns add` said: {made.stderr.strip()}); "
+            "the chaos harness needs CAP_SYS_ADMIN and netns support (a container may need --privileged)")
+    _run(["ip", "netns", "del", probe], check=False)
+
+
+def namespaces() -> list[str]:
+    out = _run(["ip", "netns", "list"]).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def remove_stale() -> list[str]:
+    """Delete the namespaces of earlier runs whose process is gone (a SIGKILLed harness); returns them."""
+    removed = []
+    for name in namespaces():
+        found = re.fullmatch(rf"{PREFIX}(\d+)-.+", name)
+        if found is None:
+            continue
+        pid = int(found.group(1))
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _kill_inside(name)
+            _run(["ip", "netns", "del", name], check=False)
+            removed.append(name)
+        except PermissionError:
+            continue
+    return removed
+
+
+def _kill_inside(ns: str) -> None:
+    """SIGKILL every process still running in namespace ``ns`` (a leftover server of a dead run)."""
+    pids = _run(["ip", "netns", "pids", ns], check=False).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), 9)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+@dataclass
+class Host:
+    name: str
+    ns: str
+    address: str
+
+
+@dataclass
+class Network:
+    """The run's hub and hosts; ``build()`` creates them, ``destroy()`` removes them (idempotent)."""
+
+    hosts_wanted: Sequence[str]
+    tag: str = ""
+    hosts: dict[str, Host] = field(default_factory=dict)
+    cut: set[tuple[str, str]] = field(default_factory=set)
+    """Host pairs currently partitioned (both orders)."""
+    shaped: set[str] = field(default_factory=set)
+    """Hosts with a netem qdisc on their interface."""
+
+    def __post_init__(self) -> None:
+        self.prefix = f"{PREFIX}{os.getpid()}{self.tag}-"
+        self.hub = self.prefix + "hub"
+
+    def build(self) -> Network:
+        check_capable()
+        remove_stale()
+        try:
+            _run(["ip", "netns", "add", self.hub])
+            _run(["ip", "-n", self.hub, "link", "add", "br0", "type", "bridge"])
+            _run(["ip", "-n", self.hub, "link", "set", "br0", "up"])
+            for k, name in enumerate(self.hosts_wanted):
+                self._add_host(name, f"{SUBNET}.{10 + k}")
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def _add_host(self, name: str, address: str) -> None:
+        ns = self.prefix + name
+        _run(["ip", "netns", "add", ns])
+        self.hosts[name] = Host(name, ns, address)
+        port = f"v-{name}"[:15]
+        _run(["ip", "-n", self.hub, "link", "add", "name", port, "type", "veth", "peer", "name", IFACE, "netns", ns])
+        _run(["ip", "-n", self.hub, "link", "set", "dev", port, "master", "br0", "up"])
+        _run(["ip", "-n", ns, "addr", "add", f"{address}/24", "dev", IFACE])
+        _run(["ip", "-n", ns, "link", "set", IFACE, "up"])
+        _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+
+    def exec_prefix(self, host: str) -> list[str]:
+        """The argv prefix that runs a command inside ``host``'s namespace."""
+        return ["ip", "netns", "exec", self.hosts[host].ns]
+
+    def address(self, host: str) -> str:
+        return self.hosts[host].address
+
+    # --- partitions ---------------------------------------------------------------------------------
+    def partition(self, side_a: Iterable[str], side_b: Iterable[str]) -> None:
+        """Cut every host of ``side_a`` from every host of ``side_b``, both ways."""
+        b = list(side_b)
+        for x in side_a:
+            for y in b:
+                if (x, y) in self.cut:
+                    continue
+                _run(["ip", "-n", self.hosts[x].ns, "route", "add", "blackhole", f"{self.address(y)}/32"])
+                _run(["ip", "-n", self.hosts[y].ns, "route", "add", "blackhole", f"{self.address(x)}/32"])
+                self.cut |= {(x, y), (y, x)}
+
+    def heal(self) -> None:
+        """Remove every partition."""
+        for x, y in list(self.cut):
+            _run(["ip", "-n", self.hosts[x].ns, "route", "del", "blackhole", f"{self.address(y)}/32"], check=False)
+        self.cut.clear()
+
+    # --- slow and lossy links -----------------------------------------------------------------------
+    def netem(self, host: str, *, delay_ms: int = 0, jitter_ms: int = 0, loss_pct: float = 0.0) -> None:
+        """Delay (with jitter) and drop the packets ``host`` sends."""
+        args = ["tc", "-n", self.hosts[host].ns, "qdisc", "replace", "dev", IFACE, "root", "netem"]
+        if delay_ms:
+            args += ["delay", f"{delay_ms}ms"] + ([f"{jitter_ms}ms"] if jitter_ms else [])
+        if loss_pct:
+            args += ["loss", f"{loss_pct}%"]
+        _run(args)
+        self.shaped.add(host)
+
+    def unshape(self, host: str | None = None) -> None:
+        for h in [host] if host else list(self.shaped):
+            _run(["tc", "-n", self.hosts[h].ns, "qdisc", "del", "dev", IFACE, "root"], check=False)
+            self.shaped.discard(h)
+
+    def destroy(self) -> None:
+        """Kill whatever still runs in the run's namespaces and delete them."""
+        for host in self.hosts.values():
+            _kill_inside(host.ns)
+        for name in namespaces():
+            if name.startswith(self.prefix):
+                _run(["ip", "netns", "del", name], check=False)
+        self.hosts.clear()
+        self.cut.clear()
+        self.shaped.clear()
+
+
+__all__ = ["Network", "NamespacesUnavailableError", "check_capable", "remove_stale"]
