@@ -111,10 +111,10 @@ class ChaosCluster:
         p = self.procs[name]
         assert not p.running, f"{name} is running"
         env = {**os.environ, **p.env}
-        with open(p.log, "ab") as log:  # noqa: PTH123  (the child keeps its own descriptor)
+        with open(p.log, "ab") as log:
             log.write(f"--- start at monotonic {time.monotonic():.3f}\n".encode())
             log.flush()
-            p.popen = subprocess.Popen([*self.net.exec_prefix(p.host), *p.argv], stdout=log,  # noqa: S603
+            p.popen = subprocess.Popen([*self.net.exec_prefix(p.host), *p.argv], stdout=log,
                                        stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
         p.paused = False
 
@@ -148,7 +148,8 @@ class ChaosCluster:
         code = ("import asyncio,nats,sys\n"
                 "async def m(u):\n"
                 "  async def q(e): pass\n"
-                "  nc=await nats.connect(u,connect_timeout=1,allow_reconnect=False,max_reconnect_attempts=0,error_cb=q)\n"
+                "  nc=await nats.connect(u,connect_timeout=1,allow_reconnect=False,\n"
+                "                        max_reconnect_attempts=0,error_cb=q)\n"
                 "  try: await nc.jetstream().account_info()\n"
                 "  finally: await nc.close()\n"
                 "async def main():\n"
@@ -156,7 +157,7 @@ class ChaosCluster:
                 "asyncio.run(main())\n")
         deadline = time.monotonic() + timeout
         while True:
-            done = subprocess.run([*self.net.exec_prefix(CLIENT), sys.executable, "-c", code, *urls],  # noqa: S603
+            done = subprocess.run([*self.net.exec_prefix(CLIENT), sys.executable, "-c", code, *urls],
                                   capture_output=True, text=True, check=False, cwd=REPO)
             if done.returncode == 0:
                 return
@@ -207,7 +208,7 @@ class ChaosCluster:
     # --- observation --------------------------------------------------------------------------------
     def client_python(self, code: str, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """Run a Python snippet in the client namespace (the harness itself sees none of the hosts)."""
-        return subprocess.run([*self.net.exec_prefix(CLIENT), sys.executable, "-c", code, *args],  # noqa: S603
+        return subprocess.run([*self.net.exec_prefix(CLIENT), sys.executable, "-c", code, *args],
                               capture_output=True, text=True, check=False, cwd=REPO, timeout=timeout,
                               env={**os.environ, "PYTHONPATH": str(REPO), "GRPC_VERBOSITY": "ERROR"})
 

@@ -11,11 +11,13 @@ Faults on the wire:
 
 - a partition between two hosts is a ``blackhole`` route to the other's /32 on *both* sides (silent
   drops, as a cut cable: established TCP connections hang rather than reset);
-- a slow or lossy link is ``tc netem`` on a host's interface (its egress: every packet the host sends).
+- a slow or lossy link is a token-bucket rate limit (``tc ... tbf``) and random drops (nftables) on what a
+  host sends (see ``Network.slow`` for why not ``netem``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -32,8 +34,9 @@ class NamespacesUnavailableError(RuntimeError):
     """The machine cannot build the run's namespaces (not root, no iproute2, or no netns support)."""
 
 
-def _run(args: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(list(args), capture_output=True, text=True, check=False)  # noqa: S603
+def _run(args: Sequence[str], *, check: bool = True, input_text: str | None = None,
+         ) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(list(args), capture_output=True, text=True, check=False, input=input_text)
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc
@@ -86,10 +89,8 @@ def _kill_inside(ns: str) -> None:
     """SIGKILL every process still running in namespace ``ns`` (a leftover server of a dead run)."""
     pids = _run(["ip", "netns", "pids", ns], check=False).stdout.split()
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(pid), 9)
-        except (ProcessLookupError, ValueError):
-            pass
 
 
 @dataclass
@@ -104,15 +105,14 @@ class Network:
     """The run's hub and hosts; ``build()`` creates them, ``destroy()`` removes them (idempotent)."""
 
     hosts_wanted: Sequence[str]
-    tag: str = ""
     hosts: dict[str, Host] = field(default_factory=dict)
     cut: set[tuple[str, str]] = field(default_factory=set)
     """Host pairs currently partitioned (both orders)."""
     shaped: set[str] = field(default_factory=set)
-    """Hosts with a netem qdisc on their interface."""
+    """Hosts whose link is slowed (``slow``)."""
 
     def __post_init__(self) -> None:
-        self.prefix = f"{PREFIX}{os.getpid()}{self.tag}-"
+        self.prefix = f"{PREFIX}{os.getpid()}-"
         self.hub = self.prefix + "hub"
 
     def build(self) -> Network:
@@ -145,7 +145,8 @@ class Network:
         return ["ip", "netns", "exec", self.hosts[host].ns]
 
     def address(self, host: str) -> str:
-        return self.hosts[host].address
+        """``host``'s address (known before ``build``: the hosts are numbered in the order given)."""
+        return f"{SUBNET}.{10 + list(self.hosts_wanted).index(host)}"
 
     # --- partitions ---------------------------------------------------------------------------------
     def partition(self, side_a: Iterable[str], side_b: Iterable[str]) -> None:
@@ -166,19 +167,29 @@ class Network:
         self.cut.clear()
 
     # --- slow and lossy links -----------------------------------------------------------------------
-    def netem(self, host: str, *, delay_ms: int = 0, jitter_ms: int = 0, loss_pct: float = 0.0) -> None:
-        """Delay (with jitter) and drop the packets ``host`` sends."""
-        args = ["tc", "-n", self.hosts[host].ns, "qdisc", "replace", "dev", IFACE, "root", "netem"]
-        if delay_ms:
-            args += ["delay", f"{delay_ms}ms"] + ([f"{jitter_ms}ms"] if jitter_ms else [])
+    def slow(self, host: str, *, rate_kbit: int = 0, loss_pct: float = 0.0) -> None:
+        """Throttle what ``host`` sends to ``rate_kbit`` (a token bucket whose queue holds up to a second
+        of traffic: packets wait, so latency grows and varies with load) and drop ``loss_pct`` percent of
+        its packets at random (nftables' ``numgen random``).
+
+        This kernel has no ``sch_netem`` (``tc ... netem`` answers "qdisc kind is unknown"), so fixed
+        delay and jitter come from queueing behind the rate limit instead."""
+        ns = self.hosts[host].ns
+        if rate_kbit:
+            burst = max(4, rate_kbit // 8)  # kbit: about an eighth of a second at the rate
+            _run(["tc", "-n", ns, "qdisc", "replace", "dev", IFACE, "root", "tbf", "rate", f"{rate_kbit}kbit",
+                  "burst", f"{burst}kbit", "latency", "1000ms"])
         if loss_pct:
-            args += ["loss", f"{loss_pct}%"]
-        _run(args)
+            rules = (f"table inet chaos {{ chain out {{ type filter hook output priority 0; "
+                     f"numgen random mod 1000 < {int(loss_pct * 10)} drop; }} }}")
+            _run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input_text=rules)
         self.shaped.add(host)
 
     def unshape(self, host: str | None = None) -> None:
         for h in [host] if host else list(self.shaped):
-            _run(["tc", "-n", self.hosts[h].ns, "qdisc", "del", "dev", IFACE, "root"], check=False)
+            ns = self.hosts[h].ns
+            _run(["tc", "-n", ns, "qdisc", "del", "dev", IFACE, "root"], check=False)
+            _run(["ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "chaos"], check=False)
             self.shaped.discard(h)
 
     def destroy(self) -> None:
@@ -193,4 +204,4 @@ class Network:
         self.shaped.clear()
 
 
-__all__ = ["Network", "NamespacesUnavailableError", "check_capable", "remove_stale"]
+__all__ = ["NamespacesUnavailableError", "Network", "check_capable", "remove_stale"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import time
 
-_path = os.environ.get("CHAOS_SKEW_FILE")
+_path = os.environ.get("CHAOS_SKEW_FILE", "")
 if _path:
     _real_time, _real_time_ns, _monotonic = time.time, time.time_ns, time.monotonic
     _cache = [0.0, -1.0]  # offset (s), monotonic time it was read
@@ -23,7 +23,7 @@ if _path:
         now = _monotonic()
         if now - _cache[1] > 0.2:
             try:
-                with open(_path) as f:  # noqa: PTH123
+                with open(_path) as f:
                     _cache[0] = float(f.read().strip() or 0)
             except (OSError, ValueError):
                 pass
