@@ -15,10 +15,11 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.chaos.netns import Network
+from tests.chaos.netns import Network, call_in
 from tests.natscluster import NATS_SERVER
 
 REPO = Path(__file__).resolve().parents[2]
@@ -215,10 +216,15 @@ class ChaosCluster:
     def metrics(self, node: str) -> dict[str, float]:
         """Node ``node``'s Prometheus samples (``name{labels}`` → value); empty when it does not answer."""
         url = f"http://{self.net.address(node)}:{METRICS_PORT}/metrics"
-        code = ("import sys,urllib.request\n"
-                "try: print(urllib.request.urlopen(sys.argv[1],timeout=3).read().decode())\n"
-                "except Exception: pass\n")
-        out = self.client_python(code, url, timeout=30).stdout
+
+        def scrape() -> str:
+            try:
+                with urllib.request.urlopen(url, timeout=3) as answer:
+                    return str(answer.read().decode())
+            except OSError:
+                return ""
+
+        out = call_in(self.net.hosts[CLIENT].ns, scrape)
         samples = {}
         for line in out.splitlines():
             if line and not line.startswith("#"):

@@ -18,11 +18,16 @@ Faults on the wire:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
 import subprocess
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+T = TypeVar("T")
 
 SUBNET = "10.77.0"
 PREFIX = "chaos"
@@ -91,6 +96,36 @@ def _kill_inside(ns: str) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(pid), 9)
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+def call_in(ns: str, fn: Callable[[], T]) -> T:
+    """Run ``fn`` in a thread that joined namespace ``ns`` (a network namespace is per thread: sockets
+    the thread opens live there), and return what it returned.  Quicker than a process per question."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    box: list[T] = []
+    errors: list[BaseException] = []
+
+    def inside() -> None:
+        fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+        try:
+            if libc.setns(fd, _CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"setns into {ns}")
+        finally:
+            os.close(fd)
+        try:
+            box.append(fn())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=inside, name=f"in-{ns}")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return box[0]
 
 
 @dataclass
