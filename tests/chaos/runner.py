@@ -98,7 +98,7 @@ def chaos_run(run_dir: Path, *, seed: int, seconds: float = 60.0, kinds: tuple[s
             during(run)
         nem.heal_all()
         for h in NODE_HOSTS:
-            cluster.wait_node_ready(h)
+            cluster.wait_node_started(h)
         run.wait_acks(20, timeout=180)  # healed: the workload makes progress again
         run.workload.send_signal(signal.SIGTERM)
         run.workload.wait(120)
@@ -118,7 +118,7 @@ def chaos_run(run_dir: Path, *, seed: int, seconds: float = 60.0, kinds: tuple[s
         (run_dir / "run.json").write_text(json.dumps({
             "seed": seed, "started": started, "duration_s": round(time.time() - started, 1),
             "nodes": list(NODE_HOSTS), "pchannels": list(pchannels), "faults": dict(nem.counts),
-            "lease_s": lease_s, "facts": run.facts}, indent=1))
+            "lease_s": lease_s, "node_start_retries": cluster.start_retries, "facts": run.facts}, indent=1))
     return run
 
 

@@ -82,6 +82,24 @@ def _cut_owner_from_nats(run: Run) -> None:
         run.nemesis.h.nemesis(False, "partition-node-nats", owner, pchannel=pch)
 
 
+def _stutter(run: Run, node: str, seconds: float) -> None:
+    """Pause ``node`` for a few tens of milliseconds at a time, again and again (as GC or a starved VM
+    would), while it takes pchannels over: its open spans pauses, so the old owner's appends land between
+    the new owner's recovery read and its fence marker, the window the marker's expected sequence guards."""
+    c, rng = run.cluster, run.nemesis.rng
+    run.nemesis.h.nemesis(True, "stutter", node, seconds=seconds)
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            c.pause(node)
+            time.sleep(rng.uniform(0.02, 0.08))
+            c.resume(node)
+            time.sleep(rng.uniform(0.02, 0.08))
+    finally:
+        c.resume(node)
+        run.nemesis.h.nemesis(False, "stutter", node)
+
+
 def _skew_ahead(run: Run) -> None:
     c, lease = run.cluster, run.cluster.lease_s
     for node in (*NODE_HOSTS, *NODE_HOSTS[:1]):
@@ -90,7 +108,7 @@ def _skew_ahead(run: Run) -> None:
         run.nemesis.h.nemesis(True, "skew-beyond", node, skew_s=skew)
         run.nemesis.counts["skew-beyond"] += 1
         try:
-            time.sleep(2 * lease)  # the fault's length (what happens in it is what the history shows)
+            _stutter(run, node, 2 * lease)
             run.wait_acks(10)
         finally:
             c.skew(node, 0)
