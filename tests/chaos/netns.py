@@ -215,8 +215,8 @@ class Network:
             _run(["tc", "-n", ns, "qdisc", "replace", "dev", IFACE, "root", "tbf", "rate", f"{rate_kbit}kbit",
                   "burst", f"{burst}kbit", "latency", "1000ms"])
         if loss_pct:
-            rules = (f"table inet chaos {{ chain out {{ type filter hook output priority 0; "
-                     f"numgen random mod 1000 < {int(loss_pct * 10)} drop; }} }}")
+            rules = (f"table inet chaos {{\n chain out {{\n  type filter hook output priority 0;\n"
+                     f"  numgen random mod 1000 < {int(loss_pct * 10)} drop\n }}\n}}\n")
             _run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input_text=rules)
         self.shaped.add(host)
 

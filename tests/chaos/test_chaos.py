@@ -141,5 +141,5 @@ def test_a_node_whose_clock_runs_far_ahead_takes_leases_early_and_loses_nothing(
 
 def test_random_faults_of_every_kind_lose_nothing_acknowledged(tmp_path: Path, record_property: object) -> None:
     seed = draw_seed("CHAOS_SEED", record_property)  # type: ignore[arg-type]
-    run = chaos_run(tmp_path / "run", seed=seed, seconds=40, kinds=KINDS)
+    run = chaos_run(tmp_path / "run", seed=seed, seconds=30, kinds=KINDS)
     _check(run.run_dir)
