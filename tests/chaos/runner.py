@@ -135,7 +135,7 @@ def run_checker(run_dir: Path) -> int:
 def placeholder_check(run_dir: Path) -> int:
     """A stand-in until the independent checker lands (it replaces this): every acknowledged send and
     every committed transaction's ids appear exactly once in every node's read, no rolled-back one does,
-    and no read holds a lower term after a higher one."""
+    no message id is given to two messages, and no read holds a lower term after a higher one."""
     history = read_lines(run_dir / "history.jsonl")
     acked = {x["value"]["id"] for x in history if x["type"] == "ok" and x["f"] == "send"}
     committed = {i for x in history if x["type"] == "ok" and x["f"] == "txn" and x["value"]["decision"] == "commit"
@@ -160,6 +160,11 @@ def placeholder_check(run_dir: Path) -> int:
         for i in sorted(rolled & seen.keys()):
             print(f"{read}: {i} of a rolled-back or failed transaction is visible")
             bad += 1
+        ids: dict[str, str] = {}
+        for line in lines:
+            if ids.setdefault(line["message_id"], line["id"]) != line["id"]:
+                print(f"{read}: message id {line['message_id']} holds both {ids[line['message_id']]} and {line['id']}")
+                bad += 1
         top = 0
         for line in lines:
             if line["term"] < top:
