@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import random
 import signal
 import sys
@@ -41,6 +42,10 @@ from tests.chaos.history import Writer
 OP_TIMEOUT = 30.0
 """Seconds an operation may take before its outcome is recorded as unknown (faults last up to ~20 s)."""
 RECONNECT_TIMEOUT = 45.0
+READ_TIMEOUT = float(os.environ.get("CHAOS_READ_TIMEOUT") or 1800)
+"""Seconds one final read of one pchannel may take (a 30-minute run's log reads back slowly)."""
+PACE = float(os.environ.get("CHAOS_PACE") or 1.0)
+"""Multiplies each sender's pause between sends: above 1, a long run writes a log it can read back."""
 SENDERS = 3
 VCHANNELS = ("v0", "v1")
 
@@ -111,7 +116,7 @@ class Workload:
                     raise
                 continue
             self.h.write(proc, "ok", "send", {**value, "message_id": str(result.message_id)})
-            await self._pause(0.01, 0.05)
+            await self._pause(0.01 * PACE, 0.05 * PACE)
 
     # --- transactions -------------------------------------------------------------------------------
     async def transactions(self, pch: str) -> None:
@@ -279,13 +284,17 @@ async def _read_one(address: str, pch: str, out: Path) -> int:
 
 
 async def _read(args: argparse.Namespace) -> None:
-    for spec in args.node:
-        name, address = spec.split("=", 1)
-        for pch in args.pchannels.split(","):
-            out = Path(args.run_dir) / "reads" / name / f"{pch}.jsonl"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            n = await asyncio.wait_for(_read_one(address, pch, out), 180)
-            print(f"{name} {pch} {n}", flush=True)
+    """Every (node, pchannel) read at once: a long run's log takes a while to read back, and the reads
+    wait on the network more than on this process."""
+
+    async def one(name: str, address: str, pch: str) -> None:
+        out = Path(args.run_dir) / "reads" / name / f"{pch}.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        n = await asyncio.wait_for(_read_one(address, pch, out), READ_TIMEOUT)
+        print(f"{name} {pch} {n}", flush=True)
+
+    specs = [spec.split("=", 1) for spec in args.node]
+    await asyncio.gather(*(one(name, address, pch) for name, address in specs for pch in args.pchannels.split(",")))
 
 
 async def _probe(args: argparse.Namespace) -> None:
