@@ -104,7 +104,7 @@ def chaos_run(run_dir: Path, *, seed: int, seconds: float = 60.0, kinds: tuple[s
         run.workload.wait(120)
         nodes = [f"--node={h}={cluster.node_address(h)}" for h in NODE_HOSTS]
         subprocess.run(_workload(cluster, run_dir, "read", "--pchannels", pchs, *nodes),
-                       check=True, cwd=REPO, env=_env(), stdout=wlog, stderr=subprocess.STDOUT, timeout=600)
+                       check=True, cwd=REPO, env=_env(), stdout=wlog, stderr=subprocess.STDOUT, timeout=3 * 3600)
     finally:
         if run.workload is not None and run.workload.poll() is None:
             os.killpg(run.workload.pid, signal.SIGKILL)
