@@ -241,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix=f"chaos-{args.seed}-"))
     print(f"chaos run: seed {args.seed}, {args.seconds:.0f} s, in {run_dir}\n"
-          f"replay: make chaos CHAOS_SEED={args.seed} CHAOS_SECONDS={args.seconds:.0f}", flush=True)
+          f"replay: make chaos CHAOS_SEED={args.seed} CHAOS_SECONDS={args.seconds:.0f}"
+          + (f" CHAOS_PACE={os.environ['CHAOS_PACE']}" if os.environ.get("CHAOS_PACE") else ""), flush=True)
     chaos_run(run_dir, seed=args.seed, seconds=args.seconds)
     code = run_checker(run_dir)
     print_table(summary(run_dir))
