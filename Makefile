@@ -1,7 +1,7 @@
 PY ?= .venv/bin/python
 VENV_STAMP := .venv/.installed
 
-.PHONY: install run test lint tools proto bench perf-check clean model-long
+.PHONY: install run test lint tools proto bench perf-check clean model-long chaos
 
 # Create the virtualenv and install the project with its dev extra (once per pyproject change).
 $(VENV_STAMP): pyproject.toml
@@ -74,12 +74,27 @@ tools:
 	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends default-jre-headless; \
 	fi
 	@[ -d examples/node/node_modules ] || (cd examples/node && npm ci --no-audit --no-fund)
+	@# The chaos runs (tests/chaos) build network namespaces with iproute2 and drop packets with nftables.
+	@if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1 || ! command -v nft >/dev/null 2>&1; then \
+	  if ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "the chaos tests need ip and tc (iproute2) and nft (nftables) on PATH" >&2; exit 1; fi; \
+	  SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2 nftables; \
+	fi
 
 # The compaction model walk (tests/compaction_model.py) for 20 minutes: fresh seeds one after another,
 # pyarrow and DuckDB against the model; prints its figures (walks, steps, compactions, reads compared).
 model-long: $(VENV_STAMP)
 	STREAMINGNODE_MODEL_SECONDS=$${STREAMINGNODE_MODEL_SECONDS:-1200} $(PY) -m pytest \
 	  tests/unit/test_compaction_model.py -q --capture=sys -p no:cacheprovider -o timeout=0
+
+# The long chaos run (tests/chaos/README.md): the cluster in network namespaces under random faults of
+# every kind for CHAOS_SECONDS (default 30 minutes), then the history checker; prints the seed (replay
+# with CHAOS_SEED=...) and the table of faults, acknowledged messages, unknown outcomes and takeovers.
+# Needs root (namespaces).
+chaos: $(VENV_STAMP) tools
+	$(PY) -m tests.chaos.runner
 
 # Regenerate streamingnode/v1/ from proto/streamingnode/v1/*.proto (commit the result).
 proto: $(VENV_STAMP)
