@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 import pytest
 
 from tests.factories import ins
@@ -347,3 +348,42 @@ def test_a_metadata_put_whose_answer_is_lost_is_asked_again_and_stays_fenced(
     with pytest.raises(ChannelFencedError, match="fenced"):
         b.put_meta(key, "ts_window_end", b"stale")
     assert new.get_meta(key, "ts_window_end") == b"new"
+
+
+def test_a_stale_writers_metadata_is_fenced_on_a_replicated_log_too(
+        nats_r3: NatsCluster, backends: list[JetStreamBackend], prefix: str) -> None:
+    # On an R3 stream the server words a failed expected-last-subject-sequence check with another
+    # err_code (10164, "wrong last sequence") than on R1 (10071): both are the fence, CHANNEL_FENCED,
+    # never an UNRECOVERABLE refusal that would fail a stale owner's clients with the wrong code.
+    old = _open(backends, nats_r3, prefix, replicas=3)
+    key = old.create_channel("p", {}).key
+    old.open_channel("p")
+    old.write([_group(key, 0)], durable=True)
+    old.put_meta(key, "consumer_groups", b"old-before")
+    new = _open(backends, nats_r3, prefix, replicas=3)
+    assert new.open_channel("p").term == 2
+    with pytest.raises(ChannelFencedError, match="fenced"):
+        old.put_meta(key, "consumer_groups", b"old-after")
+    with pytest.raises(ChannelFencedError):
+        old.write([_group(key, 2)], durable=True)
+    assert new.get_meta(key, "consumer_groups") == b"old-before"
+
+
+@pytest.mark.parametrize("err_code", [10071, 10164])
+def test_either_wording_of_a_wrong_last_sequence_is_the_fence(
+        nats_r1: NatsCluster, backends: list[JetStreamBackend], prefix: str, err_code: int) -> None:
+    # nats-server refuses a failed expected-last-sequence check with err_code 10071 ("wrong last
+    # sequence: N") or 10164 ("wrong last sequence", its constant form, met on a replicated log under
+    # faults): a metadata put refused either way is fenced, not an UNRECOVERABLE refusal.
+    b = _open(backends, nats_r1, prefix)
+    key = b.create_channel("p", {}).key
+    b.open_channel("p")
+    real = b._js.publish
+
+    async def refused(subject: str, *args: object, **kwargs: object) -> object:
+        if subject.startswith(f"$KV.{prefix}_meta."):
+            raise nats.js.errors.BadRequestError(code=400, err_code=err_code, description="wrong last sequence")
+        return await real(subject, *args, **kwargs)
+    b._js.publish = refused
+    with pytest.raises(ChannelFencedError, match="fenced"):
+        b.put_meta(key, "consumer_groups", b"stale")

@@ -113,7 +113,7 @@ class StreamAppends(StreamReads):
         try:
             ack = await self._js.publish(self._subject(ch.key), g.block, timeout=wait, headers=headers)
         except nats.js.errors.APIError as exc:
-            if exc.err_code == _WRONG_LAST_SEQUENCE:
+            if exc.err_code in _WRONG_LAST_SEQUENCE:
                 if retried:
                     # An earlier attempt of this write whose answer was lost may be what moved the
                     # stream on: check before calling it fenced.

@@ -80,7 +80,9 @@ def api_refusal(exc: nats.js.errors.APIError, what: str, path: str | None) -> St
 
 
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
-_WRONG_LAST_SEQUENCE = 10071  # JetStream's err_code for a failed Nats-Expected-Last-Sequence
+_WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
+"""JetStream's err_codes for a failed expected-last-sequence check: "wrong last sequence: N" and its
+constant form "wrong last sequence" (met on a replicated stream under faults).  Either is the fence."""
 _STREAM_NOT_FOUND = 10059
 _MAX_FENCE_TRIES = 50
 _READ_AHEAD = 8  # direct gets in flight while reading forward

@@ -239,7 +239,7 @@ class JetStreamBackend(StreamAppends):
             try:
                 ack = await self._js.publish(self._subject(key), b"", timeout=self.timeout, headers=headers)
             except nats.js.errors.APIError as exc:
-                if exc.err_code == _WRONG_LAST_SEQUENCE:
+                if exc.err_code in _WRONG_LAST_SEQUENCE:
                     continue  # an older writer appended meanwhile: read the new end and fence again
                 raise
             ch = self._chans.get(key) or _Chan(key, name)
@@ -352,7 +352,7 @@ class JetStreamBackend(StreamAppends):
             await self._retrying(lambda t: self._js.publish(self._meta_subject(kv_key), data, timeout=t,
                                                             headers=headers))
         except nats.js.errors.APIError as exc:
-            if exc.err_code == _WRONG_LAST_SEQUENCE:
+            if exc.err_code in _WRONG_LAST_SEQUENCE:
                 raise ChannelFencedError(
                     f"pchannel {ch.name!r} term {ch.term} is fenced: a newer term opened it, so its "
                     f"metadata {name[:200]!r} is not stored", channel=ch.name, term=ch.term) from exc
