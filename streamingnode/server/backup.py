@@ -58,7 +58,10 @@ class BackupHandlers:
     _backup_lock: asyncio.Lock | None = None
 
     @stream_errors
-    async def Backup(self, request: spb.BackupRequest, context: grpc.aio.ServicerContext) -> None:
+    async def Backup(self, raw: bytes, context: grpc.aio.ServicerContext) -> None:
+        # Registered without a deserializer (``service.add_service``): parsed here, where an
+        # unparsable request is INVALID_ARGUMENT (gRPC answers a deserializer's error with UNKNOWN).
+        request = spb.BackupRequest.FromString(raw)
         node = self.node
         if node.ownership is not None:
             raise InvalidArgumentError(

@@ -85,7 +85,8 @@ def add_service(service: StreamingNodeService, server: grpc.aio.Server) -> None:
     Unary methods are registered without a request deserializer: their handlers (and any server
     interceptor that wraps them) receive the request as the raw ``bytes`` from the wire, and
     ``errors.unary`` parses it inside the error translation, so that an unparsable request is answered
-    INVALID_ARGUMENT with ErrorInfo (gRPC would answer a deserializer's exception with UNKNOWN).  An
+    INVALID_ARGUMENT with ErrorInfo (gRPC would answer a deserializer's exception with UNKNOWN).  A
+    server stream with a single request (Backup) gets it as bytes too, and parses it itself.  An
     interceptor that needs a field must parse the bytes itself and leave a ``DecodeError`` to the
     handler.  The streams (Produce, Consume) keep their deserializer: it runs in the handler's own
     ``context.read()``, where ``errors.stream_errors`` turns a ``DecodeError`` into INVALID_ARGUMENT;
@@ -102,9 +103,11 @@ def add_service(service: StreamingNodeService, server: grpc.aio.Server) -> None:
             (True, False): grpc.stream_unary_rpc_method_handler,
             (True, True): grpc.stream_stream_rpc_method_handler,
         }[(method.client_streaming, method.server_streaming)]
-        unary = not (method.client_streaming or method.server_streaming)
+        # A single request (unary, or a server stream such as Backup) comes as bytes, parsed by its
+        # handler; only client streams keep the deserializer (their reads translate its errors).
+        raw_request = not method.client_streaming
         handlers[method.name] = make(getattr(service, method.name),
-                                     request_deserializer=None if unary else request.FromString,
+                                     request_deserializer=None if raw_request else request.FromString,
                                      response_serializer=serialize)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
