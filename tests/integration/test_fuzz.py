@@ -241,12 +241,15 @@ def test_an_undecodable_request_is_invalid_argument_with_error_info_on_every_rpc
     assert len(UNARY) == 12
     with ServerThread(node_config(tmp_path / "data", channels=("p",))) as srv, \
             grpc.insecure_channel(srv.address) as channel:
-        for name in [*UNARY, "Produce", "Consume"]:
+        for name in [*UNARY, "Produce", "Consume", "Backup"]:
             for raw in UNDECODABLE:
                 path = f"/{SERVICE.full_name}/{name}"
                 with pytest.raises(grpc.RpcError) as caught:
                     if name in UNARY:
                         channel.unary_unary(path, request_serializer=None, response_deserializer=None)(raw, timeout=5)
+                    elif name == "Backup":  # one request, a stream of answers
+                        list(channel.unary_stream(path, request_serializer=None, response_deserializer=None)(
+                            raw, timeout=5))
                     else:
                         call = channel.stream_stream(path, request_serializer=None, response_deserializer=None)
                         list(call(iter([raw]), timeout=5))
