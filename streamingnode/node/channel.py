@@ -5,14 +5,23 @@ retention), the ``Owner`` description stored with the channel (the seed's OwnerD
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
+
+import structlog
 
 from flusher.flusher import Flusher
 from interceptors.recovery.streaming_wal import StreamingWAL
 from streamingnode.node.groups import ConsumerGroups
 from streamingnode.node.retention import ChannelRetention
 from wal.errors import ErrorCode, StreamingError
+
+log = structlog.get_logger(__name__)
+
+LOST_CLOSE_SECONDS = 5.0
+"""How long the close of a pchannel whose lease went waits for the appends still in flight before it
+counts as closed (they end by themselves, failed or fenced, and its log closes then)."""
 
 OWNER_ROLE = "owner.role"
 OWNER_ADDRESS = "owner.address"
@@ -77,7 +86,24 @@ class Channel:
     flusher: Flusher | None = None
     retention: ChannelRetention | None = None
 
-    async def aclose(self) -> None:
+    async def aclose(self, *, lost: bool = False) -> None:
+        """Close everything of the pchannel.  ``lost``: its lease went (expired on this node's clock,
+        or taken by another node), often because the log's servers are out of reach: the writers stop
+        first and nothing waits on the log.  The flusher's buffered rows are replayed from its
+        checkpoint by the next owner, and retention stores no last snapshot (the next owner's fence
+        would refuse it); appends in flight get ``LOST_CLOSE_SECONDS`` before the close counts as
+        done, and end by themselves (failed or fenced)."""
+        if lost:
+            if self.flusher is not None:
+                await self.flusher.aclose()
+            if self.retention is not None:
+                await self.retention.abandon()
+            closing = asyncio.ensure_future(self.stream.aclose())
+            done, _ = await asyncio.wait([closing], timeout=LOST_CLOSE_SECONDS)
+            if not done:
+                log.warning("appends still in flight on a pchannel whose lease went: its log closes once they end",
+                            pchannel=self.stream.pchannel, waited_seconds=LOST_CLOSE_SECONDS)
+            return
         # Retention first: it reads the flusher's checkpoint and the groups, and truncates the WAL.
         if self.retention is not None:
             await self.retention.aclose()

@@ -230,7 +230,7 @@ class Node:
         if channel is None:
             return
         try:
-            await channel.aclose()
+            await channel.aclose(lost=reason in ("expired", "lost"))
         except Exception as exc:  # noqa: BLE001  (it is no longer ours either way)
             log.warning("closing a pchannel whose lease went failed", pchannel=name, reason=reason, error=repr(exc))
         finally:

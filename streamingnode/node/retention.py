@@ -227,6 +227,16 @@ class ChannelRetention:
                         await cancel_and_wait(task)
             self._task = self._snapshot_task = None
 
+    async def abandon(self) -> None:
+        """Stop at once, storing nothing: the pchannel's lease went, so no write of this node may
+        land on its log any more (a truncation in progress is cut short, as a crash would cut it).
+        Idempotent; ``aclose`` afterwards does nothing."""
+        self._state = RetentionState.CLOSED
+        for task in (self._task, self._snapshot_task):
+            if task is not None:
+                await cancel_and_wait(task)
+        self._task = self._snapshot_task = None
+
     def stats(self) -> RetentionStats:
         return RetentionStats(
             checks=self._checks, truncations=self._truncations, messages_truncated=self._messages,
