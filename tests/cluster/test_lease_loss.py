@@ -85,6 +85,19 @@ async def _produce_once(address: str, pchannel: str, payload: bytes) -> str:
         pb.ErrorCode.Name(result.error.code).removeprefix("ERROR_CODE_")
 
 
+async def _taken_by_another_node(url: str, prefix: str) -> None:
+    """Write into the leases bucket that node "b" holds p0 now, one term up, for ten minutes."""
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(f"{prefix}_leases")
+        entry = await kv.get(encode_key("p0"))
+        mine = Lease.decode("p0", entry.value, entry.revision or 0)
+        theirs = Lease("p0", "b", "127.0.0.1:1", mine.term + 1, mine.expires_ms + 600_000, serving=True)
+        await kv.put(encode_key("p0"), theirs.encode())
+    finally:
+        await nc.close()
+
+
 async def _payloads(address: str, pchannel: str, last: bytes) -> list[bytes]:
     seen: list[bytes] = []
     async with AsyncClient(address, reconnect_timeout=30) as client, client.consumer(pchannel, "v") as consumer:
@@ -167,15 +180,7 @@ async def test_a_lease_taken_by_another_node_closes_the_pchannel_its_flusher_and
         assert await _produce_once(srv.address, "p0", b"before") == "appended"
 
         # Another node holds the lease now (as after a partition that outlived it): written into KV.
-        nc = await nats.connect(nats_r1.url)
-        try:
-            kv = await nc.jetstream().key_value("loss_leases")
-            entry = await kv.get(encode_key("p0"))
-            mine = Lease.decode("p0", entry.value, entry.revision or 0)
-            theirs = Lease("p0", "b", "127.0.0.1:1", mine.term + 1, mine.expires_ms + 600_000, serving=True)
-            await kv.put(encode_key("p0"), theirs.encode())
-        finally:
-            await nc.close()
+        await _taken_by_another_node(nats_r1.url, "loss")
 
         def closed_counted() -> bool:
             value = metrics.get_sample_value("streamingnode_pchannels_closed_on_lease_loss_total",
@@ -238,15 +243,7 @@ async def test_a_produce_stream_opened_while_the_lease_held_is_refused_once_it_w
 
             assert await send(1, b"before") == "appended"
             # Another node holds the lease now: written into KV, as after a partition that outlived it.
-            nc = await nats.connect(nats_r1.url)
-            try:
-                kv = await nc.jetstream().key_value("perbatch_leases")
-                entry = await kv.get(encode_key("p0"))
-                mine = Lease.decode("p0", entry.value, entry.revision or 0)
-                theirs = Lease("p0", "b", "127.0.0.1:1", mine.term + 1, mine.expires_ms + 600_000, serving=True)
-                await kv.put(encode_key("p0"), theirs.encode())
-            finally:
-                await nc.close()
+            await _taken_by_another_node(nats_r1.url, "perbatch")
             await until(lambda: not own.serves("p0"), "the node to see the lease gone", timeout=30)
             served = srv.run(_served(node))
             assert served.stream.wal.state is WALState.RUNNING  # the close is held back: only the check stands
