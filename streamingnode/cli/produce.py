@@ -49,10 +49,14 @@ def _read_stdin_in_thread(loop: asyncio.AbstractEventLoop) -> asyncio.Queue[byte
                 item = read(1 << 16)
             except OSError as exc:
                 item = exc
+            put = queue.put(item)
             try:
-                asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
+                asyncio.run_coroutine_threadsafe(put, loop).result()
             except (RuntimeError, concurrent.futures.CancelledError):
-                return  # the loop is gone: nobody reads any more
+                # The loop is gone (the command ended, on an error or a refusal): nobody reads any
+                # more.  The put is closed here, or Python warns on stderr that it was never awaited.
+                put.close()
+                return
             if isinstance(item, OSError):
                 return
 
