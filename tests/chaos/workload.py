@@ -36,6 +36,7 @@ from streamingnode.client import (
     DeliverPolicy,
     MessageType,
     Producer,
+    UnavailableError,
 )
 from tests.chaos.history import Writer
 
@@ -290,7 +291,19 @@ async def _read(args: argparse.Namespace) -> None:
     async def one(name: str, address: str, pch: str) -> None:
         out = Path(args.run_dir) / "reads" / name / f"{pch}.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
-        n = await asyncio.wait_for(_read_one(address, pch, out), READ_TIMEOUT)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + READ_TIMEOUT
+        while True:
+            # After the heal a pchannel may still be opening at its new owner (a loaded host, a node
+            # whose clock was skewed): UNAVAILABLE, which the client stops retrying after its own
+            # timeout.  The read starts over (its file too) until READ_TIMEOUT.
+            try:
+                n = await asyncio.wait_for(_read_one(address, pch, out), max(deadline - loop.time(), 1.0))
+                break
+            except UnavailableError:
+                if loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(1.0)
         print(f"{name} {pch} {n}", flush=True)
 
     specs = [spec.split("=", 1) for spec in args.node]
