@@ -34,7 +34,7 @@ test: lint tools
 
 # Instructions per appended message (callgrind; about a minute) against bench/append_budget.json:
 # fails when a case grew more than 10%; and the bytes RocksDB's compactions write per appended byte
-# (bench/write_amp.py, about 15 s), which the instruction count cannot see.  Refreshing the budget on purpose: bench/README.md.
+# (bench/write_amp.py, about 5 s), which the instruction count cannot see.  Refreshing the budget on purpose: bench/README.md.
 perf-check: $(VENV_STAMP)
 	@command -v valgrind >/dev/null 2>&1 || { echo "perf-check needs valgrind (apt-get install valgrind)" >&2; exit 1; }
 	$(PY) bench/append_instructions.py --check
