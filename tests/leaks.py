@@ -15,6 +15,8 @@ whole session imported.  ``PYTHONTRACEMALLOC=20`` adds where each leaked object 
 from __future__ import annotations
 
 import gc
+import sys
+import traceback
 import tracemalloc
 import warnings
 
@@ -27,11 +29,26 @@ def freeze_imports() -> None:
 
 def collect() -> list[str]:
     """Run the collector; every warning it raised (unclosed files, sockets, loops, coroutines never
-    awaited), each with its allocation traceback when tracemalloc traces."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        gc.collect()
-    found = []
+    awaited) and every exception a finalizer raised (a task whose coroutine, closed by the collector
+    after its loop, reaches for that loop: "Event loop is closed"), each with its allocation traceback
+    when tracemalloc traces.
+
+    The exceptions are caught here because pytest's own hook is gone by now: it would hold them
+    until the next test's setup and fail that test instead."""
+    raised: list[str] = []
+
+    def keep(args: sys.UnraisableHookArgs) -> None:
+        text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
+        raised.append(f"{args.err_msg or 'Exception ignored in'}: {args.object!r}\n{text}")
+
+    previous, sys.unraisablehook = sys.unraisablehook, keep
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            gc.collect()
+    finally:
+        sys.unraisablehook = previous
+    found = raised
     for w in caught:
         text = f"{w.category.__name__}: {w.message}"
         where = tracemalloc.get_object_traceback(w.source) if w.source is not None else None

@@ -211,6 +211,29 @@ async def serve(config: NodeConfig, on_ready: Callable[[RunningServer], None] | 
     await running.stop()
 
 
+_END_TASKS_SECONDS = 10.0
+"""How long ``ServerThread.stop`` waits for the tasks it cancels to end."""
+
+
+async def _end_tasks() -> None:
+    """Cancel what is still running on this loop and wait for it to end, as ``asyncio.run`` does at
+    its end.  A task left pending when its loop closes is destroyed later by the garbage collector,
+    and its cleanup then reaches for the closed loop ("Event loop is closed"): a NATS client whose
+    close failed half way (its servers unreachable) leaves its subscriptions' readers so."""
+    me = asyncio.current_task()
+    left = [t for t in asyncio.all_tasks() if t is not me]
+    for task in left:
+        task.cancel()
+    if not left:
+        return
+    done, pending = await asyncio.wait(left, timeout=_END_TASKS_SECONDS)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("a task failed while the server stopped", task=task.get_name(), error=repr(task.exception()))
+    for task in pending:
+        log.warning("a task did not end when cancelled at the server's stop", task=repr(task))
+
+
 class ServerThread:
     """A node served from a private event loop on a thread: for tests and embedding next to
     synchronous code.  ``with ServerThread(config) as srv: srv.address``."""
@@ -257,6 +280,8 @@ class ServerThread:
             asyncio.run_coroutine_threadsafe(self._running.stop(grace), loop).result()
             self._running = None
         if thread.is_alive():
+            asyncio.run_coroutine_threadsafe(_end_tasks(), loop).result()
+            asyncio.run_coroutine_threadsafe(loop.shutdown_asyncgens(), loop).result()
             loop.call_soon_threadsafe(loop.stop)
             thread.join()
         loop.close()
