@@ -85,6 +85,9 @@ class Channel:
     groups: ConsumerGroups
     flusher: Flusher | None = None
     retention: ChannelRetention | None = None
+    closed: asyncio.Event = field(default_factory=asyncio.Event, compare=False)
+    """Set once nothing of the pchannel runs any more (its log closed, flusher and retention stopped):
+    the ``pchannel_closing`` gauge shows a pchannel no longer served whose close has not got there."""
 
     async def aclose(self, *, lost: bool = False) -> None:
         """Close everything of the pchannel.  ``lost``: its lease went (expired on this node's clock,
@@ -99,6 +102,7 @@ class Channel:
             if self.retention is not None:
                 await self.retention.abandon()
             closing = asyncio.ensure_future(self.stream.aclose())
+            closing.add_done_callback(lambda _: self.closed.set())
             done, _ = await asyncio.wait([closing], timeout=LOST_CLOSE_SECONDS)
             if not done:
                 log.warning("appends still in flight on a pchannel whose lease went: its log closes once they end",
@@ -111,6 +115,7 @@ class Channel:
         if self.flusher is not None:
             await self.flusher.aclose()
         await self.stream.aclose()
+        self.closed.set()
 
 
 __all__ = ["FAILURE_CHARS", "OWNER_ADDRESS", "OWNER_ROLE", "OWNER_TEXT", "Channel", "Failure", "Owner"]

@@ -163,6 +163,8 @@ class NodeMetrics:
         self.registry = CollectorRegistry()
         self.data_dir = data_dir
         self.channels: dict[str, tuple[Channel, ChannelMetrics]] = {}
+        self.closing: dict[str, Channel] = {}
+        """pchannels no longer served whose close has not ended (``pchannel_closing``)."""
         self._dir_sizes: dict[str, tuple[float, int]] = {}  # Parquet root -> (when measured, bytes)
         self.wal_bytes = 0
         """Bytes of the WAL database on disk, as last measured by ``refresh_disk``."""
@@ -278,6 +280,8 @@ class NodeMetrics:
         entry = self.channels.pop(name, None)
         if entry is not None:
             channel, cm = entry
+            if not channel.closed.is_set():  # failed or cut short: shown until it gets there
+                self.closing[name] = channel
             channel.stream.adaptor.observer = None
             channel.stream.txns.on_finish = None
             if channel.flusher is not None:
@@ -426,6 +430,16 @@ class _StateCollector(Collector):
         for name, is_failed in sorted(self._m.failed_states().items()):
             failed.add_metric([name], 1 if is_failed else 0)
         yield failed
+        closing = GaugeMetricFamily(f"{ns}_pchannel_closing", "1 while a pchannel this node no longer serves still "
+                                    "has its log, flusher or retention running (a close in progress: appends in "
+                                    "flight when its lease went, a log out of reach); its series goes once they "
+                                    "stopped.  One that stays says a close never ended.", labels=["pchannel"])
+        for name, channel in sorted(self._m.closing.items()):
+            if channel.closed.is_set():
+                del self._m.closing[name]
+            else:
+                closing.add_metric([name], 1)
+        yield closing
 
         step_s = CounterMetricFamily(f"{ns}_interceptor_seconds", "Own time of each interceptor (time in it "
                                      "minus time in the steps it called; one batch in 16 is timed, and "

@@ -4,7 +4,7 @@ the long one (tests/chaos/README.md).
 
 - An owner cut off from NATS (the client still reaching it) must stop serving by its own clock within
   about its lease, and close the pchannel (its per-pchannel state leaves its metrics), while another
-  node takes over.
+  node takes over; once healed, the close must have ended (``pchannel_closing`` gone).
 - A node whose wall clock runs ahead by several leases (far beyond the documented bound) judges every
   other lease expired and takes pchannels over while their owners still append: fencing must keep
   every acknowledged message and order the terms.
@@ -80,6 +80,18 @@ def _cut_owner_from_nats(run: Run) -> None:
     finally:
         c.net.heal()
         run.nemesis.h.nemesis(False, "partition-node-nats", owner, pchannel=pch)
+    # Its close may wait on the log while NATS is out of reach; healed, it must end: nothing of the
+    # pchannel (log, flusher, retention) keeps running on a node that no longer serves it.
+    closing_key = f'{NS}pchannel_closing{{pchannel="{pch}"}}'
+
+    def close_ended() -> bool:
+        last.clear()
+        last.update(c.metrics(owner))
+        return bool(last) and closing_key not in last  # an empty scrape (no answer) proves nothing
+
+    took = _wait(lambda: f"{owner} to end the close of {pch} after the heal (pchannel_closing="
+                 f"{last.get(closing_key)}, scraped {len(last)} samples)", 10 * lease, close_ended)
+    run.facts["cut_owner_close_ended_after_heal_s"] = round(took, 2)
 
 
 def _stutter(run: Run, node: str, seconds: float) -> None:

@@ -191,6 +191,7 @@ async def test_a_lease_taken_by_another_node_closes_the_pchannel_its_flusher_and
         assert served.flusher.state is FlusherState.CLOSED
         assert served.stream.wal.state is WALState.CLOSED
         assert metrics.get_sample_value("streamingnode_pchannels") == 0
+        assert metrics.get_sample_value("streamingnode_pchannel_closing", {"pchannel": "p0"}) is None
         assert metrics.get_sample_value("streamingnode_pchannel_owned", {"pchannel": "p0"}) == 0
         assert await _produce_once(srv.address, "p0", b"after") == ErrorCode.NOT_OWNER.name
     finally:
