@@ -1,7 +1,8 @@
-"""Where a node's CPU goes during a durable SDK produce: per thread, user and system time per message,
-and context switches, for one tree or two alternated.
+"""Where a node's CPU goes during a durable SDK produce (or, with ``--consume``, a catch-up consume of
+it from a restarted node): per thread, user and system time per message, for one tree or several
+alternated.
 
-    .venv/bin/python bench/node_threads.py [--count 200000] [--runs 3] [TREE ...]
+    .venv/bin/python bench/node_threads.py [--count 200000] [--runs 3] [--consume] [TREE ...]
 
 Each TREE (default: this checkout) gets its own node process (``python -m streamingnode serve`` with
 that tree on PYTHONPATH, embedded defaults, one pchannel) and its own SDK producer (a client process
@@ -57,6 +58,30 @@ async def main(addr: str, n: int) -> None:
 asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 """
 
+_CONSUMER = r"""
+import asyncio, sys, time
+import streamingnode.client as sdk
+try:
+    from streamingnode.client import DeliverPolicy, MessageType
+except ImportError:  # older trees export them from the WAL only
+    from wal.options import DeliverPolicy
+    from wal.message import MessageType
+
+async def main(addr: str, n: int) -> None:
+    client = sdk.AsyncClient(addr)
+    seen = 0
+    t0 = time.perf_counter()
+    async with client.consumer("bench", vchannel="", policy=DeliverPolicy.all()) as consumer:
+        async for pack in consumer:
+            seen += sum(1 for m in pack.messages if m.message_type is MessageType.DATA)
+            if seen >= n:
+                break
+    print(f"RATE {n / (time.perf_counter() - t0):.0f}")
+    await client.aclose()
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+"""
+
 
 def threads(pid: int) -> dict[str, list[float]]:
     """Thread name -> [user s, system s, voluntary switches, involuntary switches, threads]."""
@@ -83,30 +108,49 @@ def threads(pid: int) -> dict[str, list[float]]:
     return out
 
 
-def one(tree: str, count: int) -> tuple[float, dict[str, float]]:
-    """One run: (the SDK's msgs/s, thread name -> CPU µs per message); "TOTAL" is the whole node."""
-    root = tempfile.mkdtemp(prefix="node-threads-")
-    env = dict(os.environ, GRPC_VERBOSITY="ERROR", PYTHONPATH=f"{tree}{os.pathsep}{_HERE / '_thread_names'}")
-    log_path = os.path.join(root, "node.log")
-    with open(log_path, "wb") as log:
+def _start(tree: str, root: str, env: dict[str, str], log_path: str) -> tuple[subprocess.Popen[bytes], str]:
+    start = os.path.getsize(log_path)
+    with open(log_path, "ab") as log:
         node = subprocess.Popen(
             [sys.executable, "-m", "streamingnode", "serve", "--data-dir", os.path.join(root, "data"),
              "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--channels", "bench",
              "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tree)
+    deadline = time.monotonic() + 120
+    while True:
+        with open(log_path, errors="replace") as f:
+            f.seek(start)
+            text = f.read()
+        found = re.search(r"serving on (\S+)", text)
+        if found:
+            return node, found.group(1)
+        if node.poll() is not None or time.monotonic() > deadline:
+            node.kill()
+            raise RuntimeError(f"the node of {tree} did not start:\n{text[-2000:]}")
+        time.sleep(0.05)
+
+
+def one(tree: str, count: int, consume: bool = False) -> tuple[float, dict[str, float]]:
+    """One run: (the SDK's msgs/s, thread name -> CPU µs per message); "TOTAL" is the whole node.
+    ``consume``: the node is restarted on the log the produce wrote, and what is measured is one SDK
+    consumer reading it all from the start (from storage, as a consumer that fell behind)."""
+    root = tempfile.mkdtemp(prefix="node-threads-")
+    env = dict(os.environ, GRPC_VERBOSITY="ERROR", PYTHONPATH=f"{tree}{os.pathsep}{_HERE / '_thread_names'}")
+    log_path = os.path.join(root, "node.log")
+    open(log_path, "wb").close()
+    node, addr = _start(tree, root, env, log_path)
     try:
-        deadline, addr = time.monotonic() + 120, None
-        while addr is None:
-            with open(log_path, errors="replace") as f:
-                text = f.read()
-            found = re.search(r"serving on (\S+)", text)
-            addr = found.group(1) if found else None
-            if addr is None and (node.poll() is not None or time.monotonic() > deadline):
-                raise RuntimeError(f"the node of {tree} did not start:\n{text[-2000:]}")
-            time.sleep(0.05)
         before = threads(node.pid)
         done = subprocess.run([sys.executable, "-c", _CLIENT, addr, str(count)], env=env, cwd=tree,
                               capture_output=True, text=True, timeout=900, check=True)
         after = threads(node.pid)
+        if consume:
+            node.terminate()
+            node.wait(60)
+            node, addr = _start(tree, root, env, log_path)
+            before = threads(node.pid)
+            done = subprocess.run([sys.executable, "-c", _CONSUMER, addr, str(count)], env=env, cwd=tree,
+                                  capture_output=True, text=True, timeout=900, check=True)
+            after = threads(node.pid)
     finally:
         node.terminate()
         node.wait(60)
@@ -123,18 +167,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("trees", nargs="*", help="checkouts to measure (default: this one)")
     p.add_argument("--count", type=int, default=200_000, help="messages per run (default 200,000)")
     p.add_argument("--runs", type=int, default=3, help="runs per tree, alternated (default 3)")
+    p.add_argument("--consume", action="store_true", help="measure a catch-up consume of what was produced, "
+                   "from a restarted node, instead of the produce")
     args = p.parse_args(argv)
     trees = [str(Path(t).resolve()) for t in args.trees] or [str(_HERE.parent)]
     results: dict[str, list[tuple[float, dict[str, float]]]] = {t: [] for t in trees}
     for run in range(args.runs):
         for tree in trees if run % 2 == 0 else trees[::-1]:
-            rate, per = one(tree, args.count)
+            rate, per = one(tree, args.count, args.consume)
             results[tree].append((rate, per))
             print(f"run {run + 1} {tree}: {rate:,.0f} msgs/s, node {per['TOTAL']:.2f} µs/msg", flush=True)
     names = sorted({n for rs in results.values() for _, per in rs for n in per},
                    key=lambda n: (n == "TOTAL", -max(statistics.median(per.get(n, 0.0) for _, per in rs)
                                                      for rs in results.values())))
-    print(f"\nnode CPU per message (µs, median of {args.runs}), {args.count:,} x 1 KiB durable SDK produce")
+    what = "SDK catch-up consume from a restarted node" if args.consume else "durable SDK produce"
+    print(f"\nnode CPU per message (µs, median of {args.runs}), {args.count:,} x 1 KiB {what}")
     print(f"{'thread':<22}" + "".join(f" | {Path(t).name[-14:]:>14}" for t in trees))
     for name in names:
         meds = [statistics.median(per.get(name, 0.0) for _, per in results[t]) for t in trees]
