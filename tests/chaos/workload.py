@@ -189,7 +189,8 @@ class Workload:
                     resumed = True
                     self._resumed(proc, base, committed, first)
                     continue
-                self.h.write(proc, "info", "group_resume" if not resumed else "group_commit", base)
+                # Waiting for the next pack is no operation of the history (the last commit ended
+                # ok): the group is closed and reopened, with no line for the wait.
                 return
             except Exception as exc:
                 if not resumed:
