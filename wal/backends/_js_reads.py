@@ -3,10 +3,12 @@ searches, reading blocks forward from an id, and the time index (``seek_time``).
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import contextlib
 import json
 from collections.abc import Callable
+from typing import Any
 
 import nats
 import nats.errors
@@ -176,31 +178,45 @@ class StreamReads(JetStreamConnection):
             return got, reached
         self.batch_gets += 1
         request = {"seq": start, "batch": end - start + 1, "max_bytes": max(max_bytes, 1)}
+        came: list[Any] = []
+        ended = asyncio.get_running_loop().create_future()
+
+        async def take(raw: Any) -> None:
+            # Kept as they come, parsed after: a callback per message, no timer per message.
+            headers = raw.headers or {}
+            if ended.done():
+                return
+            seq = int(headers.get("Nats-Sequence", 0)) if "Status" not in headers else 0
+            if seq < start or seq > end:  # 204 end of batch; 404 nothing from start (a follower behind)
+                ended.set_result(None)  # (or past what this read may deliver: the writer's acknowledged end)
+                return
+            came.append(raw)
+            if seq == end or "Nats-Num-Pending" not in headers:  # the last asked; or a server without batches
+                ended.set_result(None)
+
         try:
-            sub = await self._nc.subscribe(self._nc.new_inbox())
+            sub = await self._nc.subscribe(self._nc.new_inbox(), cb=take)
             try:
                 await self._nc.publish(f"$JS.API.DIRECT.GET.{self._stream(key)}", json.dumps(request).encode(),
                                        reply=sub.subject)
-                while True:
-                    raw = await sub.next_msg(timeout=self.attempt_timeout)
-                    headers = raw.headers or {}
-                    if "Status" in headers:  # 204 end of batch; 404 nothing from start (a follower behind)
-                        break
-                    seq = int(headers.get("Nats-Sequence", 0))
-                    if seq < start or seq > end:
-                        break  # past what this read may deliver (beyond the writer's acknowledged end)
-                    got[seq] = self._parse(key, seq, headers, raw.data or b"")
-                    reached = seq
-                    if "Nats-Num-Pending" not in headers:  # a server without batches: this one only
-                        self._batches = False
-                        break
-                    if seq == end:
-                        break
+                while not ended.done():
+                    before = len(came)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(ended), self.attempt_timeout)
+                    if len(came) == before and not ended.done():
+                        break  # silent for a whole attempt: what came is kept
             finally:
                 with contextlib.suppress(nats.errors.Error):
                     await sub.unsubscribe()
-        except (TimeoutError, nats.errors.Error):
+        except nats.errors.Error:
             pass  # what came is kept; the caller asks the rest one by one, with retries
+        for raw in came:
+            headers = raw.headers
+            seq = int(headers["Nats-Sequence"])
+            got[seq] = self._parse(key, seq, headers, raw.data or b"")
+            reached = seq
+            if "Nats-Num-Pending" not in headers:
+                self._batches = False
         return got, reached
 
     def seek_time(self, channel_key: int, timetick: int) -> TickEntry | None:
