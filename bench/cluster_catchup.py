@@ -13,6 +13,9 @@ One three-server NATS JetStream cluster on loopback (``tests/natscluster.py``: f
 * the owner is SIGKILLed and the other node takes the pchannel over;
 * **ours**: an SDK consumer seeded with that node alone reads the pchannel from earliest to the
   last message;
+* **backend**: the same stream read by the JetStream WAL backend alone (a fresh instance in a process
+  of its own, ``read_blocks`` from id 0, everything at once): blocks per second and the CPU of that
+  process per block (its NATS client included); with ``--baseline``, that checkout's backend too;
 * **raw**: a nats-py pull consumer (``fetch`` of 1,000, no acks) reads the pchannel's stream, every
   stored block, from its first sequence to its last.
 
@@ -28,7 +31,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -118,6 +124,40 @@ async def _read_raw(url: str, prefix: str) -> tuple[int, float]:
         await nc.close()
 
 
+def _backend_read(url: str, prefix: str, key: int) -> None:
+    """In a process of its own (``--backend-read``): read the whole stream through a fresh backend and
+    print (blocks, seconds, CPU seconds) as JSON."""
+    from wal.backends.jetstream import JetStreamBackend  # noqa: PLC0415  (the checkout PYTHONPATH names)
+
+    backend = JetStreamBackend(url, prefix=prefix, replicas=3)
+    try:
+        t0, c0 = time.perf_counter(), time.process_time()
+        blocks = backend.read_blocks(key, 0, 1 << 40)
+        print(json.dumps([len(blocks), time.perf_counter() - t0, time.process_time() - c0]))
+    finally:
+        backend.close()
+
+
+def _backend(url: str, prefix: str, repo: Path | None) -> tuple[float, float]:
+    """(blocks/s, CPU µs per block) of ``repo``'s backend (None: this checkout) reading the stream."""
+    key = asyncio.run(_stream_key(url, prefix))
+    env = {**os.environ, "PYTHONPATH": str(repo or Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, __file__, "--backend-read", url, prefix, str(key)], env=env,
+                         capture_output=True, text=True, check=True, timeout=600).stdout
+    blocks, seconds, cpu = json.loads(out.strip().splitlines()[-1])
+    return blocks / seconds, cpu * 1e6 / blocks
+
+
+async def _stream_key(url: str, prefix: str) -> int:
+    nc = await nats.connect(url.split(","))
+    try:
+        streams = await nc.jetstream().streams_info()
+        [name] = [s.config.name for s in streams if s.config.name.startswith(f"SN_{prefix}_")]
+        return int(name.rsplit("_", 1)[1])
+    finally:
+        await nc.close()
+
+
 def _one(args: argparse.Namespace, natsc: NatsCluster, root: Path, repo: Path | None) -> dict[str, Any]:
     prefix = f"cu{next(_prefixes)}"
     common = ("--wal", "jetstream", "--nats", natsc.url, "--nats-replicas", "3", "--cluster-prefix", prefix,
@@ -134,13 +174,22 @@ def _one(args: argparse.Namespace, natsc: NatsCluster, root: Path, repo: Path | 
         asyncio.run(_served(survivor))
         n, ours_s = asyncio.run(_read_ours(survivor))
         blocks, raw_s = asyncio.run(_read_raw(natsc.url, prefix))
+        be_rate, be_cpu = _backend(natsc.url, prefix, None)
+        base_be = _backend(natsc.url, prefix, args.baseline) if args.baseline is not None else None
     finally:
         for p in nodes.values():
             p.kill()
-    return {"messages": n, "blocks": blocks, "write_s": write_s, "ours": n / ours_s, "raw": args.count / raw_s}
+    out = {"messages": n, "blocks": blocks, "write_s": write_s, "ours": n / ours_s, "raw": args.count / raw_s,
+           "be_rate": be_rate, "be_cpu": be_cpu}
+    if base_be is not None:
+        out["base_be_rate"], out["base_be_cpu"] = base_be
+    return out
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--backend-read"]:
+        _backend_read(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--count", type=int, default=10_000)
@@ -162,7 +211,10 @@ def main() -> None:
             rows.append(r)
             print(f"run {run + 1}: {r['messages']} messages in {r['blocks']} blocks (written in "
                   f"{r['write_s']:.1f} s); ours {r['ours']:,.0f} msgs/s, raw fetch {r['raw']:,.0f} msgs/s"
-                  + (f", baseline {r['base']:,.0f} msgs/s" if "base" in r else ""), flush=True)
+                  + (f", baseline {r['base']:,.0f} msgs/s" if "base" in r else "")
+                  + f"; backend {r['be_rate']:,.0f} blocks/s, {r['be_cpu']:.0f} µs CPU/block"
+                  + (f" (baseline {r['base_be_rate']:,.0f} blocks/s, {r['base_be_cpu']:.0f} µs)"
+                     if "base_be_rate" in r else ""), flush=True)
     finally:
         natsc.stop()
     med = {k: statistics.median(r[k] for r in rows) for k in ("ours", "raw")}
@@ -173,6 +225,13 @@ def main() -> None:
         base = [r["ours"] / r["base"] for r in rows]
         print(f"this checkout / {args.baseline}: median {statistics.median(base):.1f} "
               f"(baseline median {statistics.median(r['base'] for r in rows):,.0f} msgs/s)")
+        print(f"backend alone, this checkout / baseline: blocks/s "
+              f"{statistics.median(r['be_rate'] / r['base_be_rate'] for r in rows):.1f}x, CPU per block "
+              f"{statistics.median(r['be_cpu'] for r in rows):.0f} µs vs "
+              f"{statistics.median(r['base_be_cpu'] for r in rows):.0f} µs")
+    else:
+        print(f"backend alone: median {statistics.median(r['be_rate'] for r in rows):,.0f} blocks/s, "
+              f"{statistics.median(r['be_cpu'] for r in rows):.0f} µs CPU per block")
 
 
 if __name__ == "__main__":
