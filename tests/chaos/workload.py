@@ -35,6 +35,7 @@ from streamingnode.client import (
     ConsumerGroupExistError,
     DeliverPolicy,
     MessageType,
+    OutOfRangeError,
     Producer,
     UnavailableError,
 )
@@ -305,6 +306,13 @@ async def _read(args: argparse.Namespace) -> None:
                 if loop.time() >= deadline:
                     raise
                 await asyncio.sleep(1.0)
+            except OutOfRangeError as exc:
+                # The node says part of the log is gone (JetStream lost a stream's messages after its
+                # files were damaged on more than one server): what was read stays, the error is kept
+                # beside it, and the checker judges the read as it is (what is missing, is missing).
+                (out.parent / f"{pch}.error").write_text(f"{type(exc).__name__}: {exc}\n")
+                print(f"{name} {pch} failed: {exc}", flush=True)
+                return
         print(f"{name} {pch} {n}", flush=True)
 
     specs = [spec.split("=", 1) for spec in args.node]
