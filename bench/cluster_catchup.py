@@ -124,26 +124,28 @@ async def _read_raw(url: str, prefix: str) -> tuple[int, float]:
         await nc.close()
 
 
-def _backend_read(url: str, prefix: str, key: int) -> None:
-    """In a process of its own (``--backend-read``): read the whole stream through a fresh backend and
-    print (blocks, seconds, CPU seconds) as JSON."""
-    from wal.backends.jetstream import JetStreamBackend  # noqa: PLC0415  (the checkout PYTHONPATH names)
-
-    backend = JetStreamBackend(url, prefix=prefix, replicas=3)
-    try:
-        t0, c0 = time.perf_counter(), time.process_time()
-        blocks = backend.read_blocks(key, 0, 1 << 40)
-        print(json.dumps([len(blocks), time.perf_counter() - t0, time.process_time() - c0]))
-    finally:
-        backend.close()
+_BACKEND_READ = """
+import json, sys, time
+from wal.backends.jetstream import JetStreamBackend
+backend = JetStreamBackend(sys.argv[1], prefix=sys.argv[2], replicas=3)
+try:
+    t0, c0 = time.perf_counter(), time.process_time()
+    blocks = backend.read_blocks(int(sys.argv[3]), 0, 1 << 40)
+    print(json.dumps([len(blocks), time.perf_counter() - t0, time.process_time() - c0]))
+finally:
+    backend.close()
+"""
+"""Run in a process of its own, in the checkout measured (its directory first on the path): read the
+whole stream through a fresh backend and print (blocks, seconds, CPU seconds) as JSON."""
 
 
 def _backend(url: str, prefix: str, repo: Path | None) -> tuple[float, float]:
     """(blocks/s, CPU µs per block) of ``repo``'s backend (None: this checkout) reading the stream."""
     key = asyncio.run(_stream_key(url, prefix))
-    env = {**os.environ, "PYTHONPATH": str(repo or Path(__file__).resolve().parents[1])}
-    out = subprocess.run([sys.executable, __file__, "--backend-read", url, prefix, str(key)], env=env,
-                         capture_output=True, text=True, check=True, timeout=600).stdout
+    checkout = repo or Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", _BACKEND_READ, url, prefix, str(key)], cwd=checkout,
+                         env={**os.environ, "PYTHONPATH": str(checkout)}, capture_output=True, text=True,
+                         check=True, timeout=600).stdout
     blocks, seconds, cpu = json.loads(out.strip().splitlines()[-1])
     return blocks / seconds, cpu * 1e6 / blocks
 
@@ -158,7 +160,8 @@ async def _stream_key(url: str, prefix: str) -> int:
         await nc.close()
 
 
-def _one(args: argparse.Namespace, natsc: NatsCluster, root: Path, repo: Path | None) -> dict[str, Any]:
+def _one(args: argparse.Namespace, natsc: NatsCluster, root: Path, repo: Path | None,
+         backends: bool = True) -> dict[str, Any]:
     prefix = f"cu{next(_prefixes)}"
     common = ("--wal", "jetstream", "--nats", natsc.url, "--nats-replicas", "3", "--cluster-prefix", prefix,
               "--lease-seconds", str(LEASE), "--parquet-root", str(root / prefix / "parquet"),
@@ -174,8 +177,8 @@ def _one(args: argparse.Namespace, natsc: NatsCluster, root: Path, repo: Path | 
         asyncio.run(_served(survivor))
         n, ours_s = asyncio.run(_read_ours(survivor))
         blocks, raw_s = asyncio.run(_read_raw(natsc.url, prefix))
-        be_rate, be_cpu = _backend(natsc.url, prefix, None)
-        base_be = _backend(natsc.url, prefix, args.baseline) if args.baseline is not None else None
+        be_rate, be_cpu = _backend(natsc.url, prefix, None) if backends else (0.0, 0.0)
+        base_be = _backend(natsc.url, prefix, args.baseline) if backends and args.baseline is not None else None
     finally:
         for p in nodes.values():
             p.kill()
@@ -187,9 +190,6 @@ def _one(args: argparse.Namespace, natsc: NatsCluster, root: Path, repo: Path | 
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--backend-read"]:
-        _backend_read(sys.argv[2], sys.argv[3], int(sys.argv[4]))
-        return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--count", type=int, default=10_000)
@@ -207,7 +207,7 @@ def main() -> None:
         for run in range(args.runs):
             r = _one(args, natsc, root, None)
             if args.baseline is not None:
-                r["base"] = _one(args, natsc, root, args.baseline)["ours"]
+                r["base"] = _one(args, natsc, root, args.baseline, backends=False)["ours"]
             rows.append(r)
             print(f"run {run + 1}: {r['messages']} messages in {r['blocks']} blocks (written in "
                   f"{r['write_s']:.1f} s); ours {r['ours']:,.0f} msgs/s, raw fetch {r['raw']:,.0f} msgs/s"
