@@ -32,6 +32,7 @@ async def read_all(kv: KeyValue, within: float) -> dict[str, KeyValue.Entry]:
     marker.  A few round trips whatever the number of keys, where ``keys()`` then ``get()`` each is
     one per key.  The consumer is ephemeral and goes away soon after (``inactive_threshold``)."""
     out: dict[str, KeyValue.Entry] = {}
+    seen: set[str] = set()  # every key delivered, deleted ones too: each is one message of the bucket
     # Setting the watch up is bounded by the JetStream context's request timeout; not cancelled from
     # here, since a watch cancelled half set up would leave its subscription behind.
     watcher = await kv.watchall(inactive_threshold=max(2.0, within))
@@ -46,15 +47,30 @@ async def read_all(kv: KeyValue, within: float) -> dict[str, KeyValue.Entry]:
                     if (await kv.status()).values == 0:
                         break
                     continue
+                seen.add(entry.key)
                 if entry.operation in (KV_DEL, KV_PURGE):
                     out.pop(entry.key, None)
                 else:
                     out[entry.key] = entry
-                if entry.delta == 0:  # nothing pending after it: the end of what the bucket held
+                # Nothing pending after it: the end of what the bucket held -- unless keys were
+                # updated meanwhile.  The server picks each key's last message when the consumer starts;
+                # a key updated before its turn has that message gone (one revision per key) and comes
+                # later as its new revision, yet the pending count can reach 0 before it (a sweep
+                # beside lease renewals missed held leases).  A bucket keeps at most ``history``
+                # messages per key (cluster mode's keep one), so the sweep has ended once it has seen
+                # at least messages / history keys: every key, when history is 1.
+                if entry.delta == 0 and len(seen) >= await _keys_at_least(kv):
                     break
     finally:
         await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py leaves it unannotated
     return out
+
+
+async def _keys_at_least(kv: KeyValue) -> int:
+    """A lower bound of the number of keys ``kv`` holds (deleted ones too): its messages over its
+    history (exact for a bucket of history 1)."""
+    status = await kv.status()
+    return -(-status.values // max(status.history, 1))
 
 
 __all__ = ["bucket", "now_ms", "read_all"]

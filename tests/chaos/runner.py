@@ -122,6 +122,27 @@ def chaos_run(run_dir: Path, *, seed: int, seconds: float = 60.0, kinds: tuple[s
     return run
 
 
+def reread(run_dir: Path, lease_s: float = LEASE_S) -> None:
+    """The final read again, on the stores a finished run left in ``run_dir/cluster``: the cluster is
+    started on them as it was (same names, addresses and stores, no fault), every pchannel read from
+    earliest through every node into ``reads/`` (replacing what was there), and the cluster removed.
+    For a run whose final read broke off; its history is the run's own."""
+    info = json.loads((run_dir / "run.json").read_text())
+    net = Network([*NATS_HOSTS, *NODE_HOSTS, CLIENT])
+    cluster = ChaosCluster(net, run_dir / "cluster", lease_s=lease_s)
+    wlog = open(run_dir / "workload.log", "ab")  # noqa: SIM115
+    try:
+        net.build()
+        cluster.start()
+        nodes = [f"--node={h}={cluster.node_address(h)}" for h in NODE_HOSTS]
+        subprocess.run(_workload(cluster, run_dir, "read", "--pchannels", ",".join(info["pchannels"]), *nodes),
+                       check=True, cwd=REPO, env=_env(), stdout=wlog, stderr=subprocess.STDOUT, timeout=3 * 3600)
+    finally:
+        wlog.close()
+        cluster.stop()
+        net.destroy()
+
+
 # --- checking ---------------------------------------------------------------------------------------
 def run_checker(run_dir: Path) -> int:
     """The history checker's exit code (0: no violation).  ``tests/chaos/checker.py`` is the real one;
@@ -238,7 +259,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=float(os.environ.get("CHAOS_SECONDS") or 1800))
     parser.add_argument("--seed", type=int, default=int(os.environ.get("CHAOS_SEED") or random.randrange(1 << 31)))
     parser.add_argument("--run-dir", type=Path, default=None)
+    parser.add_argument("--reread", action="store_true",
+                        help="read back and check the run in --run-dir again, on the stores it left")
     args = parser.parse_args(argv)
+    if args.reread:
+        if args.run_dir is None:
+            parser.error("--reread needs --run-dir")
+        reread(args.run_dir)
+        code = run_checker(args.run_dir)
+        print_table(summary(args.run_dir))
+        print(f"checker exit {code}; history in {args.run_dir}")
+        return code
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix=f"chaos-{args.seed}-"))
     print(f"chaos run: seed {args.seed}, {args.seconds:.0f} s, in {run_dir}\n"
           f"replay: make chaos CHAOS_SEED={args.seed} CHAOS_SECONDS={args.seconds:.0f}"

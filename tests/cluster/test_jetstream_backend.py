@@ -109,6 +109,58 @@ def test_a_read_from_the_middle_of_a_long_stream_does_not_scan_it(
     assert reader.direct_gets - gets <= 12, reader.direct_gets - gets
 
 
+def test_a_catch_up_read_asks_for_many_blocks_per_request(
+        nats_r1: NatsCluster, backends: list[JetStreamBackend], prefix: str) -> None:
+    # A log of small blocks (one message each: a paced producer) read from earliest by a node that
+    # did not write it (after a takeover): one request per block made that read a round trip per
+    # message.  Batched direct gets answer many blocks per request.
+    writer = _open(backends, nats_r1, prefix)
+    key = writer.create_channel("p", {}).key
+    writer.open_channel("p")
+    blocks = 600
+    for k in range(blocks):
+        writer.write([_group(key, k, n=1)], durable=True)
+    reader = _open(backends, nats_r1, prefix)
+    got = reader.read_blocks(key, 0, 1 << 30)
+    assert _ids(got) == list(range(blocks))
+    asked = reader.direct_gets + reader.batch_gets
+    # ~log2(600) probes to find where id 0 is, then batches of 1, 2, 4 ... 256 blocks: not 600 gets.
+    assert asked <= 24, (reader.direct_gets, reader.batch_gets)
+    # A read bounded in bytes stops there and the next one goes on from where it stopped.
+    reader2 = _open(backends, nats_r1, prefix)
+    part = reader2.read_blocks(key, 100, 50 * len(got[0][1]))
+    assert _ids(part) == list(range(100, 100 + len(part))) and 40 <= len(part) <= 50, len(part)
+
+
+def test_a_catch_up_read_over_deleted_messages_returns_the_rest_in_order(
+        nats_r1: NatsCluster, backends: list[JetStreamBackend], prefix: str) -> None:
+    # A batch skips what is gone from the stream; each skipped sequence is asked alone (a follower
+    # that lags skips nothing: it ends the batch early) and found gone, so the read goes on past it.
+    writer = _open(backends, nats_r1, prefix)
+    key = writer.create_channel("p", {}).key
+    writer.open_channel("p")
+    for k in range(40):
+        writer.write([_group(key, k, n=1)], durable=True)
+
+    asyncio.run(_delete_blocks(nats_r1, f"SN_{prefix}_{key}", {10, 11, 25}))
+    reader = _open(backends, nats_r1, prefix)
+    assert _ids(reader.read_blocks(key, 0, 1 << 30)) == [i for i in range(40) if i not in (10, 11, 25)]
+
+
+async def _delete_blocks(cluster: NatsCluster, stream: str, first_ids: set[int]) -> None:
+    """Delete from ``stream`` the blocks whose first id is in ``first_ids``."""
+    nc = await nats.connect(cluster.url)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(stream)
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            msg = await js.get_msg(stream, seq)
+            if int((msg.headers or {}).get("Sn-First", -1)) in first_ids and "Sn-Fence" not in (msg.headers or {}):
+                await js.delete_msg(stream, seq)
+    finally:
+        await nc.close()
+
+
 def test_a_backend_that_fails_to_open_closes_its_connection(
         tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # A server without JetStream takes the connection and then answers no request: the backend

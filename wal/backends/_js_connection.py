@@ -85,7 +85,8 @@ _WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
 constant form "wrong last sequence" (met on a replicated stream under faults).  Either is the fence."""
 _STREAM_NOT_FOUND = 10059
 _MAX_FENCE_TRIES = 50
-_READ_AHEAD = 8  # direct gets in flight while reading forward
+_READ_BATCH = 256
+"""Most messages one batched direct get asks for while reading forward (``StreamReads._get_batch``)."""
 _INDEX_MAX = 100_000  # entries of a pchannel's id -> sequence index before it is thinned
 _RETRY_PAUSE = 0.1  # seconds before asking again after a refusal that came at once (no responders)
 _MAX_TT_META = "jetstream.max_timetick"
@@ -190,6 +191,10 @@ class JetStreamConnection(Backend):
         """Requests asked again after no answer or no responder (an election, a lost connection)."""
         self.direct_gets = 0
         """How many stored messages were fetched one by one (tests count them: no full scans)."""
+        self.batch_gets = 0
+        """How many batched direct gets a forward read asked (one answers up to ``_READ_BATCH``)."""
+        self._batches = True
+        """Whether the servers answer batched direct gets (nats-server 2.11 and later)."""
         self._closed = False
         self._chans: dict[int, _Chan] = {}
         self._nc: Any = None

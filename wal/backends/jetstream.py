@@ -14,7 +14,8 @@ largest timetick so far (``Sn-Max-Tt``), its time-index entries (``Sn-Ticks``: `
 separated by commas), the channel's last time-index entry so far (``Sn-Last-Tick``) and the writer's
 term (``Sn-Term``).  Those headers make the stream its own index: first ids and largest timeticks grow
 with the sequence, so a reader finds a block by id or time by binary search with direct gets (plus
-an id -> sequence index learnt while writing and reading), never by scanning the stream.
+an id -> sequence index learnt while writing and reading), never by scanning the stream; from there
+it reads forward with batched direct gets (up to 256 blocks per request).
 
 Fencing.  Every publish carries ``Nats-Expected-Last-Sequence``: the sequence this backend last saw
 acknowledged on the channel.  ``open_channel`` bumps the term in the channel record by compare-and-set,
