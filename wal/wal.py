@@ -337,7 +337,12 @@ class WAL:
         limit = self.next_id  # never hand out what is written but not yet acknowledged
         out: list[Message] = []
         for first_id, block, verified in blocks:
-            if not out and first_id > nid:
+            if first_id > nid:
+                if out:
+                    # A hole after what was decoded (a replicated log that lost messages): hand out what
+                    # precedes it; the next read starts at the hole and fails below, naming it.  Going on
+                    # would hand out what follows as if nothing were missing.
+                    break
                 raise OutOfRangeError(
                     f"message {nid} of pchannel {self.pchannel!r} was truncated while reading",
                     channel=self.pchannel, message_id=nid,
