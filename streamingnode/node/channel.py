@@ -86,8 +86,9 @@ class Channel:
     flusher: Flusher | None = None
     retention: ChannelRetention | None = None
     closed: asyncio.Event = field(default_factory=asyncio.Event, compare=False)
-    """Set once nothing of the pchannel runs any more (its log closed, flusher and retention stopped):
-    the ``pchannel_closing`` gauge shows a pchannel no longer served whose close has not got there."""
+    """Set once the close has ended, done or failed (a failed one is logged by the caller): the
+    ``pchannel_closing`` gauge shows a pchannel no longer served whose close is still under way, or
+    was never started."""
 
     async def aclose(self, *, lost: bool = False) -> None:
         """Close everything of the pchannel.  ``lost``: its lease went (expired on this node's clock,
@@ -96,26 +97,31 @@ class Channel:
         checkpoint by the next owner, and retention stores no last snapshot (the next owner's fence
         would refuse it); appends in flight get ``LOST_CLOSE_SECONDS`` before the close counts as
         done, and end by themselves (failed or fenced)."""
-        if lost:
+        closing: asyncio.Future[None] | None = None
+        try:
+            if lost:
+                if self.flusher is not None:
+                    await self.flusher.aclose()
+                if self.retention is not None:
+                    await self.retention.abandon()
+                closing = asyncio.ensure_future(self.stream.aclose())
+                # The log's close may outlive this call (appends still in flight): it ends the close.
+                closing.add_done_callback(lambda _: self.closed.set())
+                done, _ = await asyncio.wait([closing], timeout=LOST_CLOSE_SECONDS)
+                if not done:
+                    log.warning("appends still in flight on a pchannel whose lease went: its log closes once they "
+                                "end", pchannel=self.stream.pchannel, waited_seconds=LOST_CLOSE_SECONDS)
+                return
+            # Retention first: it reads the flusher's checkpoint and the groups, and truncates the WAL.
+            if self.retention is not None:
+                await self.retention.aclose()
+            # Then the flusher: it reads the WAL, and whatever it buffered is replayed from its checkpoint.
             if self.flusher is not None:
                 await self.flusher.aclose()
-            if self.retention is not None:
-                await self.retention.abandon()
-            closing = asyncio.ensure_future(self.stream.aclose())
-            closing.add_done_callback(lambda _: self.closed.set())
-            done, _ = await asyncio.wait([closing], timeout=LOST_CLOSE_SECONDS)
-            if not done:
-                log.warning("appends still in flight on a pchannel whose lease went: its log closes once they end",
-                            pchannel=self.stream.pchannel, waited_seconds=LOST_CLOSE_SECONDS)
-            return
-        # Retention first: it reads the flusher's checkpoint and the groups, and truncates the WAL.
-        if self.retention is not None:
-            await self.retention.aclose()
-        # Then the flusher: it reads the WAL, and whatever it buffered is replayed from its checkpoint.
-        if self.flusher is not None:
-            await self.flusher.aclose()
-        await self.stream.aclose()
-        self.closed.set()
+            await self.stream.aclose()
+        finally:
+            if closing is None:
+                self.closed.set()
 
 
 __all__ = ["FAILURE_CHARS", "OWNER_ADDRESS", "OWNER_ROLE", "OWNER_TEXT", "Channel", "Failure", "Owner"]

@@ -430,10 +430,11 @@ class _StateCollector(Collector):
         for name, is_failed in sorted(self._m.failed_states().items()):
             failed.add_metric([name], 1 if is_failed else 0)
         yield failed
-        closing = GaugeMetricFamily(f"{ns}_pchannel_closing", "1 while a pchannel this node no longer serves still "
-                                    "has its log, flusher or retention running (a close in progress: appends in "
-                                    "flight when its lease went, a log out of reach); its series goes once they "
-                                    "stopped.  One that stays says a close never ended.", labels=["pchannel"])
+        closing = GaugeMetricFamily(f"{ns}_pchannel_closing", "1 while the close of a pchannel this node no longer "
+                                    "serves is under way (its log, flusher or retention still running: appends in "
+                                    "flight when its lease went, a log out of reach); its series goes once the close "
+                                    "ended, done or failed.  One that stays says a close never ended.",
+                                    labels=["pchannel"])
         for name, channel in sorted(self._m.closing.items()):
             if channel.closed.is_set():
                 del self._m.closing[name]
