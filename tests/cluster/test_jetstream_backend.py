@@ -59,6 +59,17 @@ def _open_when_answering(opened: list[JetStreamBackend], cluster: NatsCluster, p
                 raise
 
 
+def _written(opened: list[JetStreamBackend], cluster: NatsCluster, prefix: str, blocks: int, n: int) -> int:
+    """Pchannel "p" with ``blocks`` blocks of ``n`` messages (ids from 0), written by a backend of its
+    own; returns the channel's key (a reader opened after it has learnt nothing of the stream)."""
+    writer = _open(opened, cluster, prefix)
+    key = writer.create_channel("p", {}).key
+    writer.open_channel("p")
+    for k in range(blocks):
+        writer.write([_group(key, n * k, n=n)], durable=True)
+    return key
+
+
 def _group(key: int, first: int, n: int = 2, ts: int | None = None) -> WriteGroup:
     """A block of ``n`` messages with ids from ``first`` and timestamps 10 * id + 1, one tick at its end."""
     base = 10 * first if ts is None else ts
@@ -93,12 +104,7 @@ def test_an_older_writer_is_fenced_and_nothing_of_it_is_stored(
 
 def test_a_read_from_the_middle_of_a_long_stream_does_not_scan_it(
         nats_r1: NatsCluster, backends: list[JetStreamBackend], prefix: str) -> None:
-    writer = _open(backends, nats_r1, prefix)
-    key = writer.create_channel("p", {}).key
-    writer.open_channel("p")
-    blocks = 300
-    for k in range(blocks):
-        writer.write([_group(key, 2 * k)], durable=True)
+    key = _written(backends, nats_r1, prefix, 300, 2)
     reader = _open(backends, nats_r1, prefix)  # a new instance: nothing learnt yet
     got = reader.read_blocks(key, 301, 1)  # in the block [300, 301]
     assert _ids(got) == [300, 301]
@@ -114,12 +120,8 @@ def test_a_catch_up_read_asks_for_many_blocks_per_request(
     # A log of small blocks (one message each: a paced producer) read from earliest by a node that
     # did not write it (after a takeover): one request per block made that read a round trip per
     # message.  Batched direct gets answer many blocks per request.
-    writer = _open(backends, nats_r1, prefix)
-    key = writer.create_channel("p", {}).key
-    writer.open_channel("p")
     blocks = 600
-    for k in range(blocks):
-        writer.write([_group(key, k, n=1)], durable=True)
+    key = _written(backends, nats_r1, prefix, blocks, 1)
     reader = _open(backends, nats_r1, prefix)
     got = reader.read_blocks(key, 0, 1 << 30)
     assert _ids(got) == list(range(blocks))
@@ -136,12 +138,7 @@ def test_a_catch_up_read_over_deleted_messages_returns_the_rest_in_order(
         nats_r1: NatsCluster, backends: list[JetStreamBackend], prefix: str) -> None:
     # A batch skips what is gone from the stream; each skipped sequence is asked alone (a follower
     # that lags skips nothing: it ends the batch early) and found gone, so the read goes on past it.
-    writer = _open(backends, nats_r1, prefix)
-    key = writer.create_channel("p", {}).key
-    writer.open_channel("p")
-    for k in range(40):
-        writer.write([_group(key, k, n=1)], durable=True)
-
+    key = _written(backends, nats_r1, prefix, 40, 1)
     asyncio.run(_delete_blocks(nats_r1, f"SN_{prefix}_{key}", {10, 11, 25}))
     reader = _open(backends, nats_r1, prefix)
     assert _ids(reader.read_blocks(key, 0, 1 << 30)) == [i for i in range(40) if i not in (10, 11, 25)]
